@@ -1,0 +1,140 @@
+"""The command line: click turns flags into one frozen `LaunchConfig`; nothing else happens here.
+
+Every torchrun 2.13 flag works in both spellings (`--nproc_per_node`, `--nproc-per-node`) and
+from `PET_<NAME>` environment variables, as with torchrun. Errors are one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import __version__
+from . import config as cfg
+from .errors import EXIT_USAGE, ConfigError
+
+EXAMPLES = """\b
+Examples:
+  one node, 4 workers:
+    python -m launcher --nproc_per_node 4 train.py --lr 0.1
+  two nodes (run on each, NODE=0 or 1):
+    python -m launcher --nnodes 2 --node_rank $NODE --master_addr node0 \\
+        --master_port 29500 --nproc_per_node 8 train.py
+  Slurm (one task per node):
+    srun python -m launcher --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID \\
+        --master_addr $(scontrol show hostnames | head -1) --nproc_per_node 8 train.py
+  a module, or any command:
+    python -m launcher --nproc_per_node 2 -m mypkg.train
+    python -m launcher --nproc_per_node 2 --no_python ./run.sh
+"""
+
+
+class GroupedOption(click.Option):
+    """An option that knows which help section it belongs to."""
+
+    def __init__(self, *args, group: str = "Other", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        """Show one spelling (`--a_b`, torchrun's habit); both are accepted."""
+        full = self.opts
+        self.opts = [o for o in full if not (o.startswith("--") and "-" in o[2:] and o.replace("-", "_")[2:] != o[2:] and o[:2] + o[2:].replace("-", "_") in full)]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = full
+
+
+class GroupedCommand(click.Command):
+    """Help that lists options by section, in the order they were declared."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            if not isinstance(param, click.Option):
+                continue
+            record = param.get_help_record(ctx)
+            if record:
+                sections.setdefault(getattr(param, "group", "Other"), []).append(record)
+        for name, rows in sections.items():
+            with formatter.section(name):
+                formatter.write_dl(rows)
+
+
+def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
+    """Declare `--a-b` with its `--a_b` twin (plus short `names`), its PET_ variable and its help group."""
+    dest = name.replace("-", "_")
+    spellings = list(names) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
+    envvar = f"PET_{dest.upper()}" if env else None
+    return click.option(*spellings, dest, cls=GroupedOption, group=group, envvar=envvar, show_envvar=False, **kwargs)
+
+
+NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", "Logs", "Signals and restarts"
+
+
+@click.command(
+    cls=GroupedCommand,
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXAMPLES,
+)
+@flag("nproc-per-node", group=NODES, default="1", metavar="N|cpu|gpu|auto", help="Workers on this node.")
+@flag("nnodes", group=NODES, default="1:1", metavar="N|MIN:MAX", help="Nodes in the job.")
+@flag("node-rank", group=NODES, default="0", metavar="R", help="This node's rank (static rendezvous).")
+@flag("master-addr", group=NODES, default="127.0.0.1", metavar="HOST", help="Address of node rank 0 (static).")
+@flag("master-port", group=NODES, default=None, metavar="PORT", help="Port on node rank 0 (static; default 29500, free port on one node).")
+@flag("local-addr", group=NODES, default=None, metavar="HOST", help="This node's address as the others reach it.")
+@flag("virtual-local-rank", group=NODES, is_flag=True, help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.")
+@flag("rdzv-backend", group=RDZV, default="static", metavar="NAME", help="static (default), c10d or etcd.")
+@flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
+@flag("rdzv-id", group=RDZV, default="none", metavar="ID", help="Job id shared by all nodes (TORCHELASTIC_RUN_ID).")
+@flag("rdzv-conf", group=RDZV, default="", metavar="K=V,...", help="Backend settings, e.g. join_timeout=600.")
+@flag("standalone", group=RDZV, is_flag=True, help="One node, no store to set up (the default for one node).")
+@flag("module", "-m", group=RUN, is_flag=True, env=False, help="Run the script as `python -m MODULE`.")
+@flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
+@flag("run-path", group=RUN, is_flag=True, help="Accepted for torchrun; scripts run as `python SCRIPT` either way.")
+@flag("role", group=RUN, default="default", metavar="NAME", help="Role name (ROLE_NAME).")
+@flag("append-local-rank", group=RUN, default=None, is_flag=False, flag_value="--local-rank", metavar="[FLAG]",
+      help="Pass --local-rank=N to the script, as torch.distributed.launch did (or the FLAG given).")
+@flag("start-method", group=RUN, default="spawn", metavar="NAME", help="Accepted for torchrun; moot for scripts.")
+@flag("max-restarts", group=SIG, default="0", metavar="N", help="Restarts of the worker group before giving up.")
+@flag("monitor-interval", group=SIG, default="0.1", metavar="SEC", help="Upper bound between periodic checks (exits are seen at once).")
+@flag("shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
+@flag("signals-to-handle", group=SIG, default=cfg.DEFAULT_SIGNALS, metavar="SIGS", help="Signals that stop the job (forwarded first).")
+@flag("passthrough-signals", group=SIG, default="", metavar="SIGS", help="Signals forwarded to workers that go on, e.g. SIGUSR1.")
+@flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
+@flag("redirects", "-r", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.")
+@flag("tee", "-t", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files and the console.")
+@flag("local-ranks-filter", group=LOGS, default=None, metavar="RANKS", help="Local ranks shown on the console (all still go to files).")
+@flag("duplicate-stdout-filters", group=LOGS, default=None, hidden=True)
+@flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
+@flag("logs-specs", group=LOGS, default=None, hidden=True)
+@flag("event-log-handler", group=LOGS, default="null", hidden=True)
+@flag("numa-binding", group=NODES, default=None, hidden=True)
+@click.version_option(__version__, "--version", prog_name="launcher", message="%(prog)s %(version)s")
+@click.argument("training_script", required=False, default="")
+@click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
+def command(**flags) -> None:
+    """Start N workers per node with torch's environment, supervise them, restart on failure.
+
+    A drop-in for torchrun: replace `torchrun` with `python -m launcher`. Every option
+    also takes its dashed spelling (--nproc-per-node) and a PET_<NAME> environment default.
+    """
+    config = cfg.from_flags(**flags)
+    from .run import run  # the machinery loads only once the flags are good
+
+    sys.exit(run(config))
+
+
+def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
+    """Entry point: run the command, turning any usage error into one line and exit 2."""
+    try:
+        code = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except (click.ClickException, ConfigError) as e:
+        text = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        sys.stderr.write(f"{prog_name}: error: {text}\n")
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)  # --help and --version land here

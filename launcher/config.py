@@ -1,0 +1,400 @@
+"""The frozen launch configuration and the pure parsers that build it.
+
+Nothing here imports click: `cli.py` turns flags into keyword arguments and calls
+`from_flags()`, which validates every value and raises `ConfigError` with a one-line
+message that names the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from .errors import ConfigError
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+# Backends the launcher accepts now; the others are named so their error can say "not yet".
+BACKENDS = ("local", "static")
+LATER_BACKENDS = ("c10d", "etcd", "etcd-v2")
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Std:
+    """Which of stdout/stderr go somewhere, per local rank (torchrun's `-r`/`-t` syntax)."""
+
+    default: int = STD_NONE
+    per_rank: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def for_rank(self, local_rank: int) -> int:
+        return self.per_rank.get(local_rank, self.default)
+
+    def has(self, local_rank: int, stream: str) -> bool:
+        """True if `stream` ("stdout"/"stderr") of `local_rank` is selected."""
+        bit = STD_OUT if stream == "stdout" else STD_ERR
+        return bool(self.for_rank(local_rank) & bit)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one launcher run needs, validated; built once by `from_flags`."""
+
+    program: tuple[str, ...]  # interpreter, flags and script (or the --no_python command)
+    nproc_per_node: int
+    script_args: tuple[str, ...] = ()
+    min_nodes: int = 1
+    max_nodes: int = 1
+    node_rank: int = 0
+    rdzv_backend: str = "local"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = ""
+    rdzv_conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    local_addr: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    role: str = "default"
+    log_dir: str | None = None
+    redirects: Std = Std()
+    tee: Std = Std()
+    local_ranks_filter: frozenset[int] | None = None
+    signals_to_handle: tuple[int, ...] = ()
+    passthrough_signals: tuple[int, ...] = ()
+    shutdown_timeout: float = 30.0
+    virtual_local_rank: bool = False
+    local_rank_arg: str | None = None  # e.g. "--local-rank": appended as torch.distributed.launch did
+
+    @property
+    def run_id(self) -> str:
+        return self.rdzv_id
+
+    @property
+    def multi_node(self) -> bool:
+        return self.max_nodes > 1
+
+
+# ---------------------------------------------------------------------------- parsers
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """`"2"` → (2, 2); `"1:4"` → (1, 4); requires 0 < MIN <= MAX."""
+    parts = str(text).strip().split(":")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is not N or MIN:MAX (e.g. --nnodes 2 or --nnodes 1:4)") from None
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes {text!r} needs 0 < MIN <= MAX (e.g. --nnodes 1:4)")
+    return lo, hi
+
+
+def count_gpus(environ: Mapping[str, str] = os.environ) -> int:
+    """GPUs visible to workers, from CUDA_VISIBLE_DEVICES or the NVIDIA driver; no torch import."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip()]
+        # CUDA stops at the first invalid id ("-1" hides every device).
+        n = 0
+        for v in ids:
+            if v.strip().startswith("-"):
+                break
+            n += 1
+        return n
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def parse_nproc(text: str, environ: Mapping[str, str] = os.environ) -> int:
+    """An int, or `cpu`, `gpu`, `auto` (GPU count where there are GPUs, else CPU count)."""
+    value = str(text).strip().lower()
+    if value == "cpu":
+        return os.cpu_count() or 1
+    if value in ("gpu", "auto"):
+        gpus = count_gpus(environ)
+        if gpus:
+            return gpus
+        if value == "gpu":
+            raise ConfigError("--nproc_per_node gpu: no GPU found; pass a number, cpu or auto")
+        return os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"--nproc_per_node {text!r} is not a number, cpu, gpu or auto (e.g. --nproc_per_node 4)"
+        ) from None
+    if n < 1:
+        raise ConfigError(f"--nproc_per_node {text!r} must be at least 1")
+    return n
+
+
+def parse_kv(text: str, flag: str = "--rdzv_conf") -> dict[str, str]:
+    """`"a=1,b=2"` → {"a": "1", "b": "2"} (torchrun syntax: no escaping of commas)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in str(text).split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} item {item!r} is not key=value (e.g. {flag} join_timeout=60)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
+    """`host[:port]`, `[v6]:port`; the port must be 0..65535."""
+    text = str(text).strip()
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]\s]+)(?::(\d+))?", text)
+    if not m:
+        raise ConfigError(f"{flag} {text!r} is not host:port (e.g. {flag} node0:29400)")
+    host = m.group(1) or m.group(3)
+    port_text = m.group(2) or m.group(4)
+    if port_text is None:
+        if default_port is None:
+            raise ConfigError(f"{flag} {text!r} needs a port (e.g. {host}:29400)")
+        return host, default_port
+    return host, parse_port(port_text, flag)
+
+
+def parse_port(text: str | int, flag: str = "--master_port") -> int:
+    try:
+        port = int(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{flag} {text!r} is not a port number (0-65535)")
+    return port
+
+
+def parse_std(text: str, flag: str) -> Std:
+    """torchrun's redirect syntax: `0`-`3`, or a per-local-rank map `0:1,12:3` (ranks >= 10 allowed)."""
+    text = str(text).strip() or "0"
+    if re.fullmatch(r"[0-3]", text):
+        return Std(int(text))
+    if not re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", text):
+        raise ConfigError(f"{flag} {text!r} is not 0-3 or a map like 0:1,1:3 (1 stdout, 2 stderr, 3 both)")
+    per_rank = {int(k): int(v) for k, v in (p.split(":") for p in text.split(","))}
+    return Std(STD_NONE, MappingProxyType(per_rank))
+
+
+def parse_ranks(text: str | None, flag: str = "--local_ranks_filter") -> frozenset[int] | None:
+    if text is None or not str(text).strip():
+        return None
+    try:
+        ranks = frozenset(int(p) for p in str(text).split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a list of ranks (e.g. {flag} 0,1)") from None
+    if any(r < 0 for r in ranks):
+        raise ConfigError(f"{flag} {text!r} has a negative rank")
+    return ranks
+
+
+def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ...]:
+    """`"SIGTERM,USR1,10"` → signal numbers."""
+    out = []
+    for name in filter(None, (s.strip() for s in str(text).split(","))):
+        try:
+            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
+                name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+            ]
+        except (KeyError, ValueError):
+            raise ConfigError(f"{flag}: {name!r} is not a signal name (e.g. SIGTERM,SIGUSR1)") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise ConfigError(f"{flag}: {sig.name} cannot be handled; leave it out")
+        out.append(int(sig))
+    return tuple(dict.fromkeys(out))
+
+
+def parse_seconds(value: float | str | None, flag: str, minimum: float = 0.0) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a number of seconds") from None
+    if not seconds >= minimum:  # also rejects NaN
+        raise ConfigError(f"{flag} {value!r} must be at least {minimum:g}")
+    return seconds
+
+
+# ---------------------------------------------------------------------------- building
+
+
+# Flags torchrun has that the launcher parses but does not honour (yet): a clear error, never ignored.
+UNSUPPORTED = {
+    "numa_binding": "--numa_binding is not supported yet; bind with numactl inside the script",
+    "logs_specs": "--logs_specs is not supported; use --log_dir, --redirects and --tee",
+    "duplicate_stdout_filters": "--duplicate_stdout_filters is not supported yet; grep the per-rank logs in --log_dir",
+    "duplicate_stderr_filters": "--duplicate_stderr_filters is not supported yet; grep the per-rank logs in --log_dir",
+    "event_log_handler": "--event_log_handler only takes null; other handlers are not supported",
+}
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
+def _reject_unsupported(values: Mapping[str, object]) -> None:
+    for name, value in values.items():
+        if name == "start_method":
+            if value not in START_METHODS:
+                raise ConfigError(f"--start_method {value!r} is not one of {', '.join(START_METHODS)}")
+        elif name not in UNSUPPORTED:
+            raise ConfigError(f"--{name} is not a launcher option")
+        elif value not in (None, (), "", "null"):
+            raise ConfigError(UNSUPPORTED[name])
+
+
+def _program(script: str, module: bool, no_python: bool, run_path: bool) -> tuple[str, ...]:
+    if not script:
+        raise ConfigError("missing the training script (e.g. launcher --nproc_per_node 2 train.py)")
+    if module and no_python:
+        raise ConfigError("-m and --no_python cannot be combined; pick one")
+    if no_python:
+        return (script,)
+    python = os.environ.get("PYTHON_EXEC") or _sys_executable()
+    if module:
+        return (python, "-u", "-m", script)
+    if not os.path.exists(script):
+        raise ConfigError(f"training script {script!r} does not exist (use -m for a module, --no_python for a command)")
+    del run_path  # runs the script in a fresh interpreter, which is what runpy.run_path would do
+    return (python, "-u", script)
+
+
+def _sys_executable() -> str:
+    import sys
+
+    return sys.executable
+
+
+def from_flags(
+    *,
+    training_script: str,
+    training_script_args: tuple[str, ...] = (),
+    nnodes: str = "1:1",
+    nproc_per_node: str = "1",
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_id: str = "none",
+    rdzv_conf: str = "",
+    standalone: bool = False,
+    max_restarts: int | str = 0,
+    monitor_interval: float | str = 0.1,
+    role: str = "default",
+    module: bool = False,
+    no_python: bool = False,
+    run_path: bool = False,
+    log_dir: str | None = None,
+    redirects: str = "0",
+    tee: str = "0",
+    local_ranks_filter: str | None = None,
+    node_rank: int | str = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: int | str | None = None,
+    local_addr: str | None = None,
+    signals_to_handle: str = DEFAULT_SIGNALS,
+    passthrough_signals: str = "",
+    shutdown_timeout: float | str | None = None,
+    virtual_local_rank: bool = False,
+    append_local_rank: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    **later: object,
+) -> LaunchConfig:
+    """Validate torchrun-style flags and build the frozen config (raises `ConfigError`)."""
+    _reject_unsupported(later)  # start_method is valid but moot: scripts always run as processes
+
+    min_nodes, max_nodes = parse_nnodes(nnodes)
+    nproc = parse_nproc(nproc_per_node, environ)
+    try:
+        restarts = int(max_restarts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--max_restarts {max_restarts!r} is not a whole number") from None
+    if restarts < 0:
+        raise ConfigError(f"--max_restarts {max_restarts!r} must be 0 or more")
+    try:
+        rank = int(node_rank)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--node_rank {node_rank!r} is not a whole number") from None
+    conf = parse_kv(rdzv_conf)
+    signals = parse_signals(signals_to_handle)
+    passthrough = parse_signals(passthrough_signals, "--passthrough_signals")
+    if set(signals) & set(passthrough):
+        both = ",".join(signal.Signals(s).name for s in sorted(set(signals) & set(passthrough)))
+        raise ConfigError(f"{both} is in both --signals_to_handle and --passthrough_signals; pick one")
+    if shutdown_timeout is None:
+        shutdown_timeout = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+    grace = parse_seconds(shutdown_timeout, "--shutdown_timeout")
+    interval = parse_seconds(monitor_interval, "--monitor_interval", minimum=0.001)
+    port = parse_port(master_port) if master_port not in (None, "") else None
+    if not master_addr or not str(master_addr).strip():
+        raise ConfigError("--master_addr is empty; give the address of node rank 0")
+    master_addr = str(master_addr).strip().strip("[]")
+    program = _program(training_script, module, no_python, run_path)
+
+    backend = str(rdzv_backend).strip().lower()
+    run_id = "" if str(rdzv_id) == "none" else str(rdzv_id)
+    if standalone or (backend == "static" and not rdzv_endpoint and port is None and max_nodes == 1):
+        # The embedded default: one node, no store to meet at, a free port picked per round.
+        if standalone and max_nodes > 1:
+            raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
+        backend, rdzv_endpoint, run_id = "local", "", run_id or uuid.uuid4().hex[:12]
+    elif backend == "static":
+        if min_nodes != max_nodes:
+            raise ConfigError(f"--nnodes {nnodes} is elastic; static rendezvous needs a fixed --nnodes N")
+        if not 0 <= rank < max_nodes:
+            raise ConfigError(f"--node_rank {rank} is out of range for --nnodes {max_nodes} (0..{max_nodes - 1})")
+        if rdzv_endpoint:
+            master_addr, port = parse_endpoint(rdzv_endpoint, DEFAULT_MASTER_PORT)
+        port = DEFAULT_MASTER_PORT if port is None else port
+        if port == 0:
+            raise ConfigError("--master_port 0 cannot be shared between nodes; give a fixed port")
+        run_id = run_id or "none"
+    elif backend in LATER_BACKENDS:
+        raise ConfigError(f"--rdzv_backend {backend} is not supported yet; use static (--nnodes N --node_rank R --master_addr A)")
+    else:
+        raise ConfigError(f"--rdzv_backend {rdzv_backend!r} is unknown; use static, c10d or etcd")
+    if backend in BACKENDS and conf:
+        known = {"timeout"}  # static's store timeout in torchrun; meaningless without an agent store
+        unknown = sorted(set(conf) - known)
+        if unknown:
+            raise ConfigError(f"--rdzv_conf {unknown[0]} does not apply to the {backend} rendezvous; remove it")
+
+    local_rank_arg = None
+    if append_local_rank:
+        local_rank_arg = str(append_local_rank)
+        if not re.fullmatch(r"--?[A-Za-z][\w-]*", local_rank_arg):
+            raise ConfigError(f"--append_local_rank {local_rank_arg!r} is not a flag name (e.g. --local_rank)")
+
+    return LaunchConfig(
+        program=program,
+        nproc_per_node=nproc,
+        script_args=tuple(training_script_args),
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        node_rank=rank if backend == "static" else 0,
+        rdzv_backend=backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=run_id,
+        rdzv_conf=MappingProxyType(conf),
+        master_addr=master_addr,
+        master_port=port,
+        local_addr=local_addr or None,
+        max_restarts=restarts,
+        monitor_interval=interval,
+        role=role,
+        log_dir=log_dir or None,
+        redirects=parse_std(redirects, "--redirects"),
+        tee=parse_std(tee, "--tee"),
+        local_ranks_filter=parse_ranks(local_ranks_filter),
+        signals_to_handle=signals,
+        passthrough_signals=passthrough,
+        shutdown_timeout=grace,
+        virtual_local_rank=virtual_local_rank,
+        local_rank_arg=local_rank_arg,
+    )

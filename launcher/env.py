@@ -1,0 +1,65 @@
+"""The worker environment: torch's whole contract, built by one pure function."""
+
+from __future__ import annotations
+
+import signal
+from typing import Mapping
+
+from .config import LaunchConfig
+from .spec import Round, Worker
+
+AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
+
+
+def worker_env(
+    config: LaunchConfig,
+    rnd: Round,
+    worker: Worker,
+    base: Mapping[str, str],
+    *,
+    error_file: str,
+    agent_id: str,
+) -> dict[str, str]:
+    """Everything torchrun sets for a worker, over a copy of `base` (the agent's environment)."""
+    env = dict(base)
+    env.update(
+        RANK=str(worker.rank),
+        LOCAL_RANK=str(0 if config.virtual_local_rank else worker.local_rank),
+        WORLD_SIZE=str(worker.world_size),
+        LOCAL_WORLD_SIZE=str(worker.local_world_size),
+        GROUP_RANK=str(rnd.group_rank),
+        GROUP_WORLD_SIZE=str(rnd.group_world_size),
+        ROLE_RANK=str(worker.role_rank),
+        ROLE_NAME=config.role,
+        ROLE_WORLD_SIZE=str(worker.world_size),
+        MASTER_ADDR=rnd.master_addr,
+        MASTER_PORT=str(rnd.master_port),
+        TORCHELASTIC_RESTART_COUNT=str(rnd.restart_count),
+        TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
+        TORCHELASTIC_RUN_ID=rnd.run_id,
+        TORCHELASTIC_USE_AGENT_STORE=str(rnd.use_agent_store),
+        TORCHELASTIC_ERROR_FILE=error_file,
+        TORCHELASTIC_SIGNALS_TO_HANDLE=",".join(signal.Signals(s).name for s in config.signals_to_handle),
+        TORCH_NCCL_ASYNC_ERROR_HANDLING=base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        LAUNCHER_ROUND=str(rnd.round),
+    )
+    env[AGENT_ID_VAR] = agent_id
+    if "OMP_NUM_THREADS" not in base and worker.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: N workers would otherwise oversubscribe the cores
+    if config.virtual_local_rank:
+        visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)
+    return env
+
+
+def worker_argv(config: LaunchConfig, worker: Worker) -> list[str]:
+    """The command line of one worker; legacy scripts get `--local-rank=N` before their arguments."""
+    argv = list(config.program)
+    if config.local_rank_arg:
+        argv.append(f"{config.local_rank_arg}={worker.local_rank}")
+    return argv + list(config.script_args)
+
+
+def workers_of(rnd: Round, nproc: int) -> list[Worker]:
+    """This node's workers in a round: global rank = the node's offset + local rank."""
+    return [Worker(local_rank=i, rank=rnd.rank_offset + i, local_world_size=nproc, world_size=rnd.world_size) for i in range(nproc)]

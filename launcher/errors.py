@@ -1,0 +1,44 @@
+"""Exceptions and the exit-code table, in one place."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_WORKERS_FAILED = 1
+EXIT_USAGE = 2
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The code Slurm, systemd and shells expect from a process ended by `signum`."""
+    return 128 + signum
+
+
+class LauncherError(Exception):
+    """Base of every error the launcher raises on purpose."""
+
+    exit_code = EXIT_WORKERS_FAILED
+
+
+class ConfigError(LauncherError):
+    """Bad flags or environment: one line on stderr, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class RendezvousError(LauncherError):
+    """The nodes could not agree on a round."""
+
+
+class RendezvousClosedError(RendezvousError):
+    """The job was closed by another node (it finished, failed or gave up)."""
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """Not enough nodes joined before the join timeout."""
+
+
+class RendezvousConnectionError(RendezvousError):
+    """The rendezvous store could not be reached."""
+
+
+class RestartBudgetExhausted(RendezvousError):
+    """A failure happened with no restart left in the job-wide budget."""

@@ -1,0 +1,207 @@
+"""Worker output: one thread moves whole lines from pipes to the console and per-rank files.
+
+Pipes, not polled files: a line reaches the console as soon as the worker writes it, lines
+from different ranks never interleave mid-line, and a rank hidden from the console by
+`--local_ranks_filter` or `--redirects` still has all of its output in its file.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Callable
+
+CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
+MAX_LINE = 1 << 16  # a longer run without a newline (a progress bar) is cut into lines
+
+
+@dataclass(eq=False)
+class Stream:
+    """One worker pipe and where its lines go."""
+
+    fd: int
+    prefix: bytes
+    console: IO[bytes] | None
+    file: IO[bytes] | None
+    path: str | None = None
+    last_line: str = ""
+    partial: bytes = b""
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class LogRouter:
+    """Owns the pump thread; `add` a pipe, `drain` before reporting, `close` at the end."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._selector = selectors.DefaultSelector()
+        self._pending: list[Stream] = []
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._closing = False
+        self._pipes: list[IO[bytes]] = []  # the Popen file objects must outlive our use of their fds
+        self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
+        self._thread.start()
+
+    def add(self, pipe: IO[bytes], prefix: str, console: IO[bytes] | None, path: str | None) -> Stream:
+        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional."""
+        file = None
+        if path:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            file = open(path, "ab", buffering=0)
+        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path)
+        self._pipes.append(pipe)
+        with self._lock:
+            self._pending.append(stream)
+        self._wake()
+        return stream
+
+    def drain(self, streams: list[Stream], timeout: float) -> bool:
+        """Wait until every stream reached end of file; False if some writer kept a pipe open."""
+        deadline = self._clock() + timeout
+        for s in streams:
+            if not s.done.wait(max(0.0, deadline - self._clock())):
+                return False
+        return True
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Flush what is buffered and stop the thread; pipes still open are cut."""
+        self._closing = True
+        self._wake()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _pump(self) -> None:
+        streams: dict[int, Stream] = {}
+        while True:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for s in pending:
+                streams[s.fd] = s
+                self._selector.register(s.fd, selectors.EVENT_READ, s)
+            if self._closing:
+                for s in list(streams.values()):
+                    self._read(s)  # whatever is already in the pipe
+                    self._finish(s)
+                return
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                stream = key.data
+                if not self._read(stream):
+                    self._finish(stream)
+                    del streams[stream.fd]
+
+    def _read(self, s: Stream) -> bool:
+        """Move one chunk; False at end of file."""
+        try:
+            os.set_blocking(s.fd, False)
+            chunk = os.read(s.fd, 1 << 16)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        if s.file:
+            self._write_file(s, chunk)
+        data = s.partial + chunk
+        lines = data.split(b"\n")
+        s.partial = lines.pop()
+        if len(s.partial) > MAX_LINE:
+            lines.append(s.partial)
+            s.partial = b""
+        if lines:
+            self._emit(s, lines)
+        return True
+
+    def _finish(self, s: Stream) -> None:
+        if s.partial:
+            self._emit(s, [s.partial])
+            s.partial = b""
+        try:
+            self._selector.unregister(s.fd)
+        except (KeyError, ValueError):
+            pass
+        if s.file:
+            s.file.close()
+        s.done.set()
+
+    def _emit(self, s: Stream, lines: list[bytes]) -> None:
+        s.last_line = lines[-1].decode(errors="replace").rstrip("\r")[-200:]
+        if s.console is None:
+            return
+        out = b"".join(s.prefix + line + b"\n" for line in lines)
+        with CONSOLE_LOCK:
+            try:
+                s.console.write(out)
+                s.console.flush()
+            except (OSError, ValueError):  # a closed terminal must not kill the pump
+                pass
+
+    @staticmethod
+    def _write_file(s: Stream, chunk: bytes) -> None:
+        try:
+            s.file.write(chunk)  # type: ignore[union-attr]
+        except OSError:  # disk full or read-only: keep the console going, keep the job running
+            s.file = None
+
+
+# ---------------------------------------------------------------------------- routing policy
+
+
+def destinations(config, local_rank: int, stream: str) -> tuple[IO[bytes] | None, bool]:
+    """Where one worker stream goes: (console or None, whether it is written to its file).
+
+    `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
+    hides ranks from the console but never from their files; `--log_dir` keeps every file.
+    """
+    redirected = config.redirects.has(local_rank, stream)
+    teed = config.tee.has(local_rank, stream)
+    hidden = config.local_ranks_filter is not None and local_rank not in config.local_ranks_filter
+    console = None
+    if not hidden and (teed or not redirected):
+        console = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+    to_file = bool(config.log_dir) or redirected or teed or hidden
+    return console, to_file
+
+
+def prefix_for(config, worker, host: str, environ) -> str:
+    """`[rank3]: `, with the host in multi-node jobs; torchrun's prefix template is honoured."""
+    template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    if template:
+        from string import Template
+
+        return Template(template).safe_substitute(
+            role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
+        ) + ":"
+    if config.multi_node:
+        return f"[{host} rank{worker.rank}]: "
+    return f"[rank{worker.rank}]: "
+
+
+def say(message: str) -> None:
+    """One line from the launcher itself on stderr, never interleaved with worker lines."""
+    with CONSOLE_LOCK:
+        try:
+            sys.stderr.write(f"launcher: {message}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass

@@ -1,0 +1,267 @@
+"""Process mechanism, no policy: spawn a worker, notice its exit, kill its whole tree.
+
+Three layers keep orphans away, grandchildren included:
+- every worker leads its own process group, so one `killpg` reaches what it forked;
+- the agent is a child subreaper, so a grandchild that left the group (setsid, double fork)
+  is re-parented to the agent and found by a descendant sweep instead of escaping to init;
+- a guard process, forked before any thread exists, holds a pipe from the agent: if the agent
+  dies, even by SIGKILL, the pipe closes and the guard kills every process that carries this
+  agent's id in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from typing import IO, Iterable, Sequence
+
+from .spec import Exit
+
+PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, arg: int | bytes) -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux), so the sweep can find them."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+class WorkerProcess:
+    """One spawned worker: its Popen, a pidfd to wait on, and its output pipes."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+        try:
+            self.pidfd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # old kernel: the monitor interval poll still finds the exit
+            self.pidfd = None
+
+    @property
+    def stdout(self) -> IO[bytes] | None:
+        return self.popen.stdout
+
+    @property
+    def stderr(self) -> IO[bytes] | None:
+        return self.popen.stderr
+
+    def poll(self) -> Exit | None:
+        """The exit, once the process has ended (reaps it); None while it runs."""
+        code = self.popen.poll()
+        return None if code is None else Exit(code)
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the worker's whole process group (ignores an already-gone group)."""
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def send(self, sig: int) -> None:
+        """Send `sig` to the worker process alone."""
+        try:
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def spawn(argv: Sequence[str], env: dict[str, str], capture: bool = True) -> WorkerProcess:
+    """Start one worker in a new process group, its stdout and stderr on pipes."""
+    pipe = subprocess.PIPE if capture else None
+    popen = subprocess.Popen(list(argv), env=env, stdout=pipe, stderr=pipe, process_group=0, close_fds=True)
+    return WorkerProcess(popen)
+
+
+# ---------------------------------------------------------------------------- sweeping
+
+
+def descendants(exclude: Iterable[int] = ()) -> list:
+    """psutil handles of every live process below this one, minus `exclude` pids."""
+    import psutil
+
+    skip = set(exclude)
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in procs if p.pid not in skip]
+
+
+def kill_procs(procs: Iterable, sig: int) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def reap_adopted(owned: Iterable[int]) -> None:
+    """Collect zombies the subreaper adopted; never touches pids a Popen owns."""
+    import psutil
+
+    mine = set(owned)
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid in mine:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+# ---------------------------------------------------------------------------- the guard
+
+
+class Guard:
+    """A forked watchdog that kills this agent's processes if the agent dies without cleaning up."""
+
+    def __init__(self, agent_id: str):
+        self.agent_id = agent_id
+        self.pid = 0
+        self._fd = -1
+
+    def start(self) -> "Guard":
+        """Fork the guard; call before any thread starts."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the guard
+            os.close(w)
+            _guard_main(r, self.agent_id)  # never returns
+        os.close(r)
+        os.set_inheritable(w, False)
+        self.pid, self._fd = pid, w
+        return self
+
+    def watch(self, pid: int) -> None:
+        """Tell the guard about a worker so it can kill its group first."""
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, b"%d\n" % pid)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """Clean exit: the guard leaves without killing anything."""
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, b"done\n")
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _guard_main(fd: int, agent_id: str) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)  # a terminal's Ctrl-C must not take the guard down
+    _prctl(PR_SET_NAME, b"launcher-guard")
+    data = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            data += chunk
+    except OSError:
+        pass
+    lines = data.split(b"\n")
+    if b"done" not in lines:  # the agent died without cleaning up
+        for line in lines:
+            if line.isdigit():
+                try:
+                    os.killpg(int(line), signal.SIGKILL)
+                except OSError:
+                    pass
+        kill_marked(agent_id)
+    os._exit(0)
+
+
+def kill_marked(agent_id: str, sig: int = signal.SIGKILL) -> int:
+    """SIGKILL every process whose environment carries this agent's id; returns how many."""
+    marker = b"\0LAUNCHER_AGENT_ID=" + agent_id.encode() + b"\0"
+    me, killed = os.getpid(), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = b"\0" + f.read()
+        except OSError:
+            continue
+        if marker in environ + b"\0":
+            try:
+                os.kill(int(name), sig)
+                killed += 1
+            except OSError:
+                pass
+    return killed
+
+
+# ---------------------------------------------------------------------------- ports
+
+
+def free_port(host: str = "") -> int:
+    """A port free on `host`, chosen below the kernel's ephemeral range.
+
+    `host` "" checks every address, as torch's store server binds the wildcard. Outgoing
+    connections only ever get ephemeral ports, so a port below that range can be
+    taken between this check and the worker's bind only by another explicit bind: as
+    race-safe as the OS allows without holding the socket open.
+    """
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    candidates = random.sample(range(20000, max(low, 20001)), k=min(64, max(low - 20000, 1)))
+    for port in candidates:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as s:  # everything below the range is taken
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def is_tty(stream: IO | None = None) -> bool:
+    stream = stream or sys.stderr
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,68 @@
+"""The composition root: wire config, rendezvous, logs and supervisor; return an exit code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+
+from . import process
+from .config import LaunchConfig
+from .errors import EXIT_OK
+from .logs import LogRouter, say
+from .rendezvous import create_rendezvous
+from .summary import print_summary
+from .supervisor import Supervisor
+
+
+def run(config: LaunchConfig) -> int:
+    """Run the job on this node; the return value is the launcher's exit code."""
+    agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
+    guard = process.Guard(agent_id).start()  # before any thread exists
+    process.become_subreaper()
+    run_dir, temporary = make_run_dir(config)
+    threading.Thread(target=_prewarm, daemon=True).start()
+    logs = LogRouter()
+    rendezvous = create_rendezvous(config)
+    supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard)
+    try:
+        result = supervisor.run()
+    except BaseException:
+        process.kill_marked(agent_id)  # never leave workers behind, whatever went wrong here
+        raise
+    finally:
+        logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
+        logs.close()
+        guard.stop()
+    rendezvous.shutdown(result.exit_code == EXIT_OK)
+    print_summary(result, rich_ok=process.is_tty(sys.stderr))
+    if temporary and not _has_logs(run_dir) and not result.failures:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result.exit_code
+
+
+def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
+    """`<log_dir>/<run_id>_<random>` (kept), or a temporary folder for error files only."""
+    if config.log_dir:
+        os.makedirs(config.log_dir, exist_ok=True)
+        path = tempfile.mkdtemp(prefix=f"{config.run_id}_", dir=config.log_dir)
+        say(f"logs in {path}")
+        return path, False
+    return tempfile.mkdtemp(prefix=f"launcher-{config.run_id}-"), True
+
+
+def _has_logs(run_dir: str) -> bool:
+    for _, _, files in os.walk(run_dir):
+        if any(f.endswith(".log") for f in files):
+            return True
+    return False
+
+
+def _prewarm() -> None:
+    """Import psutil off the critical path; the stop and sweep paths need it."""
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        pass

@@ -1,0 +1,143 @@
+"""The vocabulary, as plain data: what to run, who runs it, how it ended."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Round:
+    """One agreed membership of the job: what a rendezvous hands this node."""
+
+    run_id: str
+    round: int  # bumps on every new round, restarts and membership changes alike
+    restart_count: int  # failures charged to the job-wide budget so far
+    group_rank: int  # this node's rank among the nodes
+    group_world_size: int
+    rank_offset: int  # global rank of this node's local rank 0
+    world_size: int  # workers in the whole job
+    master_addr: str
+    master_port: int
+    use_agent_store: bool = False  # False: worker rank 0 hosts the bootstrap store
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker's place in a round; rebuilt whole every round."""
+
+    local_rank: int
+    rank: int
+    local_world_size: int
+    world_size: int
+
+    @property
+    def role_rank(self) -> int:
+        return self.rank
+
+
+class WorkerState(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended by the launcher itself: collateral, never a root cause
+
+
+class GroupState(enum.Enum):
+    """The local worker group moves as a unit; only `Supervisor._set_state` changes it."""
+
+    RENDEZVOUS = "rendezvous"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+TRANSITIONS: Mapping[GroupState, frozenset[GroupState]] = {
+    GroupState.RENDEZVOUS: frozenset({GroupState.RUNNING, GroupState.FAILED}),
+    GroupState.RUNNING: frozenset({GroupState.STOPPING, GroupState.SUCCEEDED}),
+    GroupState.STOPPING: frozenset({GroupState.RENDEZVOUS, GroupState.FAILED}),
+    GroupState.SUCCEEDED: frozenset(),
+    GroupState.FAILED: frozenset(),
+}
+
+SIGNAL_HINTS = {
+    signal.SIGKILL: "out of memory? (check dmesg for the OOM killer)",
+    signal.SIGSEGV: "segmentation fault in native code",
+    signal.SIGBUS: "bus error: shared memory (/dev/shm) too small?",
+    signal.SIGABRT: "aborted: a C++ exception or an assertion in native code",
+    signal.SIGFPE: "floating point exception in native code",
+}
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a process ended, decoded once from its return code."""
+
+    returncode: int
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 else None
+
+    def describe(self) -> str:
+        if self.signal is None:
+            return f"exited with code {self.returncode}"
+        try:
+            name = signal.Signals(self.signal).name
+        except ValueError:
+            name = f"signal {self.signal}"
+        hint = SIGNAL_HINTS.get(self.signal)
+        return f"killed by {name}" + (f": {hint}" if hint else "")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One worker that did not exit 0, with what is known about why."""
+
+    worker: Worker
+    pid: int
+    exit: Exit
+    at: float  # monotonic time the launcher saw the exit
+    host: str
+    round: int
+    collateral: bool  # True: the launcher stopped it itself
+    error_file: str | None = None
+    log_files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What the supervisor hands back: final state, failures, restarts used, exit code."""
+
+    state: GroupState
+    exit_code: int
+    failures: tuple[Failure, ...] = ()
+    restarts: int = 0
+    signal: int | None = None
+    message: str = ""
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The earliest failure the launcher did not cause, in the last round that had one."""
+        causes = [f for f in self.failures if not f.collateral]
+        if not causes:
+            return None
+        last = max(f.round for f in causes)
+        return min((f for f in causes if f.round == last), key=lambda f: f.at)
+
+
+@dataclass
+class Snapshot:
+    """A read-only picture of the group for views and notifiers."""
+
+    state: GroupState
+    round: int = 0
+    restarts: int = 0
+    workers: list[dict] = field(default_factory=list)

@@ -1,0 +1,75 @@
+"""The failure summary: the root cause first, with its traceback; collateral apart."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .logs import CONSOLE_LOCK
+from .spec import Failure, RunResult
+
+
+def read_error_file(path: str | None) -> tuple[str, str]:
+    """(message, traceback) from a torch `@record` / `launcher.record` error file; empty if none."""
+    if not path:
+        return "", ""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        msg = data["message"]
+        if isinstance(msg, str):
+            return msg, ""
+        return str(msg.get("message", "")), str(msg.get("extraInfo", {}).get("py_callstack", ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "", ""
+
+
+def _who(f: Failure) -> str:
+    return f"rank {f.worker.rank} (local rank {f.worker.local_rank}) on {f.host}, pid {f.pid}"
+
+
+def summary_lines(result: RunResult) -> list[str]:
+    """The summary as plain lines; empty when there is nothing to explain."""
+    root = result.root_cause
+    if root is None and not result.message:
+        return []
+    lines = [f"job failed (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    if result.message:
+        lines.append(f"reason: {result.message}")
+    if root:
+        lines.append(f"root cause: {_who(root)} {root.exit.describe()} (attempt {root.round})")
+        message, trace = read_error_file(root.error_file)
+        if message:
+            lines.append(f"  error: {message}")
+        if trace:
+            lines.append("  traceback:")
+            lines += ["    " + t for t in trace.rstrip().splitlines()]
+        for path in root.log_files:
+            lines.append(f"  log: {path}")
+        if root.error_file:
+            lines.append(f"  error file: {root.error_file}")
+    others = [f for f in result.failures if not f.collateral and f is not root and f.round == (root.round if root else -1)]
+    for f in others:
+        lines.append(f"also failed: {_who(f)} {f.exit.describe()}")
+    stopped = [f for f in result.failures if f.collateral and f.round == (root.round if root else -1)]
+    if stopped:
+        lines.append("stopped by the launcher: " + ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped))
+    return lines
+
+
+def print_summary(result: RunResult, rich_ok: bool) -> None:
+    """Write the summary to stderr: a rich panel on a terminal, plain lines elsewhere."""
+    lines = summary_lines(result)
+    if not lines:
+        return
+    with CONSOLE_LOCK:
+        if rich_ok:
+            from rich.console import Console
+            from rich.panel import Panel
+            from rich.text import Text
+
+            body = Text("\n".join(lines[1:]))
+            Console(stderr=True).print(Panel(body, title=f"[bold red]{lines[0]}", title_align="left", border_style="red"))
+        else:
+            sys.stderr.write("".join(f"launcher: {line}\n" for line in lines))
+            sys.stderr.flush()

@@ -1,0 +1,338 @@
+"""The supervisor: one loop that owns the worker group and every decision about it.
+
+Signal handlers, the log pump and rendezvous threads only `post()` events; worker exits wake
+the loop through pidfds. The group moves through `GroupState` as a unit:
+
+    RENDEZVOUS -> RUNNING -> SUCCEEDED
+                     |
+                     +-> STOPPING -> RENDEZVOUS (restart or membership change)
+                                  -> FAILED     (budget spent, signal, rendezvous error)
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import selectors
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import process
+from .config import LaunchConfig
+from .env import worker_argv, worker_env, workers_of
+from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
+from .logs import LogRouter, Stream, destinations, prefix_for, say
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .signals import SignalReceived, capture_signals
+from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Worker, WorkerState
+
+
+@dataclass(frozen=True)
+class RoundReady:
+    rnd: Round
+
+
+@dataclass(frozen=True)
+class RoundFailed:
+    error: RendezvousError
+
+
+@dataclass(eq=False)
+class Member:
+    """A worker of the current round and its live process."""
+
+    worker: Worker
+    proc: process.WorkerProcess
+    streams: list[Stream]
+    error_file: str
+    log_files: tuple[str, ...]
+    state: WorkerState = WorkerState.RUNNING
+    signalled: bool = False  # the launcher asked it to stop: its failure is collateral
+
+
+@dataclass
+class _Stop:
+    then: str  # "restart", "membership", "fail" or "signal"
+    deadline: float
+    signum: int = signal.SIGTERM
+
+
+class Supervisor:
+    """Run the worker group of one node until it succeeds, fails for good, or is signalled."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        rendezvous: RendezvousHandler,
+        logs: LogRouter,
+        run_dir: str,
+        *,
+        spawn: Callable[..., process.WorkerProcess] = process.spawn,
+        clock: Callable[[], float] = time.monotonic,
+        environ: dict[str, str] | None = None,
+        agent_id: str = "",
+        guard: process.Guard | None = None,
+        host: str = "",
+    ):
+        self.config = config
+        self.rendezvous = rendezvous
+        self.logs = logs
+        self.run_dir = run_dir
+        self.spawn = spawn
+        self.clock = clock
+        self.environ = dict(os.environ if environ is None else environ)
+        self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.guard = guard
+        self.host = host or process.hostname()
+        self.state = GroupState.RENDEZVOUS
+        self.round: Round | None = None
+        self.members: list[Member] = []
+        self.failures: list[Failure] = []
+        self.stop: _Stop | None = None
+        self.exit_signal: int | None = None
+        self.message = ""
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+    # ------------------------------------------------------------------ the loop
+
+    def post(self, event: object) -> None:
+        """Hand an event to the loop; safe from signal handlers and other threads."""
+        self._events.put(event)
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full, so the loop is awake already
+
+    def run(self) -> RunResult:
+        """Rendezvous, spawn, supervise, restart; return when the group is done for good."""
+        handled = self.config.signals_to_handle + self.config.passthrough_signals
+        with capture_signals(handled, self.post, self._wake_w):
+            self.begin_round(Cause.START)
+            while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
+                self.step()
+        return self.result()
+
+    def step(self, timeout: float | None = None) -> None:
+        """Wait for one batch of events (or the next deadline), then act on everything seen."""
+        if timeout is None:
+            timeout = self.config.monitor_interval
+            if self.stop:
+                timeout = min(timeout, max(0.0, self.stop.deadline - self.clock()))
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            self.handle(event)
+        self.reap_workers()
+        self.check_stop()
+
+    def handle(self, event: object) -> None:
+        if isinstance(event, SignalReceived):
+            self.handle_signal(event.signum)
+        elif isinstance(event, RoundReady) and self.state is GroupState.RENDEZVOUS:
+            self.spawn_workers(event.rnd)
+        elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
+            self.message = str(event.error)
+            self._set_state(GroupState.FAILED)
+        elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
+            say(f"membership changed ({event.reason}); re-forming the job")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="membership")
+
+    # ------------------------------------------------------------------ verbs
+
+    def begin_round(self, cause: Cause) -> None:
+        """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
+        self._set_state(GroupState.RENDEZVOUS)
+
+        def ask() -> None:
+            try:
+                self.post(RoundReady(self.rendezvous.next_round(cause)))
+            except RendezvousError as e:
+                self.post(RoundFailed(e))
+
+        threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
+
+    def spawn_workers(self, rnd: Round) -> None:
+        self.round = rnd
+        attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
+        self.members = []
+        for worker in workers_of(rnd, self.config.nproc_per_node):
+            folder = os.path.join(attempt, str(worker.local_rank))
+            os.makedirs(folder, exist_ok=True)
+            error_file = os.path.join(folder, "error.json")
+            env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id)
+            proc = self.spawn(worker_argv(self.config, worker), env)
+            if self.guard:
+                self.guard.watch(proc.pid)
+            if proc.pidfd is not None:
+                self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
+            streams, files = [], []
+            prefix = prefix_for(self.config, worker, self.host, self.environ)
+            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                if pipe is None:
+                    continue
+                console, to_file = destinations(self.config, worker.local_rank, name)
+                path = os.path.join(folder, f"{name}.log") if to_file else None
+                streams.append(self.logs.add(pipe, prefix, console, path))
+                files += [path] if path else []
+            self.members.append(Member(worker, proc, streams, error_file, tuple(files)))
+        self.rendezvous.watch(rnd, self.post)
+        self._set_state(GroupState.RUNNING)
+
+    def reap_workers(self) -> None:
+        """Collect every worker that ended, and decide what its exit means for the group."""
+        for m in self.members:
+            if m.state is not WorkerState.RUNNING:
+                continue
+            ex = m.proc.poll()
+            if ex is None:
+                continue
+            self._forget(m.proc)
+            if ex.ok:
+                m.state = WorkerState.SUCCEEDED
+            else:
+                m.state = WorkerState.STOPPED if m.signalled else WorkerState.FAILED
+                self.failures.append(self._failure(m, ex))
+        if self.state is not GroupState.RUNNING:
+            return
+        if any(m.state is WorkerState.FAILED for m in self.members):
+            cause = min((f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at)
+            say(f"rank {cause.worker.rank} {cause.exit.describe()}; stopping the group")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="restart")
+        elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
+            self.sweep(graceful=True)
+            self._set_state(GroupState.SUCCEEDED)
+
+    def stop_workers(self, signum: int, grace: float, then: str) -> None:
+        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
+        self.stop = _Stop(then, self.clock() + grace, signum)
+        self._set_state(GroupState.STOPPING)
+        self.signal_workers(signum, mark=True)
+
+    def signal_workers(self, signum: int, mark: bool = False) -> None:
+        """Forward `signum` to each live worker's process group and to its escaped descendants."""
+        live = [m for m in self.members if m.state is WorkerState.RUNNING]
+        for m in live:
+            m.signalled = m.signalled or mark
+            m.proc.signal_group(signum)
+        groups = {m.proc.pid for m in live}
+        strays = [p for p in process.descendants(self._not_mine()) if _pgid(p.pid) not in groups]
+        process.kill_procs(strays, signum)
+
+    def check_stop(self) -> None:
+        """Escalate to SIGKILL at the deadline; once every worker is gone, finish the stop."""
+        if self.state is not GroupState.STOPPING or self.stop is None:
+            return
+        if any(m.state is WorkerState.RUNNING for m in self.members):
+            if self.clock() >= self.stop.deadline:
+                self.signal_workers(signal.SIGKILL)
+            return
+        self.sweep(graceful=False)
+        then, self.stop = self.stop.then, None
+        if then == "restart":
+            self.begin_round(Cause.FAILURE)
+        elif then == "membership":
+            self.begin_round(Cause.MEMBERSHIP)
+        else:
+            self._set_state(GroupState.FAILED)
+
+    def sweep(self, graceful: bool) -> None:
+        """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
+        leftovers = process.descendants(self._not_mine())
+        if leftovers:
+            import psutil
+
+            if graceful:
+                process.kill_procs(leftovers, signal.SIGTERM)
+                _, leftovers = psutil.wait_procs(leftovers, timeout=1.0)
+            process.kill_procs(leftovers, signal.SIGKILL)
+            psutil.wait_procs(leftovers, timeout=1.0)
+        process.reap_adopted(m.proc.pid for m in self.members)
+
+    def handle_signal(self, signum: int) -> None:
+        if signum in self.config.passthrough_signals:
+            say(f"passing {signal.Signals(signum).name} to the workers")
+            for m in self.members:  # the worker process only: its children may not handle it
+                if m.state is WorkerState.RUNNING:
+                    m.proc.send(signum)
+            return
+        first = self.exit_signal is None
+        if first:
+            self.exit_signal = signum
+        if self.state is GroupState.RENDEZVOUS:
+            self._set_state(GroupState.FAILED)
+        elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
+            say(f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)")
+            self.stop_workers(signum, self.config.shutdown_timeout, then="signal")
+        elif signum == signal.SIGINT and self.stop and self.stop.signum == signal.SIGINT:
+            say("second SIGINT; killing the workers now")
+            self.stop.deadline = self.clock()
+
+    # ------------------------------------------------------------------ results
+
+    def result(self) -> RunResult:
+        restarts = self.round.restart_count if self.round else 0
+        if self.state is GroupState.SUCCEEDED:
+            return RunResult(self.state, EXIT_OK, tuple(self.failures), restarts)
+        if self.exit_signal is not None:
+            code = exit_code_for_signal(self.exit_signal)
+        else:
+            root = RunResult(self.state, 0, tuple(self.failures)).root_cause
+            code = EXIT_WORKERS_FAILED
+            if root and root.exit.signal is None and 1 <= root.exit.returncode <= 125:
+                code = root.exit.returncode
+        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _set_state(self, new: GroupState) -> None:
+        if new is not self.state and new not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"group cannot go from {self.state.name} to {new.name}")
+        self.state = new
+
+    def _failure(self, m: Member, ex: Exit) -> Failure:
+        return Failure(
+            worker=m.worker,
+            pid=m.proc.pid,
+            exit=ex,
+            at=self.clock(),
+            host=self.host,
+            round=self.round.round if self.round else 0,
+            collateral=m.signalled,
+            error_file=m.error_file if os.path.exists(m.error_file) else None,
+            log_files=m.log_files,
+        )
+
+    def _forget(self, proc: process.WorkerProcess) -> None:
+        if proc.pidfd is not None:
+            try:
+                self._selector.unregister(proc.pidfd)
+            except (KeyError, ValueError):
+                pass
+        proc.close()
+
+    def _not_mine(self) -> list[int]:
+        return [self.guard.pid] if self.guard and self.guard.pid else []
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
