@@ -95,8 +95,9 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
 @flag("run-path", group=RUN, is_flag=True, help="Accepted for torchrun; scripts run as `python SCRIPT` either way.")
 @flag("role", group=RUN, default="default", metavar="NAME", help="Role name (ROLE_NAME).")
-@flag("append-local-rank", group=RUN, default=None, is_flag=False, flag_value="--local-rank", metavar="[FLAG]",
-      help="Pass --local-rank=N to the script, as torch.distributed.launch did (or the FLAG given).")
+@flag("append-local-rank", group=RUN, is_flag=True, help="Pass --local-rank=N to the script, as torch.distributed.launch did.")
+@flag("append-local-rank-as", group=RUN, default=None, metavar="FLAG", help="Same, with another spelling, e.g. --local_rank.")
+@flag("use-env", group=RUN, is_flag=True, help="With `python -m launcher.launch`: do not append --local-rank.")
 @flag("start-method", group=RUN, default="spawn", metavar="NAME", help="Accepted for torchrun; moot for scripts.")
 @flag("max-restarts", group=SIG, default="0", metavar="N", help="Restarts of the worker group before giving up.")
 @flag("monitor-interval", group=SIG, default="0.1", metavar="SEC", help="Upper bound between periodic checks (exits are seen at once).")

@@ -302,7 +302,9 @@ def from_flags(
     passthrough_signals: str = "",
     shutdown_timeout: float | str | None = None,
     virtual_local_rank: bool = False,
-    append_local_rank: str | None = None,
+    append_local_rank: bool = False,
+    append_local_rank_as: str | None = None,
+    use_env: bool = False,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -343,7 +345,7 @@ def from_flags(
         # The embedded default: one node, no store to meet at, a free port picked per round.
         if standalone and max_nodes > 1:
             raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
-        backend, rdzv_endpoint, run_id = "local", "", run_id or uuid.uuid4().hex[:12]
+        backend, rdzv_endpoint, run_id = "local", "", run_id or str(uuid.uuid4())
     elif backend == "static":
         if min_nodes != max_nodes:
             raise ConfigError(f"--nnodes {nnodes} is elastic; static rendezvous needs a fixed --nnodes N")
@@ -366,10 +368,10 @@ def from_flags(
             raise ConfigError(f"--rdzv_conf {unknown[0]} does not apply to the {backend} rendezvous; remove it")
 
     local_rank_arg = None
-    if append_local_rank:
-        local_rank_arg = str(append_local_rank)
+    if (append_local_rank or append_local_rank_as) and not use_env:
+        local_rank_arg = str(append_local_rank_as or "--local-rank")
         if not re.fullmatch(r"--?[A-Za-z][\w-]*", local_rank_arg):
-            raise ConfigError(f"--append_local_rank {local_rank_arg!r} is not a flag name (e.g. --local_rank)")
+            raise ConfigError(f"--append_local_rank_as {local_rank_arg!r} is not a flag name (e.g. --local_rank)")
 
     return LaunchConfig(
         program=program,

@@ -1,0 +1,97 @@
+"""Shared helpers: run the real launcher as a subprocess and check nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+LAUNCHER = [sys.executable, "-m", "launcher"]
+
+
+def worker(name: str) -> str:
+    """Path of a tiny worker script in tests/workers/."""
+    return str(WORKERS / name)
+
+
+def procs_with_token(token: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment carries TEST_TOKEN=token."""
+    marker = f"\0TEST_TOKEN={token}\0".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = b"\0" + f.read() + b"\0"
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in env and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def wait_gone(token: str, timeout: float = 5.0) -> list[int]:
+    """Wait until no process carries `token`; return the survivors (empty is good)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = procs_with_token(token)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return procs_with_token(token)
+
+
+class Launch:
+    """Runs `python -m launcher ARGS` with a unique TEST_TOKEN and kills leftovers at teardown."""
+
+    def __init__(self):
+        self.token = uuid.uuid4().hex
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self, extra: dict | None = None) -> dict:
+        env = dict(os.environ, TEST_TOKEN=self.token, PYTHONPATH=str(ROOT))
+        env.pop("PYTEST_CURRENT_TEST", None)
+        env.update(extra or {})
+        return env
+
+    def run(self, *args: str, timeout: float = 60, env: dict | None = None, cwd: str | None = None):
+        """Run to completion; returns CompletedProcess with text stdout/stderr."""
+        return subprocess.run(
+            [*LAUNCHER, *args], capture_output=True, text=True, timeout=timeout, env=self.env(env), cwd=cwd
+        )
+
+    def start(self, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+        """Start in the background (stdout/stderr piped, text)."""
+        p = subprocess.Popen(
+            [*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(env), **kw
+        )
+        self.procs.append(p)
+        return p
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        for pid in procs_with_token(self.token):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def launch():
+    l = Launch()
+    yield l
+    l.cleanup()
