@@ -128,10 +128,31 @@ def command(**flags) -> None:
     sys.exit(run(config))
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind (only this one).")
+@click.option("--port", default=29400, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+def store(host: str, port: int) -> None:
+    """Serve a c10d rendezvous store on its own, so no training node has to host it."""
+    from .rendezvous.c10d import store_main
+
+    try:
+        sys.exit(store_main(host, port))
+    except OSError as e:
+        raise click.UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
+SUBCOMMANDS = {"store": store}
+
+
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = command
+    if args and args[0] in SUBCOMMANDS:
+        cmd, prog_name = SUBCOMMANDS[args[0]], f"{prog_name} {args[0]}"
+        args = args[1:]
     try:
-        code = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+        code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False)
     except (click.ClickException, ConfigError) as e:
         text = e.format_message() if isinstance(e, click.ClickException) else str(e)
         sys.stderr.write(f"{prog_name}: error: {text}\n")

@@ -20,8 +20,9 @@ from .errors import ConfigError
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 # Backends the launcher accepts now; the others are named so their error can say "not yet".
-BACKENDS = ("local", "static")
-LATER_BACKENDS = ("c10d", "etcd", "etcd-v2")
+BACKENDS = ("local", "static", "c10d")
+LATER_BACKENDS = ("etcd", "etcd-v2")
+DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -42,6 +43,53 @@ class Std:
 
 
 @dataclass(frozen=True)
+class RendezvousSettings:
+    """The `--rdzv_conf` keys the elastic rendezvous honours, with their documented defaults."""
+
+    join_timeout: float = 600.0  # a round must form within this (torch: join_timeout, alias timeout)
+    last_call_timeout: float = 30.0  # after MIN nodes joined, wait this long for more before sealing
+    keep_alive_interval: float = 0.5  # heartbeat period
+    keep_alive_max_attempt: int = 4  # missed heartbeats before a node is declared dead (2 s)
+    read_timeout: float = 60.0  # one store operation
+    exit_barrier_timeout: float = 300.0  # how long the store host waits for the others to finish
+    is_host: bool | None = None  # host the store on this node; None: decide by address
+
+    @property
+    def liveness_timeout(self) -> float:
+        return self.keep_alive_interval * self.keep_alive_max_attempt
+
+
+RDZV_KEYS = {
+    "join_timeout": "join_timeout", "timeout": "join_timeout", "last_call_timeout": "last_call_timeout",
+    "keep_alive_interval": "keep_alive_interval", "keep_alive_max_attempt": "keep_alive_max_attempt",
+    "read_timeout": "read_timeout", "exit_barrier_timeout": "exit_barrier_timeout", "is_host": "is_host",
+}
+
+
+def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:
+    """Honour every known `--rdzv_conf` key; reject the rest with the list of good ones."""
+    values: dict[str, object] = {}
+    for key, text in conf.items():
+        field_name = RDZV_KEYS.get(key)
+        if field_name is None:
+            raise ConfigError(f"--rdzv_conf {key} is not a rendezvous setting; use one of {', '.join(sorted(RDZV_KEYS))}")
+        if field_name == "is_host":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"--rdzv_conf is_host={text} is not true or false")
+            values[field_name] = text.lower() in ("true", "1", "yes")
+        elif field_name == "keep_alive_max_attempt":
+            try:
+                values[field_name] = int(text)
+            except ValueError:
+                raise ConfigError(f"--rdzv_conf {key}={text} is not a whole number") from None
+            if values[field_name] < 1:  # type: ignore[operator]
+                raise ConfigError(f"--rdzv_conf {key}={text} must be at least 1")
+        else:
+            values[field_name] = parse_seconds(text, f"--rdzv_conf {key}", minimum=0.001 if "interval" in key else 0.0)
+    return RendezvousSettings(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """Everything one launcher run needs, validated; built once by `from_flags`."""
 
@@ -55,6 +103,7 @@ class LaunchConfig:
     rdzv_endpoint: str = ""
     rdzv_id: str = ""
     rdzv_conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    rdzv: RendezvousSettings = RendezvousSettings()
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     local_addr: str | None = None
@@ -357,11 +406,17 @@ def from_flags(
         if port == 0:
             raise ConfigError("--master_port 0 cannot be shared between nodes; give a fixed port")
         run_id = run_id or "none"
+    elif backend == "c10d":
+        if not rdzv_endpoint:
+            raise ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT] (the store's address)")
+        parse_endpoint(rdzv_endpoint, DEFAULT_PORTS[backend])
+        run_id = run_id or "none"
     elif backend in LATER_BACKENDS:
         raise ConfigError(f"--rdzv_backend {backend} is not supported yet; use static (--nnodes N --node_rank R --master_addr A)")
     else:
         raise ConfigError(f"--rdzv_backend {rdzv_backend!r} is unknown; use static, c10d or etcd")
-    if backend in BACKENDS and conf:
+    settings = parse_rdzv_settings(conf) if backend == "c10d" else RendezvousSettings()
+    if backend in ("local", "static") and conf:
         known = {"timeout"}  # static's store timeout in torchrun; meaningless without an agent store
         unknown = sorted(set(conf) - known)
         if unknown:
@@ -384,6 +439,7 @@ def from_flags(
         rdzv_endpoint=rdzv_endpoint,
         rdzv_id=run_id,
         rdzv_conf=MappingProxyType(conf),
+        rdzv=settings,
         master_addr=master_addr,
         master_port=port,
         local_addr=local_addr or None,

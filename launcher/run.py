@@ -10,7 +10,7 @@ import threading
 
 from . import process
 from .config import LaunchConfig
-from .errors import EXIT_OK
+from .errors import EXIT_OK, LauncherError
 from .logs import LogRouter, say
 from .rendezvous import create_rendezvous
 from .summary import print_summary
@@ -22,10 +22,15 @@ def run(config: LaunchConfig) -> int:
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     guard = process.Guard(agent_id).start()  # before any thread exists
     process.become_subreaper()
+    try:
+        rendezvous = create_rendezvous(config)
+    except LauncherError as e:
+        guard.stop()
+        say(f"error: {e}")
+        return e.exit_code
     run_dir, temporary = make_run_dir(config)
     threading.Thread(target=_prewarm, daemon=True).start()
     logs = LogRouter()
-    rendezvous = create_rendezvous(config)
     supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard)
     try:
         result = supervisor.run()

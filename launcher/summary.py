@@ -31,7 +31,7 @@ def _who(f: Failure) -> str:
 def summary_lines(result: RunResult) -> list[str]:
     """The summary as plain lines; empty when there is nothing to explain."""
     root = result.root_cause
-    if root is None and not result.message:
+    if result.exit_code == 0 or (root is None and not result.message):
         return []
     lines = [f"job failed (exit code {result.exit_code}) after {result.restarts} restart(s)"]
     if result.message:

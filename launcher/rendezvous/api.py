@@ -42,10 +42,10 @@ class RendezvousHandler(Protocol):
 
 def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
     """The handler for `config.rdzv_backend`; backends import torch or etcd only inside."""
-    from . import local
+    if config.rdzv_backend == "c10d":
+        from .c10d import C10dRendezvous
 
-    backends: dict[str, Callable[[LaunchConfig], RendezvousHandler]] = {
-        "local": local.LocalRendezvous,
-        "static": local.LocalRendezvous,
-    }
-    return backends[config.rdzv_backend](config)
+        return C10dRendezvous(config)
+    from .local import LocalRendezvous
+
+    return LocalRendezvous(config)

@@ -1,0 +1,176 @@
+"""The c10d backend: the protocol on torch's TCPStore (the only place the agent imports torch).
+
+The store binds exactly the address it was given (torch binds the wildcard): we bind and listen
+on a socket ourselves and hand its fd to the TCPStore server. Who hosts: `--rdzv_conf is_host=`
+when given, else the node whose own address is the endpoint's (checked by binding it, which is
+what counts). `python -m launcher store` runs the store on its own, outside any training node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import threading
+import warnings
+from typing import Sequence
+
+from ..config import DEFAULT_PORTS, LaunchConfig, parse_endpoint
+from ..errors import RendezvousConnectionError
+from ..process import free_port, hostname
+from .protocol import ElasticRendezvous, Node
+
+PREFIX = "launcher/"
+
+
+def _torch_distributed():
+    """Import torch.distributed quietly: no NumPy warning, no C++ log line per store wait timeout."""
+    saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch.distributed as dist
+    finally:  # workers must not inherit our quieting
+        if saved is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = saved
+    return dist
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+class TCPStoreAdapter:
+    """The protocol's `Store` operations on one TCPStore client connection."""
+
+    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None):
+        self.host, self.port, self.timeout = host, port, timeout
+        dist = _torch_distributed()
+        try:  # the constructor retries until the store answers or connect_timeout passes
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=_td(connect_timeout or timeout), use_libuv=True)
+        except (RuntimeError, OSError) as e:  # DistNetworkError/DistStoreError derive from RuntimeError
+            raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {e}") from None
+        self._store.set_timeout(_td(timeout))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._store.add(PREFIX + key, amount))
+
+    def get(self, key: str) -> bytes | None:
+        k = PREFIX + key
+        return self._store.get(k) if self._store.check([k]) else None
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(PREFIX + key, value)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self._store.compare_set(PREFIX + key, expected, desired)
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        try:
+            self._store.wait([PREFIX + k for k in keys], _td(timeout))
+            return True
+        except RuntimeError as e:
+            if "timeout" in str(e).lower():
+                return False
+            raise
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        return list(self._store.multi_get([PREFIX + k for k in keys]))
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        self._store.multi_set([PREFIX + k for k in keys], list(values))
+
+    def clone(self) -> "TCPStoreAdapter":
+        return TCPStoreAdapter(self.host, self.port, self.timeout)
+
+    def close(self) -> None:
+        self._store = None
+
+
+def serve(host: str, port: int) -> tuple[object, socket.socket]:
+    """Start a TCPStore server bound to `host:port` only; keep both returned objects alive."""
+    dist = _torch_distributed()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    server = dist.TCPStore(host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+                           master_listen_fd=sock.fileno(), use_libuv=True)
+    return server, sock
+
+
+def is_local_address(host: str) -> bool:
+    """True if `host` resolves to an address of this machine (binding it is the proof)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def outward_address(host: str, port: int) -> str:
+    """The address this node uses to reach `host`: the one its peers can reach it at."""
+    try:
+        family = socket.getaddrinfo(host, port)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(hostname())
+
+
+class C10dRendezvous(ElasticRendezvous):
+    """ElasticRendezvous on a TCPStore, hosting the store here when this node is the endpoint."""
+
+    def __init__(self, config: LaunchConfig):
+        host, port = parse_endpoint(config.rdzv_endpoint, DEFAULT_PORTS["c10d"])
+        s = config.rdzv
+        self.server = None
+        wants_host = s.is_host if s.is_host is not None else is_local_address(host)
+        if wants_host:
+            try:
+                self.server = serve(host, port)
+            except OSError:
+                if s.is_host:
+                    raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
+                # another agent on this machine hosts it already: be a client
+        store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
+        node = Node(
+            node_id=f"{hostname()}:{os.getpid()}",
+            addr=config.local_addr or outward_address(host, port),
+            nproc=config.nproc_per_node,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            max_restarts=config.max_restarts,
+        )
+        super().__init__(store, config.run_id, node, s, port_picker=free_port, is_host=self.server is not None)
+
+    def shutdown(self, succeeded: bool) -> None:
+        """Leave the job, then drop the connection and the store server in order (no C++ teardown races)."""
+        super().shutdown(succeeded)
+        self.store.close()
+        self.server = None
+
+
+def store_main(host: str, port: int) -> int:
+    """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT."""
+    server = serve(host, port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"launcher store: serving on {host}:{port}", flush=True)
+    stop.wait()
+    del server
+    return 0

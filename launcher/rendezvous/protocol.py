@@ -1,0 +1,364 @@
+"""The elastic rendezvous protocol, the same on every store.
+
+A job is a sequence of rounds. In round r every node takes a ticket (an atomic counter), writes
+one small descriptor, and the round is *sealed* once MAX nodes joined, or once the nodes expected
+from the last round are back, or once the last call after MIN nodes ran out. The sealer alone
+reads the descriptors and writes one plan key per node (ranks, world, bootstrap address), so a
+round costs O(N) store operations in total; nobody rewrites a shared blob.
+
+A sealed round ends when any node writes its `change` key: a worker failed (charged once to the
+job-wide restart budget), a node stopped heartbeating, a late node wants in, or a node left. Every
+node blocks on that key (a store wait or an etcd watch: no polling of state). Liveness is a ring:
+each node bumps its own heartbeat counter and judges only its right-hand neighbour's, so a dead
+node is noticed within the liveness timeout at O(N) cost per interval.
+
+Keys, under `<prefix>/<run_id>/`:
+    round, closed, restarts                      job-wide
+    r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
+    r<r>/plan<k>                                  what the sealer decided for ticket k
+    r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from ..config import RendezvousSettings
+from ..errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    RestartBudgetExhausted,
+)
+from ..spec import Round
+from .api import Cause, MembershipChanged
+
+MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
+
+
+class Store(Protocol):
+    """The handful of operations the protocol needs; each backend maps them onto its store."""
+
+    def add(self, key: str, amount: int) -> int: ...
+    def get(self, key: str) -> bytes | None: ...  # None when absent; never blocks
+    def set(self, key: str, value: bytes) -> None: ...
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...  # returns the value now
+    def wait(self, keys: Sequence[str], timeout: float) -> bool: ...  # True once every key exists
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]: ...
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
+    def clone(self) -> "Store": ...  # a second connection, for the watcher thread
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Node:
+    """What this node tells the others when it joins a round."""
+
+    node_id: str  # host:pid, unique per agent
+    addr: str  # where its workers can be reached (the bootstrap store, if it gets rank 0)
+    nproc: int
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+
+
+class ElasticRendezvous:
+    """Rounds, last call, seal, liveness and the job-wide restart budget over any `Store`."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        node: Node,
+        settings: RendezvousSettings,
+        *,
+        port_picker: Callable[[], int],
+        is_host: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.store = store
+        self.node = node
+        self.settings = settings
+        self.pick_port = port_picker
+        self.is_host = is_host
+        self.clock = clock
+        self.prefix = f"{run_id}/"
+        self.run_id = run_id
+        self.current: Round | None = None
+        self.ticket = 0
+        self.group_rank = -1  # kept across rounds where possible
+        self._stop_watch = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the handler interface
+
+    def next_round(self, cause: Cause) -> Round:
+        """Leave the current round (reporting a failure if that is the cause) and join the next one."""
+        self._stop_watch.set()
+        try:
+            if self.current is None:
+                r = self._current_round()
+            else:
+                r = self.current.round
+                if cause is Cause.FAILURE:
+                    self._report_failure(r)
+                self._set_change(r, f"{self.node.node_id}: {cause.value}")
+                self._advance(r)
+                r = self._current_round()
+            return self._join(r)
+        except (RendezvousError, RestartBudgetExhausted):
+            raise
+        except Exception as e:  # a store that went away mid-protocol
+            raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
+
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """Heartbeat, judge the neighbour, and post MembershipChanged when the round ends."""
+        self._stop_watch = stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop), name="launcher-rdzv-watch", daemon=True)
+        self._watcher.start()
+
+    def shutdown(self, succeeded: bool) -> None:
+        """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
+        self._stop_watch.set()
+        rnd = self.current
+        if rnd is None:
+            return
+        try:
+            r, g = rnd.round, rnd.group_rank
+            if succeeded:
+                self.store.set(self._k(f"r{r}/done{g}"), b"1")
+                self.store.add(self._k(f"r{r}/finished"), 1)
+                if self.is_host:  # the others still need the store: wait for them (exit barrier)
+                    self._wait_finished(rnd)
+            elif not self.store.get(self._k("closed")):
+                self.store.add(self._k(f"r{r}/left"), 1)
+                self._set_change(r, f"{self.node.node_id} left")
+        except Exception:
+            pass  # leaving must never fail the exit
+        finally:
+            if self._watcher:
+                self._watcher.join(self.settings.keep_alive_interval + 1.0)
+
+    # ------------------------------------------------------------------ joining
+
+    def _join(self, r: int) -> Round:
+        s, st = self.settings, self.store
+        deadline = self.clock() + s.join_timeout
+        while True:
+            self._check_closed()
+            k = st.add(self._k(f"r{r}/joined"), 1)
+            sealed = self._sealed(r)
+            if sealed is None and k <= self.node.max_nodes:
+                self.ticket = k
+                port = self.pick_port()
+                desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
+                st.set(self._k(f"r{r}/node{k}"), json.dumps(desc).encode())
+                self._wait_sealed(r, k, deadline)
+                sealed = self._sealed(r)
+                if sealed is not None and k <= sealed:
+                    return self._take_plan(r, k, deadline)
+            if sealed is None:
+                sealed = self._wait_for(r, deadline)
+            # The round formed without this node: ask for a new one, or wait as a spare when full.
+            if sealed < self.node.max_nodes:
+                st.add(self._k(f"r{r}/waiting"), 1)
+                self._set_change(r, f"{self.node.node_id} wants to join")
+            else:
+                self._wait_change(r, deadline)
+            self._advance(r)
+            r = self._current_round()
+
+    def _wait_sealed(self, r: int, k: int, deadline: float) -> None:
+        """Block until round r is sealed; seal it ourselves when the rules say it is time."""
+        s, st, n = self.settings, self.store, self.node
+        last_call: float | None = None
+        while not st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 0.1 if k >= n.min_nodes else 1.0)):
+            self._check_closed()
+            if self.clock() >= deadline:
+                raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
+            if k < n.min_nodes:
+                continue  # a node with a later ticket will seal
+            count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
+            expected = self._expected(r)
+            last_call = last_call if last_call is not None else self.clock() + s.last_call_timeout
+            if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
+                self._seal(r, count)
+
+    def _seal(self, r: int, count: int) -> None:
+        """Freeze the membership at `count` tickets and write every member's plan (sealer only)."""
+        st = self.store
+        mine = f"{count}:{self.node.node_id}".encode()
+        if st.compare_set(self._k(f"r{r}/sealed"), b"", mine) != mine:
+            return  # someone else sealed first
+        keys = [self._k(f"r{r}/node{i}") for i in range(1, count + 1)]
+        st.wait(keys, self.settings.read_timeout)
+        descs = [_decode(v) for v in st.multi_get(keys)]
+        restarts = st.add(self._k("restarts"), 0)
+        plans = assign(descs, restarts)
+        st.multi_set([self._k(f"r{r}/plan{i}") for i in range(1, count + 1)], [json.dumps(p).encode() for p in plans])
+
+    def _take_plan(self, r: int, k: int, deadline: float) -> Round:
+        key = self._k(f"r{r}/plan{k}")
+        if not self.store.wait([key], self._slice(deadline, self.settings.read_timeout)):
+            raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
+        plan = _decode(self.store.get(key))
+        self.group_rank = plan["group_rank"]
+        self.current = Round(
+            run_id=self.run_id, round=r, restart_count=plan["restarts"], group_rank=plan["group_rank"],
+            group_world_size=plan["group_world_size"], rank_offset=plan["rank_offset"], world_size=plan["world_size"],
+            master_addr=plan["master_addr"], master_port=plan["master_port"],
+        )
+        return self.current
+
+    # ------------------------------------------------------------------ rounds ending
+
+    def _report_failure(self, r: int) -> None:
+        """Charge the job-wide budget once per round, whichever node reports first; close when spent."""
+        if self.store.add(self._k(f"r{r}/failed"), 1) != 1:
+            return
+        used = self.store.add(self._k("restarts"), 1)
+        if used > self.node.max_restarts:
+            self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
+            self._set_change(r, "closed")
+            raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.node.max_restarts})")
+
+    def _watch(self, rnd: Round, post: Callable[[object], None], stop: threading.Event) -> None:
+        s = self.settings
+        try:
+            st = self.store.clone()
+        except Exception as e:
+            post(MembershipChanged(f"lost the rendezvous store: {e}"))
+            return
+        r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
+        right = (g + 1) % n
+        seen, seen_at = -1, self.clock()
+        try:
+            while not stop.is_set():
+                st.add(self._k(f"r{r}/hb{g}"), 1)
+                if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
+                    if not stop.is_set():
+                        post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                    return
+                if right == g or st.get(self._k(f"r{r}/done{right}")):
+                    continue
+                beats = st.add(self._k(f"r{r}/hb{right}"), 0)
+                if beats != seen:
+                    seen, seen_at = beats, self.clock()
+                elif self.clock() - seen_at > s.liveness_timeout:
+                    st.add(self._k(f"r{r}/left"), 1)
+                    if n - 1 < self.node.min_nodes:
+                        self._close(f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st)
+                    self._set_change(r, f"node with group rank {right} stopped heartbeating", st)
+        except Exception as e:
+            if not stop.is_set():
+                post(MembershipChanged(f"lost the rendezvous store: {e}"))
+        finally:
+            st.close()
+
+    def _wait_finished(self, rnd: Round) -> None:
+        key = self._k(f"r{rnd.round}/finished")
+        deadline = self.clock() + self.settings.exit_barrier_timeout
+        while self.store.add(key, 0) < rnd.group_world_size and self.clock() < deadline:
+            if self.store.wait([self._k(f"r{rnd.round}/change")], 0.2):
+                return  # someone left or failed: nobody else will finish this round
+
+    # ------------------------------------------------------------------ small steps
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _slice(self, deadline: float, at_most: float) -> float:
+        return max(0.001, min(at_most, deadline - self.clock()))
+
+    def _current_round(self) -> int:
+        value = self.store.compare_set(self._k("round"), b"", b"0")
+        return int(value)
+
+    def _advance(self, r: int) -> None:
+        self.store.compare_set(self._k("round"), str(r).encode(), str(r + 1).encode())
+
+    def _sealed(self, r: int) -> int | None:
+        value = self.store.get(self._k(f"r{r}/sealed"))
+        return int(value.split(b":", 1)[0]) if value else None
+
+    def _expected(self, r: int) -> int:
+        """Nodes expected back in round r: the last round's members, less those gone, plus waiters."""
+        if r == 0:
+            return 0
+        prev = self._sealed(r - 1)
+        if prev is None:
+            return 0
+        left = self.store.add(self._k(f"r{r - 1}/left"), 0)
+        waiting = self.store.add(self._k(f"r{r - 1}/waiting"), 0)
+        return max(0, prev - left + waiting)
+
+    def _wait_for(self, r: int, deadline: float) -> int:
+        while not self.store.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 1.0)):
+            self._check_closed()
+            if self.clock() >= deadline:
+                raise RendezvousTimeoutError(f"round {r} did not form within the join timeout")
+        return self._sealed(r) or 0
+
+    def _wait_change(self, r: int, deadline: float) -> None:
+        """A spare: wait until the full round ends for another reason."""
+        while not self.store.wait([self._k(f"r{r}/change")], self._slice(deadline, 1.0)):
+            self._check_closed()
+            if self.clock() >= deadline:
+                raise RendezvousTimeoutError("waited as a spare for the whole join timeout; the job stayed full")
+
+    def _set_change(self, r: int, reason: str, store: Store | None = None) -> None:
+        (store or self.store).compare_set(self._k(f"r{r}/change"), b"", reason.encode())
+
+    def _close(self, reason: str, store: Store | None = None) -> None:
+        (store or self.store).compare_set(self._k("closed"), b"", reason.encode())
+
+    def _check_closed(self) -> None:
+        reason = self.store.get(self._k("closed"))
+        if reason:
+            raise RendezvousClosedError(f"the job was closed: {reason.decode(errors='replace')}")
+
+
+def assign(descs: list[dict], restarts: int) -> list[dict]:
+    """Plans for one sealed round: nodes keep last round's group rank where they can; ranks follow."""
+    n = len(descs)
+    ranks: list[int | None] = [None] * n
+    taken: set[int] = set()
+    for i, d in enumerate(descs):
+        prev = d.get("prev", -1)
+        if isinstance(prev, int) and 0 <= prev < n and prev not in taken:
+            ranks[i] = prev
+            taken.add(prev)
+    free = iter(sorted(set(range(n)) - taken))
+    ranks = [r if r is not None else next(free) for r in ranks]
+    by_rank = sorted(range(n), key=lambda i: ranks[i])
+    offsets, total = {}, 0
+    for i in by_rank:
+        offsets[i] = total
+        total += descs[i]["nproc"]
+    master = descs[by_rank[0]]
+    return [
+        {
+            "group_rank": ranks[i], "group_world_size": n, "rank_offset": offsets[i], "world_size": total,
+            "master_addr": master["addr"], "master_port": master["port"], "restarts": restarts,
+        }
+        for i in range(n)
+    ]
+
+
+def _decode(raw: bytes | None) -> dict:
+    """A descriptor or plan from the store, checked: hostile or garbled values are a clear error."""
+    if raw is None or len(raw) > MAX_VALUE:
+        raise RendezvousError("rendezvous store holds a missing or oversized value under this job's prefix")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise RendezvousError("rendezvous store holds a value that is not JSON under this job's prefix") from None
+    ok_desc = isinstance(value, dict) and isinstance(value.get("nproc", 1), int) and 0 < value.get("nproc", 1) < 1 << 20
+    if not ok_desc:
+        raise RendezvousError("rendezvous store holds a malformed node entry under this job's prefix")
+    return value

@@ -1,0 +1,167 @@
+"""Elastic rendezvous on the c10d backend: several real launcher processes meeting on a real TCPStore."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import LAUNCHER, worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "") -> list[str]:
+    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
+    return [
+        "--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra,
+    ]
+
+
+def infos(out: str) -> list[dict]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
+
+
+def finish(procs, timeout=90):
+    return [(p.wait(timeout), *p.communicate(timeout=5)) for p in procs]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fixed_size_rounds(launch, n):
+    port = free_port()
+    procs = [launch.start(*c10d(port, str(n), nproc=2), worker("node_info.py"), env={"SLEEP": "0.5"}) for _ in range(n)]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    seen = [i for _, out, _ in results for i in infos(out)]
+    assert sorted(int(i["rank"]) for i in seen) == list(range(2 * n))
+    assert {i["world"] for i in seen} == {str(2 * n)} and {i["restart"] for i in seen} == {"0"}
+    assert len({i["master"] for i in seen}) == 1
+
+
+def test_heterogeneous_nodes_get_correct_ranks(launch):
+    port = free_port()
+    procs = [launch.start(*c10d(port, "2", nproc=n), worker("node_info.py"), env={"SLEEP": "0.3"}) for n in (1, 3)]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    seen = [i for _, out, _ in results for i in infos(out)]
+    assert sorted(int(i["rank"]) for i in seen) == [0, 1, 2, 3] and {i["world"] for i in seen} == {"4"}
+
+
+def test_elastic_growth_from_one_to_three(launch):
+    port = free_port()
+    first = launch.start(*c10d(port, "1:3"), worker("node_info.py"), env={"SLEEP": "6"})
+    time.sleep(3)  # node 1 seals a round alone after the 1 s last call, then runs
+    more = [launch.start(*c10d(port, "1:3"), worker("node_info.py"), env={"SLEEP": "6"}) for _ in range(2)]
+    results = finish([first, *more])
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    first_rounds = infos(results[0][1])
+    assert first_rounds[0]["world"] == "1"
+    last = first_rounds[-1]
+    assert last["world"] == "3" and last["restart"] == "0"  # membership changes are not restarts
+    assert "group=0/3" in f"group={last['group']}"  # the first node keeps its rank
+
+
+def test_worker_failure_restarts_every_node_once(launch):
+    port = free_port()
+    procs = [
+        launch.start(*c10d(port, "2", "--max_restarts", "1", nproc=2), worker("node_info.py"), env={"SLEEP": "1.5", "FAIL_RANK": "3"})
+        for _ in range(2)
+    ]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    for _, out, _ in results:
+        rounds = infos(out)
+        assert [i["restart"] for i in rounds] == ["0", "0", "1", "1"]  # charged once for the whole job
+
+
+def test_budget_exhausted_stops_every_node_promptly(launch):
+    port = free_port()
+    procs = [
+        launch.start(*c10d(port, "2", nproc=1), worker("node_info.py"), env={"SLEEP": "60", "FAIL_RANK": "1"})
+        for _ in range(2)
+    ]
+    t0 = time.monotonic()
+    results = finish(procs, timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert all(rc != 0 for rc, _, _ in results)
+    assert any("closed" in err or "restart budget" in err or "no restarts left" in err for _, _, err in results)
+
+
+def _wait_for_line(proc, needle: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if needle in line:
+            return seen
+    raise AssertionError(f"never saw {needle!r}: {seen}")
+
+
+def test_dead_agent_elastic_survivors_reform(launch):
+    port = free_port()
+    host = launch.start(*c10d(port, "1:2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "12"})
+    victim = launch.start(*c10d(port, "1:2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "12"})
+    _wait_for_line(victim, "world=2")
+    victim.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    seen = _wait_for_line(host, "world=1 group=0/1", timeout=15)
+    assert time.monotonic() - t0 < 6, seen  # liveness timeout 2 s + re-forming
+    host.kill()
+
+
+def test_dead_agent_fixed_size_stops_with_clear_message(launch):
+    port = free_port()
+    host = launch.start(*c10d(port, "2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "30"})
+    victim = launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "30"})
+    _wait_for_line(victim, "world=2")
+    victim.send_signal(signal.SIGKILL)
+    rc = host.wait(15)
+    err = host.stderr.read()
+    assert rc != 0 and "fewer than 2" in err, err
+
+
+def test_other_run_id_never_joins(launch):
+    port = free_port()
+    a = [launch.start(*c10d(port, "2", run_id="a"), worker("node_info.py"), env={"SLEEP": "3"}) for _ in range(2)]
+    b = launch.start(*c10d(port, "2", run_id="b", conf="join_timeout=2"), worker("node_info.py"))
+    rc_b = b.wait(30)
+    assert rc_b != 0 and "join_timeout" in b.stderr.read()
+    results = finish(a)
+    assert all(rc == 0 for rc, _, _ in results)
+    assert sorted(int(i["rank"]) for _, out, _ in results for i in infos(out)) == [0, 1]
+
+
+def test_join_timeout_is_a_clear_error(launch):
+    r = launch.run(*c10d(free_port(), "2", conf="join_timeout=1"), worker("node_info.py"), timeout=60)
+    assert r.returncode == 1
+    assert "no round formed within 1 s (join_timeout)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_standalone_store_binds_only_the_given_address(launch):
+    port = free_port()
+    store = subprocess.Popen([*LAUNCHER, "store", "--host", "127.0.0.1", "--port", str(port)],
+                             stdout=subprocess.PIPE, text=True, env=launch.env())
+    launch.procs.append(store)
+    assert "serving" in store.stdout.readline()
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    local_addresses = {line.split()[3] for line in listening.splitlines()}
+    assert local_addresses == {f"127.0.0.1:{port}"}, listening  # not the wildcard
+    procs = [launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "0.3"}) for _ in range(2)]
+    assert all(rc == 0 for rc, _, _ in finish(procs))
+    store.send_signal(signal.SIGTERM)
+    assert store.wait(10) == 0
+
+
+def test_bad_rdzv_conf_key_is_rejected(launch):
+    r = launch.run(*c10d(free_port(), "2", conf="heartbeat=3"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 2 and "is not a rendezvous setting" in r.stderr
