@@ -46,6 +46,9 @@ def worker_env(
     env[AGENT_ID_VAR] = agent_id
     if "OMP_NUM_THREADS" not in base and worker.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: N workers would otherwise oversubscribe the cores
+    if rnd.ifname and rnd.group_world_size > 1 and "GLOO_SOCKET_IFNAME" not in base:
+        # gloo otherwise binds the address its hostname resolves to, often loopback on clusters
+        env["GLOO_SOCKET_IFNAME"] = rnd.ifname
     if config.virtual_local_rank:
         visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)

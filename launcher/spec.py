@@ -22,6 +22,7 @@ class Round:
     master_addr: str
     master_port: int
     use_agent_store: bool = False  # False: worker rank 0 hosts the bootstrap store
+    ifname: str | None = None  # the network interface this node reaches its peers through
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,16 @@ def outward_address(host: str, port: int) -> str:
         return socket.gethostbyname(hostname())
 
 
+def interface_of(addr: str) -> str | None:
+    """The network interface that holds `addr`, if it is one of this machine's."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == addr for a in addrs):
+            return name
+    return None
+
+
 class C10dRendezvous(ElasticRendezvous):
     """ElasticRendezvous on a TCPStore, hosting the store here when this node is the endpoint."""
 
@@ -147,9 +157,11 @@ class C10dRendezvous(ElasticRendezvous):
                     raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
                 # another agent on this machine hosts it already: be a client
         store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
+        addr = config.local_addr or outward_address(host, port)
         node = Node(
             node_id=f"{hostname()}:{os.getpid()}",
-            addr=config.local_addr or outward_address(host, port),
+            addr=addr,
+            ifname=interface_of(addr),
             nproc=config.nproc_per_node,
             min_nodes=config.min_nodes,
             max_nodes=config.max_nodes,

@@ -65,6 +65,7 @@ class Node:
     min_nodes: int
     max_nodes: int
     max_restarts: int
+    ifname: str | None = None  # the interface that carries `addr`
 
 
 class ElasticRendezvous:
@@ -211,7 +212,7 @@ class ElasticRendezvous:
         self.current = Round(
             run_id=self.run_id, round=r, restart_count=plan["restarts"], group_rank=plan["group_rank"],
             group_world_size=plan["group_world_size"], rank_offset=plan["rank_offset"], world_size=plan["world_size"],
-            master_addr=plan["master_addr"], master_port=plan["master_port"],
+            master_addr=plan["master_addr"], master_port=plan["master_port"], ifname=self.node.ifname,
         )
         return self.current
 

@@ -25,6 +25,16 @@ reads the forked "launcher-guard" helper's VmHWM and its private memory (Private
 Private_Dirty of /proc/<pid>/smaps_rollup, i.e. what it does not share copy-on-write with the
 agent), just before the agent tells it to leave.
 
+Bytecode: this VM exports PYTHONDONTWRITEBYTECODE=1 and the launcher is an editable install, so
+its modules (unlike torch's, compiled by pip) would be recompiled from source on every launch
+(~30 ms here). An installed package always has its .pyc files, so by default every process this
+script starts gets PYTHONPYCACHEPREFIX=<tmp>/launcher-bench-pycache and bytecode writing on: all
+three tools read warm bytecode from one cache, filled by untimed warm-up runs. --as-is keeps the
+inherited environment instead.
+
+The machine's load average is printed before and after: other work on the host inflates every
+figure, the floor included, which is why the tools alternate and the ratios matter most.
+
 Targets (shared/DESIGN.md): at N=8, launcher <= floor + 0.15 s and >= 10x faster than torchrun;
 agent peak RSS <= 30 MiB. The script reports; it asserts nothing.
 """
@@ -44,6 +54,7 @@ import time
 from pathlib import Path
 
 PY = sys.executable
+ENV = dict(os.environ)
 TORCHRUN = str(Path(PY).with_name("torchrun"))
 MiB = 1024.0
 
@@ -89,7 +100,7 @@ else:
 def floor(n: int, noop: str) -> float:
     """N bare interpreters running the empty script, started together and all waited for."""
     t = time.perf_counter()
-    procs = [subprocess.Popen([PY, "-u", noop]) for _ in range(n)]
+    procs = [subprocess.Popen([PY, "-u", noop], env=ENV) for _ in range(n)]
     for p in procs:
         p.wait()
     return time.perf_counter() - t
@@ -97,7 +108,7 @@ def floor(n: int, noop: str) -> float:
 
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
-    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    rc = subprocess.run(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
     elapsed = time.perf_counter() - t
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {rc}")
@@ -122,7 +133,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per tool and N")
     ap.add_argument("--rss-reps", type=int, default=2, help="extra wrapped runs per tool and N for peak RSS")
     ap.add_argument("--nprocs", default="1,2,4,8")
+    ap.add_argument("--as-is", action="store_true", help="keep the inherited bytecode settings")
     args = ap.parse_args()
+    if not args.as_is:
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+        ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
     nprocs = [int(x) for x in args.nprocs.split(",")]
     tools = ["floor", "launcher", "torchrun"]
 
@@ -131,8 +146,10 @@ def main() -> None:
         wrapper = os.path.join(tmp, "rss_wrapper.py")
         Path(noop).write_text("pass\n")
         Path(wrapper).write_text(RSS_WRAPPER)
-        for tool in ("launcher", "torchrun"):  # warm the page cache; not counted
+        floor(1, noop)  # warm the page and bytecode caches; not counted
+        for tool in ("launcher", "torchrun"):
             timed(command(tool, 1, noop))
+        load_before = os.getloadavg()
 
         times: dict[tuple[str, int], list[float]] = {(t, n): [] for t in tools for n in nprocs}
         started = time.perf_counter()
@@ -144,6 +161,7 @@ def main() -> None:
         rss = {(t, n): [peak_rss(t, n, noop, wrapper, tmp) for _ in range(args.rss_reps)]
                for n in nprocs for t in ("launcher", "torchrun")}
         total = time.perf_counter() - started
+        load_after = os.getloadavg()
 
     def med(tool: str, n: int) -> float:
         return statistics.median(times[tool, n])
@@ -153,7 +171,9 @@ def main() -> None:
 
     print(f"# Launch overhead, {datetime.date.today()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"torch {importlib.metadata.version('torch')}")
-    print(f"\nMedian of {args.reps} runs (rotating order); peak RSS = largest VmHWM of {args.rss_reps} wrapped runs.\n")
+    cache = "inherited environment" if args.as_is else "warm bytecode cache"
+    print(f"\nMedian of {args.reps} runs (rotating order, {cache}); peak RSS = largest VmHWM of {args.rss_reps} "
+          f"wrapped runs. Load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}.\n")
     print("| N | floor (s) | launcher (s) | launcher − floor (s) | torchrun (s) | torchrun / launcher "
           "| launcher agent peak RSS (MiB) | guard peak RSS / private (MiB) | torchrun agent peak RSS (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

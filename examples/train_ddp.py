@@ -1,0 +1,161 @@
+"""Train a small classifier with DistributedDataParallel: the launcher's demo job.
+
+    python -m launcher --nproc_per_node 2 examples/train_ddp.py [--epochs 5] [--out final.pt]
+
+What it shows, in the order you meet it below:
+  * init from the environment the launcher sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...);
+    gloo on CPU, nccl and one GPU per worker (LOCAL_RANK) when CUDA is there;
+  * a synthetic dataset built from a fixed seed (no download), split across ranks with
+    DistributedSampler, reshuffled each epoch by sampler.set_epoch(epoch);
+  * mixed precision (autocast + GradScaler) on CUDA only;
+  * rank 0 writes a checkpoint at the end of every --checkpoint-every epochs, atomically
+    (temp file + os.replace), then all ranks meet at a barrier;
+  * at start every rank resumes from that checkpoint if there is one. With --max_restarts the
+    launcher restarts the whole group when a worker dies; the new group picks up at the last
+    checkpoint and, because everything random is seeded per epoch, ends with exactly the same
+    weights as a run that never failed. Try it:
+        python -m launcher --nproc_per_node 2 --max_restarts 1 examples/train_ddp.py \
+            --checkpoint-dir /tmp/ckpt --crash-at-epoch 2 --crash-rank 1
+Checkpoints go to ./runs/ckpt by default; a second run with the same directory resumes (or
+has nothing left to do), so delete it or pass another --checkpoint-dir to start over. On
+several nodes the directory must be on storage that every node sees.
+"""
+import argparse
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--epochs", type=int, default=5)
+p.add_argument("--batch-size", type=int, default=64, help="per worker")
+p.add_argument("--lr", type=float, default=0.05)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--checkpoint-dir", default=os.path.join("runs", "ckpt"))
+p.add_argument("--checkpoint-every", type=int, default=1, metavar="EPOCHS")
+p.add_argument("--out", help="rank 0 saves the final model state_dict here")
+p.add_argument("--crash-at-epoch", type=int, help="test hook: --crash-rank dies (SIGKILL) halfway")
+p.add_argument("--crash-rank", type=int, default=1, help="through this epoch, first attempt only")
+args = p.parse_args()
+
+# --- 1. Join the group. The launcher set everything init_process_group reads (env://). -------
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+local_rank = int(os.environ["LOCAL_RANK"])
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # 0 first, then 1, 2... on restarts
+use_cuda = torch.cuda.is_available()
+if use_cuda:
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+else:
+    device = torch.device("cpu")
+dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+
+
+def log(msg):
+    if rank == 0:
+        print(msg, flush=True)
+
+
+log(f"attempt {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}): {world} workers, "
+    f"backend {dist.get_backend()}, device {device.type}")
+
+# --- 2. Data: the same 4096 samples on every rank, from a fixed seed. Four classes of points,
+# each a Gaussian blob in 32 dimensions, so the loss visibly goes down.
+g = torch.Generator().manual_seed(1234)
+centers = torch.randn(4, 32, generator=g) * 0.5  # close blobs: not too easy
+labels = torch.randint(0, 4, (4096,), generator=g)
+inputs = centers[labels] + torch.randn(4096, 32, generator=g)
+dataset = TensorDataset(inputs, labels)
+# Each rank sees its own 1/world of the data; the order depends only on (seed, epoch).
+sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+
+# --- 3. Model, optimizer, mixed-precision scaler (a no-op unless CUDA). -----------------------
+torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
+model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128),
+                      nn.ReLU(), nn.Linear(128, 4)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+scaler = torch.amp.GradScaler("cuda", enabled=use_cuda)
+
+# --- 4. Resume. Everything a later epoch depends on is in the checkpoint: weights, optimizer
+# momentum, scaler, and the epoch count (the data order and dropout follow from the epoch).
+ckpt_dir = os.path.abspath(args.checkpoint_dir)
+ckpt_path = os.path.join(ckpt_dir, "last.pt")
+os.makedirs(ckpt_dir, exist_ok=True)
+start_epoch = 1
+if os.path.exists(ckpt_path):
+    state = torch.load(ckpt_path, map_location=device)  # tensors straight onto our device
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    start_epoch = state["epoch"] + 1
+    log(f"resumed from {ckpt_path} after epoch {state['epoch']}")
+else:
+    log(f"no checkpoint yet; training from scratch, checkpoints go to {ckpt_path}")
+if start_epoch > args.epochs:
+    log(f"nothing to do: the checkpoint already covers {args.epochs} epochs "
+        f"(delete {ckpt_dir} or pass another --checkpoint-dir to train again)")
+
+ddp = DDP(model, device_ids=[local_rank] if use_cuda else None)  # wrap after loading
+
+
+def save_atomically(obj, path):
+    """Write to a temp file, then rename: a reader sees the old file or the new, never half."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic on POSIX, within one filesystem
+
+
+# --- 5. Train. -------------------------------------------------------------------------------
+for epoch in range(start_epoch, args.epochs + 1):
+    sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every attempt
+    torch.manual_seed(args.seed + 1000 * epoch + rank)  # dropout masks: a function of the epoch
+    ddp.train()
+    t0, seen = time.perf_counter(), 0
+    loss_sum = torch.zeros((), device=device)  # kept on the device: no sync per step
+    correct = torch.zeros((), device=device)
+    for step, (x, y) in enumerate(loader):
+        if (epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0
+                and step == len(loader) // 2):
+            print(f"rank {rank}: test hook, killing myself halfway through epoch {epoch}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
+            out = ddp(x)
+            loss = nn.functional.cross_entropy(out, y)
+        scaler.scale(loss).backward()  # DDP averages the gradients across ranks here
+        scaler.step(optimizer)
+        scaler.update()
+        loss_sum += loss.detach().float() * len(y)
+        correct += (out.argmax(1) == y).sum()
+        seen += len(y)
+    # Each rank only knows its own shard: average loss and accuracy over ranks for the log.
+    stats = torch.stack([loss_sum, correct]) / seen
+    dist.all_reduce(stats)  # sum over ranks...
+    stats /= world  # ...divided by the number of ranks
+    elapsed = time.perf_counter() - t0
+    log(f"epoch {epoch}/{args.epochs}  loss {stats[0]:.4f}  acc {stats[1]:.3f}  "
+        f"{seen * world / elapsed:,.0f} samples/s")
+
+    if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
+        if rank == 0:
+            save_atomically({"epoch": epoch, "model": model.state_dict(),
+                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+                            ckpt_path)
+        # Nobody starts the next epoch (where it could fail) until the checkpoint is on disk.
+        dist.barrier(device_ids=[local_rank] if use_cuda else None)
+
+# --- 6. Done: rank 0 keeps the final weights; everyone leaves the group. --------------------
+if rank == 0 and args.out:
+    save_atomically(model.state_dict(), args.out)
+    log(f"final weights saved to {os.path.abspath(args.out)}")
+dist.destroy_process_group()
