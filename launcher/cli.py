@@ -79,12 +79,13 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EXAMPLES,
 )
-@flag("nproc-per-node", group=NODES, default="1", metavar="N|cpu|gpu|auto", help="Workers on this node.")
+@flag("nproc-per-node", group=NODES, default=None, metavar="N|cpu|gpu|auto", help="Workers on this node.")
 @flag("nnodes", group=NODES, default="1:1", metavar="N|MIN:MAX", help="Nodes in the job.")
 @flag("node-rank", group=NODES, default="0", metavar="R", help="This node's rank (static rendezvous).")
 @flag("master-addr", group=NODES, default="127.0.0.1", metavar="HOST", help="Address of node rank 0 (static).")
 @flag("master-port", group=NODES, default=None, metavar="PORT", help="Port on node rank 0 (static; default 29500, free port on one node).")
 @flag("local-addr", group=NODES, default=None, metavar="HOST", help="This node's address as the others reach it.")
+@flag("gpus", group=NODES, default=None, metavar="IDS", help="Physical GPUs for this node's workers, e.g. 2,3 (local rank 0 gets GPU 2).")
 @flag("virtual-local-rank", group=NODES, is_flag=True, help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.")
 @flag("rdzv-backend", group=RDZV, default="static", metavar="NAME", help="static (default), c10d or etcd.")
 @flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
@@ -108,6 +109,10 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("redirects", "-r", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.")
 @flag("tee", "-t", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files and the console.")
 @flag("local-ranks-filter", group=LOGS, default=None, metavar="RANKS", help="Local ranks shown on the console (all still go to files).")
+@flag("events-file", group=LOGS, default=None, metavar="PATH", help="JSON-lines log of rounds, spawns, exits, restarts, signals.")
+@click.option("--live/--no-live", " /--no_live", "live", cls=GroupedOption, group=LOGS, default=None,
+              help="The live worker table (default: on when stderr is a terminal).")
+@flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
 @flag("duplicate-stdout-filters", group=LOGS, default=None, hidden=True)
 @flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
 @flag("logs-specs", group=LOGS, default=None, hidden=True)

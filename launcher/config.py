@@ -119,6 +119,10 @@ class LaunchConfig:
     shutdown_timeout: float = 30.0
     virtual_local_rank: bool = False
     local_rank_arg: str | None = None  # e.g. "--local-rank": appended as torch.distributed.launch did
+    gpus: tuple[str, ...] = ()  # physical GPU ids; local rank i uses gpus[i]
+    events_file: str | None = None
+    live: bool | None = None  # None: the live table when stderr is a terminal
+    quiet: bool = False
 
     @property
     def run_id(self) -> str:
@@ -249,6 +253,18 @@ def parse_ranks(text: str | None, flag: str = "--local_ranks_filter") -> frozens
     return ranks
 
 
+def parse_gpus(text: str | None) -> tuple[str, ...]:
+    """`--gpus 2,3` → ("2", "3"): physical ids (or GPU UUIDs), unique."""
+    if text is None or not str(text).strip():
+        return ()
+    ids = tuple(p.strip() for p in str(text).split(","))
+    if any(not i or not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", i) for i in ids):
+        raise ConfigError(f"--gpus {text!r} is not a list of GPU ids (e.g. --gpus 2,3)")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--gpus {text!r} names a GPU twice")
+    return ids
+
+
 def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ...]:
     """`"SIGTERM,USR1,10"` → signal numbers."""
     out = []
@@ -327,7 +343,7 @@ def from_flags(
     training_script: str,
     training_script_args: tuple[str, ...] = (),
     nnodes: str = "1:1",
-    nproc_per_node: str = "1",
+    nproc_per_node: str | None = None,
     rdzv_backend: str = "static",
     rdzv_endpoint: str = "",
     rdzv_id: str = "none",
@@ -354,6 +370,10 @@ def from_flags(
     append_local_rank: bool = False,
     append_local_rank_as: str | None = None,
     use_env: bool = False,
+    gpus: str | None = None,
+    events_file: str | None = None,
+    live: bool | None = None,
+    quiet: bool = False,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -361,7 +381,12 @@ def from_flags(
     _reject_unsupported(later)  # start_method is valid but moot: scripts always run as processes
 
     min_nodes, max_nodes = parse_nnodes(nnodes)
+    gpu_ids = parse_gpus(gpus)
+    if nproc_per_node is None:
+        nproc_per_node = str(len(gpu_ids)) if gpu_ids else "1"
     nproc = parse_nproc(nproc_per_node, environ)
+    if gpu_ids and nproc > len(gpu_ids):
+        raise ConfigError(f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); give more GPUs or fewer workers")
     try:
         restarts = int(max_restarts)
     except (TypeError, ValueError):
@@ -455,4 +480,8 @@ def from_flags(
         shutdown_timeout=grace,
         virtual_local_rank=virtual_local_rank,
         local_rank_arg=local_rank_arg,
+        gpus=gpu_ids,
+        events_file=events_file or None,
+        live=live,
+        quiet=quiet,
     )

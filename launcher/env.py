@@ -9,6 +9,7 @@ from .config import LaunchConfig
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
+AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd talks to the agent alone
 
 
 def worker_env(
@@ -21,7 +22,10 @@ def worker_env(
     agent_id: str,
 ) -> dict[str, str]:
     """Everything torchrun sets for a worker, over a copy of `base` (the agent's environment)."""
-    env = dict(base)
+    env = {k: v for k, v in base.items() if k not in AGENT_ONLY}
+    if config.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(config.gpus)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # ids mean what nvidia-smi shows
     env.update(
         RANK=str(worker.rank),
         LOCAL_RANK=str(0 if config.virtual_local_rank else worker.local_rank),
@@ -50,7 +54,7 @@ def worker_env(
         # gloo otherwise binds the address its hostname resolves to, often loopback on clusters
         env["GLOO_SOCKET_IFNAME"] = rnd.ifname
     if config.virtual_local_rank:
-        visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)
     return env
 

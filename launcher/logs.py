@@ -16,6 +16,43 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
+
+
+class Console:
+    """Where the agent's console output goes: worker lines and the launcher's own lines.
+
+    One instance, `CONSOLE`, configured once by the composition root: the live view swaps the
+    sinks so lines print above its table; `--quiet` mutes the launcher's notes; off a terminal
+    the notes carry a timestamp, for Slurm and journald.
+    """
+
+    def __init__(self):
+        self.stdout: IO[bytes] = sys.stdout.buffer
+        self.stderr: IO[bytes] = sys.stderr.buffer
+        self.quiet = False
+        self.timestamps = False
+
+    def stream(self, name: str) -> IO[bytes]:
+        return self.stdout if name == "stdout" else self.stderr
+
+    def note(self, message: str) -> None:
+        """One line from the launcher itself on stderr, never interleaved with worker lines."""
+        if self.quiet:
+            return
+        self.write_err(message)
+
+    def write_err(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S ") if self.timestamps else ""
+        data = "".join(f"{stamp}launcher: {line}\n" for line in message.splitlines()).encode()
+        with CONSOLE_LOCK:
+            try:
+                self.stderr.write(data)
+                self.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+
+CONSOLE = Console()
 MAX_LINE = 1 << 16  # a longer run without a newline (a progress bar) is cut into lines
 
 
@@ -29,6 +66,7 @@ class Stream:
     file: IO[bytes] | None
     path: str | None = None
     last_line: str = ""
+    last_at: float = 0.0
     partial: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -146,6 +184,7 @@ class LogRouter:
 
     def _emit(self, s: Stream, lines: list[bytes]) -> None:
         s.last_line = lines[-1].decode(errors="replace").rstrip("\r")[-200:]
+        s.last_at = time.monotonic()
         if s.console is None:
             return
         out = b"".join(s.prefix + line + b"\n" for line in lines)
@@ -167,8 +206,8 @@ class LogRouter:
 # ---------------------------------------------------------------------------- routing policy
 
 
-def destinations(config, local_rank: int, stream: str) -> tuple[IO[bytes] | None, bool]:
-    """Where one worker stream goes: (console or None, whether it is written to its file).
+def destinations(config, local_rank: int, stream: str) -> tuple[bool, bool]:
+    """Where one worker stream goes: (whether to the console, whether to its file).
 
     `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
     hides ranks from the console but never from their files; `--log_dir` keeps every file.
@@ -176,9 +215,7 @@ def destinations(config, local_rank: int, stream: str) -> tuple[IO[bytes] | None
     redirected = config.redirects.has(local_rank, stream)
     teed = config.tee.has(local_rank, stream)
     hidden = config.local_ranks_filter is not None and local_rank not in config.local_ranks_filter
-    console = None
-    if not hidden and (teed or not redirected):
-        console = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+    console = not hidden and (teed or not redirected)
     to_file = bool(config.log_dir) or redirected or teed or hidden
     return console, to_file
 
@@ -198,10 +235,5 @@ def prefix_for(config, worker, host: str, environ) -> str:
 
 
 def say(message: str) -> None:
-    """One line from the launcher itself on stderr, never interleaved with worker lines."""
-    with CONSOLE_LOCK:
-        try:
-            sys.stderr.write(f"launcher: {message}\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+    """A note from the launcher (muted by --quiet)."""
+    CONSOLE.note(message)

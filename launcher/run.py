@@ -1,4 +1,4 @@
-"""The composition root: wire config, rendezvous, logs and supervisor; return an exit code."""
+"""The composition root: wire config, rendezvous, logs, sinks and supervisor; return an exit code."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import shutil
 import sys
 import tempfile
 import threading
+from contextlib import ExitStack
 
 from . import process
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
-from .logs import LogRouter, say
+from .logs import CONSOLE, LogRouter, say
+from .notify import Notifier
 from .rendezvous import create_rendezvous
 from .summary import print_summary
 from .supervisor import Supervisor
@@ -19,33 +21,67 @@ from .supervisor import Supervisor
 
 def run(config: LaunchConfig) -> int:
     """Run the job on this node; the return value is the launcher's exit code."""
+    tty = process.is_tty(sys.stderr)
+    CONSOLE.quiet, CONSOLE.timestamps = config.quiet, not tty
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     guard = process.Guard(agent_id).start()  # before any thread exists
     process.become_subreaper()
+    notifier = Notifier()
     try:
         rendezvous = create_rendezvous(config)
     except LauncherError as e:
         guard.stop()
-        say(f"error: {e}")
+        CONSOLE.write_err(f"error: {e}")
         return e.exit_code
     run_dir, temporary = make_run_dir(config)
     threading.Thread(target=_prewarm, daemon=True).start()
-    logs = LogRouter()
-    supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard)
-    try:
-        result = supervisor.run()
-    except BaseException:
-        process.kill_marked(agent_id)  # never leave workers behind, whatever went wrong here
-        raise
-    finally:
-        logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
-        logs.close()
-        guard.stop()
-    rendezvous.shutdown(result.exit_code == EXIT_OK)
-    print_summary(result, rich_ok=process.is_tty(sys.stderr))
+    with ExitStack() as cleanup:
+        sinks = [notifier]
+        if config.events_file:
+            from .events import EventsFile
+
+            events = EventsFile(config.events_file)
+            cleanup.callback(events.close)
+            sinks.append(events)
+        logs = LogRouter()
+        supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard,
+                                sinks=sinks, periodic=[notifier.tick])
+        if config.live if config.live is not None else (tty and not config.quiet):
+            cleanup.enter_context(_live_view(supervisor))
+        try:
+            result = supervisor.run()
+        except BaseException:
+            process.kill_marked(agent_id)  # never leave workers behind, whatever went wrong here
+            raise
+        finally:
+            logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
+            logs.close()
+            guard.stop()
+        rendezvous.shutdown(result.exit_code == EXIT_OK)
+        supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
+    print_summary(result, rich_ok=tty)
     if temporary and not _has_logs(run_dir) and not result.failures:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code
+
+
+class _live_view:
+    """Show the live table while the job runs, with worker lines printed above it."""
+
+    def __init__(self, supervisor: Supervisor):
+        from .view import LiveView
+
+        self.view = LiveView(supervisor.snapshot)
+
+    def __enter__(self):
+        self.saved = CONSOLE.stdout, CONSOLE.stderr
+        CONSOLE.stdout = CONSOLE.stderr = self.view.writer()
+        self.view.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.view.stop()
+        CONSOLE.stdout, CONSOLE.stderr = self.saved
 
 
 def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 
-from .logs import CONSOLE_LOCK
+from .logs import CONSOLE, CONSOLE_LOCK
 from .spec import Failure, RunResult
 
 
@@ -62,14 +61,13 @@ def print_summary(result: RunResult, rich_ok: bool) -> None:
     lines = summary_lines(result)
     if not lines:
         return
-    with CONSOLE_LOCK:
-        if rich_ok:
-            from rich.console import Console
-            from rich.panel import Panel
-            from rich.text import Text
+    if not rich_ok:
+        CONSOLE.write_err("\n".join(lines))
+        return
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.text import Text
 
-            body = Text("\n".join(lines[1:]))
-            Console(stderr=True).print(Panel(body, title=f"[bold red]{lines[0]}", title_align="left", border_style="red"))
-        else:
-            sys.stderr.write("".join(f"launcher: {line}\n" for line in lines))
-            sys.stderr.flush()
+    body = Text("\n".join(lines[1:]))
+    with CONSOLE_LOCK:
+        Console(stderr=True).print(Panel(body, title=f"[bold red]{lines[0]}", title_align="left", border_style="red"))

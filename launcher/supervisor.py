@@ -18,16 +18,18 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from . import process
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
-from .logs import LogRouter, Stream, destinations, prefix_for, say
+from .logs import CONSOLE, LogRouter, Stream, destinations, prefix_for, say
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Worker, WorkerState
+from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
+
+Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Member:
     streams: list[Stream]
     error_file: str
     log_files: tuple[str, ...]
+    started: float = 0.0
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
 
@@ -76,6 +79,8 @@ class Supervisor:
         agent_id: str = "",
         guard: process.Guard | None = None,
         host: str = "",
+        sinks: Sequence[Sink] = (),
+        periodic: Sequence[Callable[[], None]] = (),
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -87,6 +92,8 @@ class Supervisor:
         self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
         self.guard = guard
         self.host = host or process.hostname()
+        self.sinks = list(sinks)
+        self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -141,6 +148,8 @@ class Supervisor:
             self.handle(event)
         self.reap_workers()
         self.check_stop()
+        for check in self.periodic:
+            check()
 
     def handle(self, event: object) -> None:
         if isinstance(event, SignalReceived):
@@ -152,6 +161,7 @@ class Supervisor:
             self._set_state(GroupState.FAILED)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             say(f"membership changed ({event.reason}); re-forming the job")
+            self.emit("membership", reason=event.reason)
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="membership")
 
     # ------------------------------------------------------------------ verbs
@@ -159,6 +169,7 @@ class Supervisor:
     def begin_round(self, cause: Cause) -> None:
         """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
         self._set_state(GroupState.RENDEZVOUS)
+        self.emit("rendezvous", cause=cause.value)
 
         def ask() -> None:
             try:
@@ -189,11 +200,14 @@ class Supervisor:
                     continue
                 console, to_file = destinations(self.config, worker.local_rank, name)
                 path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, console, path))
+                streams.append(self.logs.add(pipe, prefix, CONSOLE.stream(name) if console else None, path))
                 files += [path] if path else []
-            self.members.append(Member(worker, proc, streams, error_file, tuple(files)))
+            self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock()))
+            self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round)
         self.rendezvous.watch(rnd, self.post)
         self._set_state(GroupState.RUNNING)
+        self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
+                  group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)
 
     def reap_workers(self) -> None:
         """Collect every worker that ended, and decide what its exit means for the group."""
@@ -204,6 +218,7 @@ class Supervisor:
             if ex is None:
                 continue
             self._forget(m.proc)
+            self.emit("exit", rank=m.worker.rank, pid=m.proc.pid, returncode=ex.returncode, how=ex.describe(), collateral=m.signalled)
             if ex.ok:
                 m.state = WorkerState.SUCCEEDED
             else:
@@ -223,6 +238,7 @@ class Supervisor:
         """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
         self.stop = _Stop(then, self.clock() + grace, signum)
         self._set_state(GroupState.STOPPING)
+        self.emit("stopping", reason=then, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -266,6 +282,7 @@ class Supervisor:
         process.reap_adopted(m.proc.pid for m in self.members)
 
     def handle_signal(self, signum: int) -> None:
+        self.emit("signal", name=signal.Signals(signum).name, passthrough=signum in self.config.passthrough_signals)
         if signum in self.config.passthrough_signals:
             say(f"passing {signal.Signals(signum).name} to the workers")
             for m in self.members:  # the worker process only: its children may not handle it
@@ -286,6 +303,16 @@ class Supervisor:
 
     # ------------------------------------------------------------------ results
 
+    def snapshot(self) -> Snapshot:
+        """A picture of the group for views; safe to call from another thread."""
+        rnd = self.round
+        workers = [
+            {"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
+             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else ""}
+            for m in list(self.members)
+        ]
+        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
+
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
         if self.state is GroupState.SUCCEEDED:
@@ -300,6 +327,14 @@ class Supervisor:
         return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message)
 
     # ------------------------------------------------------------------ helpers
+
+    def emit(self, kind: str, **fields: object) -> None:
+        """Hand one event to every sink; a failing sink never disturbs supervision."""
+        for sink in self.sinks:
+            try:
+                sink(kind, fields)
+            except Exception:
+                pass
 
     def _set_state(self, new: GroupState) -> None:
         if new is not self.state and new not in TRANSITIONS[self.state]:

@@ -1,0 +1,101 @@
+"""The live view: on a terminal, a rich table of the workers redrawn in place under the logs.
+
+Only this module imports rich's live machinery. It reads `Snapshot`s; it never changes state.
+Off a terminal (Slurm, systemd, pipes) the launcher prints plain lines instead and this module
+is not loaded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import IO, Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .spec import Snapshot
+
+STATE_STYLE = {"running": "green", "succeeded": "cyan", "failed": "bold red", "stopped": "yellow"}
+
+
+class ProcessStats:
+    """CPU % and RSS per pid, from psutil, with the CPU delta kept between refreshes."""
+
+    def __init__(self):
+        self._procs: dict[int, object] = {}
+
+    def __call__(self, pid: int) -> tuple[float | None, int | None]:
+        import psutil
+
+        try:
+            proc = self._procs.get(pid)
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent(None)  # the first call only starts the measurement
+                return None, proc.memory_info().rss
+            return proc.cpu_percent(None), proc.memory_info().rss
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return None, None
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None]], now: float) -> Table:
+    """The table for one snapshot (pure but for `stats`): tests render it into a file console."""
+    title = f"round {snap.round} · {snap.state.value} · {snap.restarts} restart(s)"
+    table = Table(title=title, title_justify="left", expand=True, header_style="bold")
+    for name, kw in (("rank", {"justify": "right"}), ("pid", {"justify": "right"}), ("state", {}),
+                     ("cpu %", {"justify": "right"}), ("rss", {"justify": "right"}), ("restarts", {"justify": "right"}),
+                     ("uptime", {"justify": "right"}), ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
+        table.add_column(name, **kw)
+    for w in snap.workers:
+        cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
+        table.add_row(
+            str(w["rank"]), str(w["pid"]), Text(w["state"], style=STATE_STYLE.get(w["state"], "")),
+            "" if cpu is None else f"{cpu:.0f}", "" if rss is None else f"{rss / 2**20:.0f} MiB",
+            str(snap.restarts), _duration(now - w["started"]) if w["state"] == "running" else "",
+            Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
+        )
+    return table
+
+
+class ConsoleWriter:
+    """A bytes sink for the log router that prints above the live region."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def write(self, data: bytes) -> None:
+        self.console.print(Text(data.decode(errors="replace").rstrip("\n")), markup=False, highlight=False, soft_wrap=True)
+
+    def flush(self) -> None:
+        pass
+
+
+class LiveView:
+    """Owns a rich `Live`; `start()` and `stop()` are called by the composition root."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], console: Console | None = None, refresh_per_second: float = 2.0):
+        self.console = console or Console(stderr=True)
+        self._snapshot = snapshot
+        self._stats = ProcessStats()
+        self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=refresh_per_second,
+                          transient=False, redirect_stdout=False, redirect_stderr=False)
+
+    def _render(self) -> Table:
+        return render(self._snapshot(), self._stats, time.monotonic())
+
+    def writer(self) -> IO[bytes]:
+        return ConsoleWriter(self.console)  # type: ignore[return-value]
+
+    def start(self) -> None:
+        self._live.start()
+
+    def stop(self) -> None:
+        self._live.stop()
