@@ -9,6 +9,7 @@ from .config import LaunchConfig
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
+PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(), watched with --hang_timeout
 AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd talks to the agent alone
 
 
@@ -20,6 +21,7 @@ def worker_env(
     *,
     error_file: str,
     agent_id: str,
+    progress_file: str | None = None,
 ) -> dict[str, str]:
     """Everything torchrun sets for a worker, over a copy of `base` (the agent's environment)."""
     env = {k: v for k, v in base.items() if k not in AGENT_ONLY}
@@ -48,6 +50,9 @@ def worker_env(
         LAUNCHER_ROUND=str(rnd.round),
     )
     env[AGENT_ID_VAR] = agent_id
+    if progress_file:  # --hang_timeout: a hung worker's stacks are dumped on SIGABRT by faulthandler
+        env[PROGRESS_VAR] = progress_file
+        env.setdefault("PYTHONFAULTHANDLER", "1")
     if "OMP_NUM_THREADS" not in base and worker.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: N workers would otherwise oversubscribe the cores
     if rnd.ifname and rnd.group_world_size > 1 and "GLOO_SOCKET_IFNAME" not in base:

@@ -109,6 +109,7 @@ class Failure:
     host: str
     round: int
     collateral: bool  # True: the launcher stopped it itself
+    reason: str = ""  # what the launcher knows beyond the exit, e.g. that it hung
     error_file: str | None = None
     log_files: tuple[str, ...] = ()
 

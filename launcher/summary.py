@@ -36,7 +36,7 @@ def summary_lines(result: RunResult) -> list[str]:
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
-        lines.append(f"root cause: {_who(root)} {root.exit.describe()} (attempt {root.round})")
+        lines.append(f"root cause: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
         message, trace = read_error_file(root.error_file)
         if message:
             lines.append(f"  error: {message}")

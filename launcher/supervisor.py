@@ -52,6 +52,8 @@ class Member:
     error_file: str
     log_files: tuple[str, ...]
     started: float = 0.0
+    progress_file: str | None = None
+    hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
 
@@ -148,6 +150,7 @@ class Supervisor:
             self.handle(event)
         self.reap_workers()
         self.check_stop()
+        self.check_hangs()
         for check in self.periodic:
             check()
 
@@ -187,7 +190,9 @@ class Supervisor:
             folder = os.path.join(attempt, str(worker.local_rank))
             os.makedirs(folder, exist_ok=True)
             error_file = os.path.join(folder, "error.json")
-            env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id)
+            progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
+            env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
+                             progress_file=progress_file)
             proc = self.spawn(worker_argv(self.config, worker), env)
             if self.guard:
                 self.guard.watch(proc.pid)
@@ -202,7 +207,8 @@ class Supervisor:
                 path = os.path.join(folder, f"{name}.log") if to_file else None
                 streams.append(self.logs.add(pipe, prefix, CONSOLE.stream(name) if console else None, path))
                 files += [path] if path else []
-            self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock()))
+            self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock(),
+                                       progress_file=progress_file))
             self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round)
         self.rendezvous.watch(rnd, self.post)
         self._set_state(GroupState.RUNNING)
@@ -222,13 +228,13 @@ class Supervisor:
             if ex.ok:
                 m.state = WorkerState.SUCCEEDED
             else:
-                m.state = WorkerState.STOPPED if m.signalled else WorkerState.FAILED
+                m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
                 self.failures.append(self._failure(m, ex))
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
             cause = min((f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at)
-            say(f"rank {cause.worker.rank} {cause.exit.describe()}; stopping the group")
+            say(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="restart")
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
@@ -267,6 +273,30 @@ class Supervisor:
             self.begin_round(Cause.MEMBERSHIP)
         else:
             self._set_state(GroupState.FAILED)
+
+    def check_hangs(self) -> None:
+        """--hang_timeout: a worker with no output and no progress() call for that long is hung.
+
+        SIGABRT makes faulthandler (PYTHONFAULTHANDLER=1) dump every thread's stack to the worker's
+        stderr before it dies, so the log shows where it was stuck; the group then restarts.
+        """
+        limit = self.config.hang_timeout
+        if not limit or self.state is not GroupState.RUNNING:
+            return
+        now, wall = self.clock(), time.time()
+        for m in self.members:
+            if m.state is not WorkerState.RUNNING or m.hung:
+                continue
+            idle = now - max([m.started] + [s.last_at for s in m.streams if s.last_at])
+            try:
+                idle = min(idle, wall - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
+            except (OSError, TypeError):
+                pass
+            if idle > limit:
+                m.hung = True
+                say(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
+                self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))
+                m.proc.send(signal.SIGABRT)
 
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
@@ -349,7 +379,8 @@ class Supervisor:
             at=self.clock(),
             host=self.host,
             round=self.round.round if self.round else 0,
-            collateral=m.signalled,
+            collateral=m.signalled and not m.hung,
+            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else "",
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )
