@@ -14,34 +14,46 @@ What it shows, in the order you meet it below:
     launcher restarts the whole group when a worker dies; the new group picks up at the last
     checkpoint and, because everything random is seeded per epoch, ends with exactly the same
     weights as a run that never failed. Try it:
-        python -m launcher --nproc_per_node 2 --max_restarts 1 examples/train_ddp.py \
+        rm -rf /tmp/ckpt; python -m launcher --nproc_per_node 2 --max_restarts 1 examples/train_ddp.py \
             --checkpoint-dir /tmp/ckpt --crash-at-epoch 2 --crash-rank 1
 Checkpoints go to ./runs/ckpt by default; a second run with the same directory resumes (or
 has nothing left to do), so delete it or pass another --checkpoint-dir to start over. On
 several nodes the directory must be on storage that every node sees.
 """
-import argparse
-import os
 import signal
-import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+# A Slurm pre-emption warning (sbatch --signal=USR1@90 and launcher --passthrough_signals SIGUSR1)
+# asks for a checkpoint soon. Catch it first thing, before the slow imports: note it, write a
+# checkpoint at the end of the current epoch, and carry on.
+WARNED = []
+signal.signal(signal.SIGUSR1, lambda *_: WARNED.append(1))
 
-p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-p.add_argument("--epochs", type=int, default=5)
+import argparse  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p.add_argument("--epochs", type=int, default=5, help="epochs in all, counting resumed ones")
 p.add_argument("--batch-size", type=int, default=64, help="per worker")
-p.add_argument("--lr", type=float, default=0.05)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--checkpoint-dir", default=os.path.join("runs", "ckpt"))
-p.add_argument("--checkpoint-every", type=int, default=1, metavar="EPOCHS")
+p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+p.add_argument("--seed", type=int, default=0, help="model init, data order and dropout")
+p.add_argument("--checkpoint-dir", default=os.path.join("runs", "ckpt"), help="resume from here")
+p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+               help="checkpoint every N epochs and after the last one")
 p.add_argument("--out", help="rank 0 saves the final model state_dict here")
-p.add_argument("--crash-at-epoch", type=int, help="test hook: --crash-rank dies (SIGKILL) halfway")
-p.add_argument("--crash-rank", type=int, default=1, help="through this epoch, first attempt only")
+p.add_argument("--crash-at-epoch", type=int, metavar="E",
+               help="test hook: --crash-rank SIGKILLs itself halfway through epoch E (first attempt only)")
+p.add_argument("--crash-rank", type=int, default=1, metavar="R", help="the rank --crash-at-epoch kills")
 args = p.parse_args()
+if "RANK" not in os.environ:
+    p.exit(2, "run me under the launcher: python -m launcher --nproc_per_node 2 examples/train_ddp.py\n")
 
 # --- 1. Join the group. The launcher set everything init_process_group reads (env://). -------
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -139,14 +151,18 @@ for epoch in range(start_epoch, args.epochs + 1):
         correct += (out.argmax(1) == y).sum()
         seen += len(y)
     # Each rank only knows its own shard: average loss and accuracy over ranks for the log.
-    stats = torch.stack([loss_sum, correct]) / seen
+    warned = torch.tensor(float(bool(WARNED)), device=device)
+    stats = torch.stack([loss_sum / seen, correct / seen, warned])
     dist.all_reduce(stats)  # sum over ranks...
-    stats /= world  # ...divided by the number of ranks
+    stats[:2] /= world  # ...divided by the number of ranks
+    if stats[2] > 0:  # any rank was warned: every rank checkpoints this epoch
+        log(f"pre-emption warning (SIGUSR1): checkpointing after epoch {epoch} and carrying on")
+        WARNED.clear()
     elapsed = time.perf_counter() - t0
     log(f"epoch {epoch}/{args.epochs}  loss {stats[0]:.4f}  acc {stats[1]:.3f}  "
         f"{seen * world / elapsed:,.0f} samples/s")
 
-    if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
+    if epoch % args.checkpoint_every == 0 or epoch == args.epochs or stats[2] > 0:
         if rank == 0:
             save_atomically({"epoch": epoch, "model": model.state_dict(),
                              "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},

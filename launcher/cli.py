@@ -6,12 +6,14 @@ from `PET_<NAME>` environment variables, as with torchrun. Errors are one line a
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from . import __version__
 from . import config as cfg
+from . import slurm
 from .errors import EXIT_USAGE, ConfigError
 
 EXAMPLES = """\b
@@ -103,6 +105,8 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("max-restarts", group=SIG, default="0", metavar="N", help="Restarts of the worker group before giving up.")
 @flag("monitor-interval", group=SIG, default="0.1", metavar="SEC", help="Upper bound between periodic checks (exits are seen at once).")
 @flag("shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
+@flag("hang-timeout", group=SIG, default=None, metavar="SEC",
+      help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.")
 @flag("signals-to-handle", group=SIG, default=cfg.DEFAULT_SIGNALS, metavar="SIGS", help="Signals that stop the job (forwarded first).")
 @flag("passthrough-signals", group=SIG, default="", metavar="SIGS", help="Signals forwarded to workers that go on, e.g. SIGUSR1.")
 @flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
@@ -157,7 +161,10 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         cmd, prog_name = SUBCOMMANDS[args[0]], f"{prog_name} {args[0]}"
         args = args[1:]
     try:
-        code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False)
+        extra = {}
+        if cmd is command and slurm.in_step(os.environ):  # precedence: flag > PET_* > Slurm > default
+            extra["default_map"] = {**(cmd.context_settings.get("default_map") or {}), **slurm.defaults(os.environ)}
+        code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
     except (click.ClickException, ConfigError) as e:
         text = e.format_message() if isinstance(e, click.ClickException) else str(e)
         sys.stderr.write(f"{prog_name}: error: {text}\n")

@@ -19,10 +19,13 @@ from .errors import ConfigError
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# Backends the launcher accepts now; the others are named so their error can say "not yet".
-BACKENDS = ("local", "static", "c10d")
-LATER_BACKENDS = ("etcd", "etcd-v2")
+# Backends the launcher accepts; the others are named so their error can say why not.
+BACKENDS = ("local", "static", "c10d", "etcd")
+LATER_BACKENDS = ("etcd-v2",)
 DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
+# `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
+ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol")
+ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -123,6 +126,7 @@ class LaunchConfig:
     events_file: str | None = None
     live: bool | None = None  # None: the live table when stderr is a terminal
     quiet: bool = False
+    hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
 
     @property
     def run_id(self) -> str:
@@ -203,6 +207,35 @@ def parse_kv(text: str, flag: str = "--rdzv_conf") -> dict[str, str]:
             raise ConfigError(f"{flag} item {item!r} is not key=value (e.g. {flag} join_timeout=60)")
         out[key.strip()] = value.strip()
     return out
+
+
+def parse_endpoints(text: str, default_port: int, flag: str = "--rdzv_endpoint") -> tuple[tuple[str, int], ...]:
+    """`h1:2379,h2[:port],…`, each optionally `http://` or `https://` (etcd's own spelling)."""
+    out = []
+    for item in filter(None, (s.strip() for s in str(text).split(","))):
+        out.append(parse_endpoint(re.sub(r"^https?://", "", item).rstrip("/"), default_port, flag))
+    if not out:
+        raise ConfigError(f"{flag} is empty; give HOST[:PORT][,HOST[:PORT]…]")
+    return tuple(dict.fromkeys(out))
+
+
+def check_etcd_conf(conf: Mapping[str, str], environ: Mapping[str, str]) -> None:
+    """The etcd keys of `--rdzv_conf` and the credentials in the environment make sense together."""
+    if "password" in conf:
+        raise ConfigError(f"--rdzv_conf password= would show in ps; set {ETCD_PASSWORD_ENV} or use --rdzv_conf password_file=PATH")
+    for key in ("cacert", "cert", "key", "password_file"):
+        if key in conf and not os.path.isfile(conf[key]):
+            raise ConfigError(f"--rdzv_conf {key}={conf[key]}: no such file")
+    if ("cert" in conf) != ("key" in conf):
+        raise ConfigError("--rdzv_conf cert= and key= go together (the client certificate and its key)")
+    if conf.get("protocol", "http") not in ("http", "https"):
+        raise ConfigError(f"--rdzv_conf protocol={conf['protocol']} is not http or https")
+    user = conf.get("user") or environ.get(ETCD_USER_ENV)
+    has_password = bool(environ.get(ETCD_PASSWORD_ENV)) or "password_file" in conf
+    if has_password and not user:
+        raise ConfigError(f"an etcd password is set but no user; set {ETCD_USER_ENV} or --rdzv_conf user=NAME")
+    if user and not has_password:
+        raise ConfigError(f"etcd user {user!r} has no password; set {ETCD_PASSWORD_ENV} or --rdzv_conf password_file=PATH")
 
 
 def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
@@ -374,6 +407,7 @@ def from_flags(
     events_file: str | None = None,
     live: bool | None = None,
     quiet: bool = False,
+    hang_timeout: float | str | None = None,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -436,11 +470,26 @@ def from_flags(
             raise ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT] (the store's address)")
         parse_endpoint(rdzv_endpoint, DEFAULT_PORTS[backend])
         run_id = run_id or "none"
+    elif backend == "etcd":
+        if not rdzv_endpoint:
+            raise ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST[:PORT][,HOST[:PORT]…] (the etcd cluster)")
+        parse_endpoints(rdzv_endpoint, DEFAULT_PORTS[backend])
+        if "is_host" in conf:
+            raise ConfigError("--rdzv_conf is_host does not apply to the etcd rendezvous (no node hosts etcd); remove it")
+        check_etcd_conf(conf, environ)
+        unknown = sorted(set(conf) - set(ETCD_KEYS) - set(RDZV_KEYS))
+        if unknown:
+            good = sorted(set(ETCD_KEYS) | set(RDZV_KEYS) - {"is_host"})
+            raise ConfigError(f"--rdzv_conf {unknown[0]} is not an etcd rendezvous setting; use one of {', '.join(good)}")
+        run_id = run_id or "none"
     elif backend in LATER_BACKENDS:
-        raise ConfigError(f"--rdzv_backend {backend} is not supported yet; use static (--nnodes N --node_rank R --master_addr A)")
+        raise ConfigError(f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)")
     else:
         raise ConfigError(f"--rdzv_backend {rdzv_backend!r} is unknown; use static, c10d or etcd")
-    settings = parse_rdzv_settings(conf) if backend == "c10d" else RendezvousSettings()
+    if backend == "etcd":
+        settings = parse_rdzv_settings({k: v for k, v in conf.items() if k not in ETCD_KEYS})
+    else:
+        settings = parse_rdzv_settings(conf) if backend == "c10d" else RendezvousSettings()
     if backend in ("local", "static") and conf:
         known = {"timeout"}  # static's store timeout in torchrun; meaningless without an agent store
         unknown = sorted(set(conf) - known)
@@ -484,4 +533,5 @@ def from_flags(
         events_file=events_file or None,
         live=live,
         quiet=quiet,
+        hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
     )

@@ -187,7 +187,8 @@ class LogRouter:
         s.last_at = time.monotonic()
         if s.console is None:
             return
-        out = b"".join(s.prefix + line + b"\n" for line in lines)
+        # torch already prefixes its own error lines with "[rankN]:"; do not say it twice
+        out = b"".join((line if line.startswith(s.prefix) else s.prefix + line) + b"\n" for line in lines)
         with CONSOLE_LOCK:
             try:
                 s.console.write(out)

@@ -59,6 +59,8 @@ def run(config: LaunchConfig) -> int:
             guard.stop()
         rendezvous.shutdown(result.exit_code == EXIT_OK)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
+    if result.exit_code == EXIT_OK and result.restarts:
+        say(f"job succeeded after {result.restarts} restart(s)")
     print_summary(result, rich_ok=tty)
     if temporary and not _has_logs(run_dir) and not result.failures:
         shutil.rmtree(run_dir, ignore_errors=True)

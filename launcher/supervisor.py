@@ -183,7 +183,11 @@ class Supervisor:
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
     def spawn_workers(self, rnd: Round) -> None:
-        self.round = rnd
+        previous, self.round = self.round, rnd
+        if previous is not None:
+            why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
+            say(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
+                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self.members = []
         for worker in workers_of(rnd, self.config.nproc_per_node):

@@ -46,6 +46,10 @@ def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
         from .c10d import C10dRendezvous
 
         return C10dRendezvous(config)
+    if config.rdzv_backend == "etcd":
+        from .etcd import EtcdRendezvous
+
+        return EtcdRendezvous(config)
     from .local import LocalRendezvous
 
     return LocalRendezvous(config)

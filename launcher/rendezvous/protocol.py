@@ -10,13 +10,16 @@ A sealed round ends when any node writes its `change` key: a worker failed (char
 job-wide restart budget), a node stopped heartbeating, a late node wants in, or a node left. Every
 node blocks on that key (a store wait or an etcd watch: no polling of state). Liveness is a ring:
 each node bumps its own heartbeat counter and judges only its right-hand neighbour's, so a dead
-node is noticed within the liveness timeout at O(N) cost per interval.
+node is noticed within the liveness timeout at O(N) cost per interval. A store that can tell
+liveness itself (etcd: a lease per agent) offers `hold` and `wait_change` instead: each node holds
+an `alive` key from the moment it takes a ticket, and watches only its right-hand neighbour's.
 
 Keys, under `<prefix>/<run_id>/`:
     round, closed, restarts                      job-wide
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
+    r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class Store(Protocol):
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
     def clone(self) -> "Store": ...  # a second connection, for the watcher thread
     def close(self) -> None: ...
+    # Optional, for a store that knows who is alive (then the heartbeat ring is not used):
+    #   hold(key) -> None: `key` exists for as long as this agent lives
+    #   wait_change(change, alive, timeout) -> "change" once `change` exists, "gone" once `alive`
+    #       is absent (never when it is None), None at the timeout; store trouble counts as a timeout
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class ElasticRendezvous:
         self.current: Round | None = None
         self.ticket = 0
         self.group_rank = -1  # kept across rounds where possible
+        self.peer = 0  # ticket of the right-hand neighbour in the current round (stores with liveness)
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -120,7 +128,7 @@ class ElasticRendezvous:
     def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
         """Heartbeat, judge the neighbour, and post MembershipChanged when the round ends."""
         self._stop_watch = stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop), name="launcher-rdzv-watch", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
 
     def shutdown(self, succeeded: bool) -> None:
@@ -156,6 +164,8 @@ class ElasticRendezvous:
             sealed = self._sealed(r)
             if sealed is None and k <= self.node.max_nodes:
                 self.ticket = k
+                if hasattr(st, "hold"):  # before the descriptor: a sealed member without one has died
+                    st.hold(self._k(f"r{r}/alive{k}"))
                 port = self.pick_port()
                 desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
                 st.set(self._k(f"r{r}/node{k}"), json.dumps(desc).encode())
@@ -209,6 +219,7 @@ class ElasticRendezvous:
             raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
         plan = _decode(self.store.get(key))
         self.group_rank = plan["group_rank"]
+        self.peer = plan.get("peer", 0)
         self.current = Round(
             run_id=self.run_id, round=r, restart_count=plan["restarts"], group_rank=plan["group_rank"],
             group_world_size=plan["group_world_size"], rank_offset=plan["rank_offset"], world_size=plan["world_size"],
@@ -228,7 +239,7 @@ class ElasticRendezvous:
             self._set_change(r, "closed")
             raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.node.max_restarts})")
 
-    def _watch(self, rnd: Round, post: Callable[[object], None], stop: threading.Event) -> None:
+    def _watch(self, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
         s = self.settings
         try:
             st = self.store.clone()
@@ -239,6 +250,8 @@ class ElasticRendezvous:
         right = (g + 1) % n
         seen, seen_at = -1, self.clock()
         try:
+            if hasattr(st, "wait_change"):
+                return self._watch_held(st, rnd, post, stop, peer)
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
@@ -251,15 +264,34 @@ class ElasticRendezvous:
                 if beats != seen:
                     seen, seen_at = beats, self.clock()
                 elif self.clock() - seen_at > s.liveness_timeout:
-                    st.add(self._k(f"r{r}/left"), 1)
-                    if n - 1 < self.node.min_nodes:
-                        self._close(f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st)
-                    self._set_change(r, f"node with group rank {right} stopped heartbeating", st)
+                    self._neighbour_died(st, r, n, right, "stopped heartbeating")
         except Exception as e:
             if not stop.is_set():
                 post(MembershipChanged(f"lost the rendezvous store: {e}"))
         finally:
             st.close()
+
+    def _watch_held(self, st, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
+        """Liveness from the store: block until the round changes or the neighbour's alive key vanishes."""
+        r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
+        right = (g + 1) % n
+        alive = self._k(f"r{r}/alive{peer}") if right != g and peer else None
+        while not stop.is_set():
+            what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
+            if what == "change":
+                if not stop.is_set():
+                    post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                return
+            if what == "gone":
+                alive = None  # judged once; a finished neighbour simply went home
+                if not st.get(self._k(f"r{r}/done{right}")):
+                    self._neighbour_died(st, r, n, right, "lost its lease")
+
+    def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
+        st.add(self._k(f"r{r}/left"), 1)
+        if n - 1 < self.node.min_nodes:
+            self._close(f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st)
+        self._set_change(r, f"node with group rank {right} {how}", st)
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
@@ -346,6 +378,7 @@ def assign(descs: list[dict], restarts: int) -> list[dict]:
         {
             "group_rank": ranks[i], "group_world_size": n, "rank_offset": offsets[i], "world_size": total,
             "master_addr": master["addr"], "master_port": master["port"], "restarts": restarts,
+            "peer": by_rank[(ranks[i] + 1) % n] + 1,  # the right-hand neighbour's ticket
         }
         for i in range(n)
     ]
