@@ -7,7 +7,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 from . import process
 from .config import LaunchConfig
@@ -36,7 +36,7 @@ def run(config: LaunchConfig) -> int:
     run_dir, temporary = make_run_dir(config)
     threading.Thread(target=_prewarm, daemon=True).start()
     with ExitStack() as cleanup:
-        sinks = [notifier]
+        sinks: list = [notifier]
         if config.events_file:
             from .events import EventsFile
 
@@ -46,22 +46,23 @@ def run(config: LaunchConfig) -> int:
         logs = LogRouter()
         supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard,
                                 sinks=sinks, periodic=[notifier.tick])
-        if config.live if config.live is not None else (tty and not config.quiet):
-            cleanup.enter_context(_live_view(supervisor))
-        try:
-            result = supervisor.run()
-        except BaseException:
-            process.kill_marked(agent_id)  # never leave workers behind, whatever went wrong here
-            raise
-        finally:
-            logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
-            logs.close()
-            guard.stop()
+        cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
+        live = config.live if config.live is not None else (tty and not config.quiet)
+        with _live_view(supervisor) if live else nullcontext():
+            try:
+                result = supervisor.run()
+            except BaseException:
+                process.kill_marked(agent_id)  # never leave workers behind, whatever went wrong here
+                raise
+            finally:
+                logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
+                logs.close()
+                guard.stop()
         rendezvous.shutdown(result.exit_code == EXIT_OK)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
-    if result.exit_code == EXIT_OK and result.restarts:
-        say(f"job succeeded after {result.restarts} restart(s)")
-    print_summary(result, rich_ok=tty)
+        if result.exit_code == EXIT_OK and result.restarts:
+            say(f"job succeeded after {result.restarts} restart(s)")
+        print_summary(result, rich_ok=tty)
     if temporary and not _has_logs(run_dir) and not result.failures:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code

@@ -120,13 +120,20 @@ class Supervisor:
         except (BlockingIOError, OSError):
             pass  # the pipe is full, so the loop is awake already
 
-    def run(self) -> RunResult:
-        """Rendezvous, spawn, supervise, restart; return when the group is done for good."""
+    def capture_signals(self):
+        """While inside, the handled signals become events for this loop (see `run`)."""
         handled = self.config.signals_to_handle + self.config.passthrough_signals
-        with capture_signals(handled, self.post, self._wake_w):
-            self.begin_round(Cause.START)
-            while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
-                self.step()
+        return capture_signals(handled, self.post, self._wake_w)
+
+    def run(self) -> RunResult:
+        """Rendezvous, spawn, supervise, restart; return when the group is done for good.
+
+        Call it inside `capture_signals()`; keep that open until the launcher is about to exit,
+        so that a signal arriving while the last lines are flushed is a no-op, not a crash.
+        """
+        self.begin_round(Cause.START)
+        while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
+            self.step()
         return self.result()
 
     def step(self, timeout: float | None = None) -> None:

@@ -53,9 +53,17 @@ def only_run_dir(parent: Path, pattern: str) -> Path:
     return dirs[0]
 
 
+NOTE = re.compile(r"^(?:\S+ )?launcher: ")  # the launcher's own lines, timestamped off a terminal
+
+
 def worker_lines(text: str) -> list[str]:
-    """Console lines that came from workers (the launcher's own lines start with "launcher: ")."""
-    return [l for l in text.splitlines() if not l.startswith("launcher: ")]
+    """Console lines that came from workers."""
+    return [l for l in text.splitlines() if not NOTE.match(l)]
+
+
+def launcher_lines(text: str) -> list[str]:
+    """The launcher's own lines, without their "[timestamp ]launcher: " lead."""
+    return [NOTE.sub("", l) for l in text.splitlines() if NOTE.match(l)]
 
 
 # ---------------------------------------------------------------------------- exit codes and the summary
@@ -182,7 +190,7 @@ def test_sigterm_twice_is_tolerated(launch, tmp_path):
 def test_passthrough_signal_reaches_workers_that_go_on(launch, tmp_path):
     p = launch.start(
         "--nproc_per_node", "2", "--passthrough_signals", "SIGUSR1", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "SLEEP": "2"},
+        env={"MARK_DIR": str(tmp_path), "SLEEP": "2.5"},
     )
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(signal.SIGUSR1)
@@ -201,12 +209,13 @@ def test_passthrough_signal_reaches_workers_that_go_on(launch, tmp_path):
 def test_restart_reinitialises_a_gloo_process_group(launch):
     r = launch.run("--nproc_per_node", "2", "--max_restarts", "1", worker("gloo_restart.py"), timeout=100)
     assert r.returncode == 0, r.stdout + r.stderr
-    reduced = re.findall(r"^\[rank(\d)\]: reduced rank=(\d) restart=(\d) port=(\d+) sum=(\S+)$", r.stdout, re.M)
-    by_attempt = {(int(rank), int(restart)): (port, total) for _, rank, restart, port, total in reduced}
-    assert set(by_attempt) == {(0, 0), (1, 0), (0, 1), (1, 1)}, r.stdout
-    assert all(total == "3" for _, total in by_attempt.values())
-    assert by_attempt[(0, 0)][0] == by_attempt[(1, 0)][0] != by_attempt[(0, 1)][0] == by_attempt[(1, 1)][0]
-    assert "rank 1 exited with code 1; stopping the group" in r.stderr
+    joined = re.findall(r"^\[rank(\d)\]: joined rank=\1 restart=(\d) port=(\d+)$", r.stdout, re.M)
+    ports = {(int(rank), int(restart)): port for rank, restart, port in joined}
+    assert set(ports) == {(0, 0), (1, 0), (0, 1), (1, 1)}, r.stdout
+    assert ports[(0, 0)] == ports[(1, 0)] != ports[(0, 1)] == ports[(1, 1)]  # a fresh store each round
+    reduced = re.findall(r"^\[rank(\d)\]: reduced rank=\1 restart=(\d) sum=(\S+)$", r.stdout, re.M)
+    assert sorted(reduced) == [("0", "1", "3"), ("1", "1", "3")], r.stdout
+    assert "exited with code 1; stopping the group" in r.stderr
 
 
 def test_restart_budget_exhausted(launch):
@@ -230,7 +239,7 @@ def test_restart_budget_exhausted(launch):
 def test_record_error_file_in_summary(launch):
     r = launch.run("--nproc_per_node", "1", worker("record_error.py"), timeout=60)
     assert r.returncode == 1, r.stderr
-    summary = [l[len("launcher: "):] for l in r.stderr.splitlines() if l.startswith("launcher: ")]
+    summary = launcher_lines(r.stderr)
     assert "  error: ValueError: bad learning rate -1" in summary, r.stderr
     trace = summary[summary.index("  traceback:") + 1:]
     assert any("record_error.py" in l and "in main" in l for l in trace), r.stderr
@@ -244,7 +253,7 @@ def test_record_error_file_in_summary(launch):
 def test_log_dir_keeps_every_attempt(launch, tmp_path):
     r = launch.run(
         "--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path), worker("exit_code.py"),
-        env={"FAIL_RANK": "1", "FAIL_ON": "0", "CODE": "4", "SLEEP": "0.3"}, timeout=60,
+        env={"FAIL_RANK": "1", "FAIL_ON": "0", "CODE": "4", "DELAY": "1", "SLEEP": "0.3"}, timeout=60,
     )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path, "*")

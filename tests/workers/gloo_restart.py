@@ -1,8 +1,8 @@
-"""init_process_group("gloo", env://) and all_reduce; rank 1 then exits 1 on the first attempt
-while rank 0 waits to be stopped, so only a restart that re-initialises cleanly succeeds."""
+"""init_process_group("gloo", env://), then all_reduce. On the first attempt rank 1 exits 1 right
+after init, so rank 0's all_reduce fails: only a restart that re-initialises cleanly succeeds
+(torchrun 2.13 reuses its store and MASTER_PORT, and the second init fails on stale keys)."""
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -10,11 +10,10 @@ import torch.distributed as dist
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 dist.init_process_group("gloo", init_method="env://")
 rank = dist.get_rank()
+print(f"joined rank={rank} restart={restart} port={os.environ['MASTER_PORT']}", flush=True)
+if restart == "0" and rank == 1:
+    sys.exit(1)
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
-print(f"reduced rank={rank} restart={restart} port={os.environ['MASTER_PORT']} sum={t.item():g}", flush=True)
-if restart == "0":
-    if rank == 1:
-        sys.exit(1)
-    time.sleep(60)  # stopped by the launcher
+print(f"reduced rank={rank} restart={restart} sum={t.item():g}", flush=True)
 dist.destroy_process_group()
