@@ -186,6 +186,8 @@ class Supervisor:
                 self.post(RoundReady(self.rendezvous.next_round(cause)))
             except RendezvousError as e:
                 self.post(RoundFailed(e))
+            except Exception as e:  # a backend bug must end the job with a message, never hang it
+                self.post(RoundFailed(RendezvousError(f"rendezvous failed unexpectedly: {type(e).__name__}: {e}")))
 
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
