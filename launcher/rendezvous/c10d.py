@@ -12,6 +12,7 @@ import datetime
 import os
 import signal
 import socket
+import struct
 import threading
 import warnings
 from typing import Sequence
@@ -27,7 +28,7 @@ PREFIX = "launcher/"
 def _torch_distributed():
     """Import torch.distributed quietly: no NumPy warning, no C++ log line per store wait timeout."""
     saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # store errors reach the user as our one-line messages
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -44,51 +45,125 @@ def _td(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+# A TCPStore client waits for its answers without any time limit: a frozen store (SIGSTOP), a
+# partitioned network or another program on the port would block an agent forever. We bound the
+# constructor with a thread and every later answer with SO_RCVTIMEO on the client's socket.
+ANSWER_GRACE = 5.0  # beyond read_timeout, the longest a store may take to answer (its own waits included)
+_CONNECTING = threading.Lock()  # one client socket appears at a time, so we can tell which one is new
+
+
 class TCPStoreAdapter:
     """The protocol's `Store` operations on one TCPStore client connection."""
 
     def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
-        dist = _torch_distributed()
-        try:  # the constructor retries until the store answers or connect_timeout passes
-            self._store = dist.TCPStore(host, port, is_master=False, timeout=_td(connect_timeout or timeout), use_libuv=True)
-        except (RuntimeError, OSError) as e:  # DistNetworkError/DistStoreError derive from RuntimeError
-            raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {e}") from None
+        self._broken = ""  # after a failed exchange the connection may be out of step: never reuse it
+        self._store = _connect(host, port, connect_timeout or timeout, timeout + ANSWER_GRACE)
         self._store.set_timeout(_td(timeout))
 
+    def _call(self, op: str, *args):
+        if self._broken or self._store is None:
+            raise RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {self._broken or 'connection closed'}")
+        try:
+            return getattr(self._store, op)(*args)
+        except RuntimeError as e:
+            if _wait_timeout(e):
+                raise
+            self._broken = _first_line(e)
+            if "socket timeout" in self._broken.lower():
+                self._broken = f"no answer within {self.timeout + ANSWER_GRACE:g} s (read_timeout + {ANSWER_GRACE:g} s)"
+            raise RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {self._broken}") from None
+
     def add(self, key: str, amount: int) -> int:
-        return int(self._store.add(PREFIX + key, amount))
+        return int(self._call("add", PREFIX + key, amount))
 
     def get(self, key: str) -> bytes | None:
         k = PREFIX + key
-        return self._store.get(k) if self._store.check([k]) else None
+        return self._call("get", k) if self._call("check", [k]) else None
 
     def set(self, key: str, value: bytes) -> None:
-        self._store.set(PREFIX + key, value)
+        self._call("set", PREFIX + key, value)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        return self._store.compare_set(PREFIX + key, expected, desired)
+        return self._call("compare_set", PREFIX + key, expected, desired)
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
         try:
-            self._store.wait([PREFIX + k for k in keys], _td(timeout))
+            self._call("wait", [PREFIX + k for k in keys], _td(timeout))
             return True
         except RuntimeError as e:
-            if "timeout" in str(e).lower():
+            if _wait_timeout(e):  # the store's own answer; a socket timeout is a lost store
                 return False
             raise
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        return list(self._store.multi_get([PREFIX + k for k in keys]))
+        return list(self._call("multi_get", [PREFIX + k for k in keys]))
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
-        self._store.multi_set([PREFIX + k for k in keys], list(values))
+        self._call("multi_set", [PREFIX + k for k in keys], list(values))
 
     def clone(self) -> "TCPStoreAdapter":
         return TCPStoreAdapter(self.host, self.port, self.timeout)
 
     def close(self) -> None:
-        self._store = None
+        with _CONNECTING:  # its socket number may be reused: not while a new client is being told apart
+            self._store = None
+
+
+def _wait_timeout(e: BaseException) -> bool:
+    """The store answered that a wait ran out (the connection is fine), as opposed to no answer at all."""
+    return "wait timeout" in str(e).lower()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _connect(host: str, port: int, connect_timeout: float, answer_timeout: float):
+    """A TCPStore client whose every answer must come within `answer_timeout` seconds."""
+    dist = _torch_distributed()
+    box: dict = {}
+
+    def make() -> None:  # retries until the store answers or connect_timeout passes
+        try:
+            box["store"] = dist.TCPStore(host, port, is_master=False, timeout=_td(connect_timeout), use_libuv=True)
+        except BaseException as e:  # DistNetworkError/DistStoreError derive from RuntimeError
+            box["error"] = e
+
+    with _CONNECTING:
+        before = _client_sockets(port)
+        maker = threading.Thread(target=make, name="launcher-store-connect", daemon=True)
+        maker.start()
+        maker.join(connect_timeout + answer_timeout)
+        if maker.is_alive():
+            raise RendezvousConnectionError(
+                f"the rendezvous store at {host}:{port} accepted the connection but never answered "
+                f"(another program on that port, or a frozen store?)")
+        if "error" in box:
+            e = box["error"]
+            hint = " (another program on that port? it does not speak the c10d store protocol)" if "Ping failed" in str(e) else ""
+            raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {_first_line(e)}{hint}")
+        limit = struct.pack("ll", int(answer_timeout), int(answer_timeout % 1 * 1e6))
+        for fd in _client_sockets(port) - before:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:  # the option is the socket's, shared by the dup
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+            except OSError:
+                pass
+    return box["store"]
+
+
+def _client_sockets(port: int) -> set[int]:
+    """File descriptors of this process's TCP connections to `port` somewhere."""
+    import psutil
+
+    proc = psutil.Process()
+    try:
+        conns = (getattr(proc, "net_connections", None) or proc.connections)("tcp")
+    except psutil.Error:
+        return set()
+    return {c.fd for c in conns if c.raddr and c.raddr.port == port and c.fd >= 0}
 
 
 def serve(host: str, port: int) -> tuple[object, socket.socket]:

@@ -96,10 +96,24 @@ def lease_ttl(settings: RendezvousSettings) -> int:
 # ---------------------------------------------------------------------------- the client
 
 
+def _pyetcd():
+    """Import grpc and pyetcd with gRPC's own logging off: a TLS mismatch prints dozens of C++ lines per second."""
+    saved = os.environ.get("GRPC_VERBOSITY")
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    try:
+        import grpc
+        import pyetcd
+    finally:  # workers must not inherit our quieting
+        if saved is None:
+            os.environ.pop("GRPC_VERBOSITY", None)
+        else:
+            os.environ["GRPC_VERBOSITY"] = saved
+    return grpc, pyetcd
+
+
 def _connect(opts: EtcdOptions, timeout: float):
     """A pyetcd client over every endpoint, with failover, logged in when a user is given."""
-    import grpc
-    import pyetcd
+    grpc, pyetcd = _pyetcd()
 
     creds = None
     if opts.tls:
@@ -191,7 +205,8 @@ def _classify(e: BaseException, opts: EtcdOptions) -> tuple[str, str]:
         return "fatal", f"etcd client error: {type(e).__name__}: {e}"
     code, details = rpc.code(), rpc.details() or ""
     low, S = details.lower(), grpc.StatusCode
-    if "handshake" in low or "certificate" in low:
+    # A refused certificate is fatal; a handshake cut short ("Endpoint closing") is an etcd restarting.
+    if any(s in low for s in ("certificate", "unwrap failed", "tsi_data_corrupted", "ssl_error_ssl")):
         return "fatal", f"TLS with etcd at {opts.where} failed ({details}); check --rdzv_conf cacert=, cert=, key="
     if "authentication failed" in low:
         return "fatal", f"etcd at {opts.where} rejected user {opts.user!r}: wrong user name or password"
@@ -209,6 +224,16 @@ def _classify(e: BaseException, opts: EtcdOptions) -> tuple[str, str]:
     if code in (S.UNAVAILABLE, S.DEADLINE_EXCEEDED, S.INTERNAL, S.RESOURCE_EXHAUSTED, S.CANCELLED, S.UNKNOWN, S.ABORTED):
         return "retry", details or code.name
     return "fatal", f"etcd at {opts.where} refused a request: {details or code.name}"
+
+
+def _hint(why: str, opts: EtcdOptions) -> str:
+    """What a user can check when the cluster never answered."""
+    low = why.lower()
+    if "socket closed" in low and not opts.tls:
+        return "; if etcd serves TLS, pass --rdzv_conf cacert=PATH"
+    if "handshake" in low and opts.tls:
+        return "; does etcd serve TLS at that address?"
+    return ""
 
 
 def _needs_login(opts: EtcdOptions) -> str:
@@ -365,7 +390,7 @@ class EtcdStore:
         """Run `fn(client)`, retrying while the cluster does not answer (with backoff) up to `retry_for`."""
         limit = self.retry_for if retry_for is None else retry_for
         start = time.monotonic()
-        delay, told = 0.05, False
+        delay, told, relogged = 0.05, False, False
         while True:
             self.rpcs += 1
             try:
@@ -377,12 +402,16 @@ class EtcdStore:
                 if kind == "lease":
                     raise _LeaseLost(why) from None
                 if kind == "reauth":
-                    self.client.reset()
+                    self.client.reset()  # the request was refused, not applied: log in again and resend
+                    if not relogged:
+                        relogged = True
+                        continue
                 elif not idempotent and not _unsent(e):
                     raise RendezvousConnectionError(f"etcd at {self.opts.where} failed mid-request ({why}); a counter may be off") from None
             waited = time.monotonic() - start
             if waited + delay > limit:
-                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s)")
+                hint = _hint(why, self.opts)
+                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s){hint}")
             if waited >= 1.0 and not told and limit >= 5.0:
                 told = True
                 say(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s")
@@ -423,6 +452,8 @@ class EtcdStore:
                 item = f.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return None  # keep the watches: the caller usually asks again about the same keys
+            if item is None:
+                return None  # woken: the agent is leaving
             if isinstance(item, Exception):
                 raise item
             for event in item.events:
@@ -459,11 +490,15 @@ class EtcdStore:
             _cancel(f)
             raise
         self.rpcs += len(f.ids)
+        if self.lease:
+            self.lease.waiting.add(events)
         return f
 
     def _drop_follow(self) -> None:
         f, self._follow = self._follow, None
         if f is not None:
+            if self.lease:
+                self.lease.waiting.discard(f.events)
             _cancel(f)
 
 
@@ -515,6 +550,7 @@ class Lease:
         self.store = EtcdStore(opts, retry_for=ttl, client=_Client(opts, timeout=max(1.0, ttl / 2)))
         self.id = 0
         self.held: dict[bytes, bytes] = {}
+        self.waiting: set[queue.SimpleQueue] = set()  # the event queues of this agent's open waits
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -526,6 +562,7 @@ class Lease:
         self._thread.start()
 
     def hold(self, name: bytes, value: bytes, via: EtcdStore, retry_for: float | None = None) -> None:
+        """Put `name` on the lease (taking a new lease first if etcd forgot this one); kept across renewals."""
         for attempt in range(2):
             lease_id = self.id
             try:
@@ -537,14 +574,24 @@ class Lease:
                 self._renew(lease_id)
         self.held[name] = value
 
+    def wake(self) -> None:
+        """Make every wait of this agent return now (as at its timeout)."""
+        for events in list(self.waiting):
+            events.put(None)
+
     def revoke(self, via: EtcdStore) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(self.store.client.timeout + 1.0)
+        """Stop refreshing and give the lease back: every key on it vanishes at once."""
+        self.close()
         try:
             via._call(lambda c: c.revoke_lease(self.id), retry_for=2.0)
         except (RendezvousError, _LeaseLost):
             pass  # it expires on its own
+
+    def close(self) -> None:
+        """Stop refreshing; the lease then expires within its TTL."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(self.store.client.timeout + 1.0)
         self.store.close()
 
     def _run(self) -> None:
@@ -606,9 +653,8 @@ class EtcdRendezvous(ElasticRendezvous):
         try:
             store.register(config.run_id, node_id, retry_for=s.join_timeout)
         except BaseException:
-            lease._stop.set()
+            lease.close()
             store.close()
-            lease.store.close()
             raise
         host, port = opts.endpoints[0]
         addr = config.local_addr or outward_address(host, port)
@@ -620,6 +666,8 @@ class EtcdRendezvous(ElasticRendezvous):
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""
+        self._stop_watch.set()
+        self.store.lease.wake()  # the watcher leaves now, not at the end of its wait
         super().shutdown(succeeded)
         try:
             self.store.leave(self.run_id)

@@ -188,6 +188,8 @@ class ElasticRendezvous:
         """Block until round r is sealed; seal it ourselves when the rules say it is time."""
         s, st, n = self.settings, self.store, self.node
         last_call: float | None = None
+        if k >= n.max_nodes:  # the last ticket of a full round: nothing to wait for
+            self._seal(r, k)
         while not st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 0.1 if k >= n.min_nodes else 1.0)):
             self._check_closed()
             if self.clock() >= deadline:

@@ -1,0 +1,478 @@
+"""The etcd rendezvous: 4 agents start -> all workers running, 1,024 simulated nodes, a node's death.
+
+Run:  .venv/bin/python scripts/bench/etcd_rendezvous.py [--parts agents,scale,death] [--reps 5]
+                                                        [--nodes 64,256,1024] [--procs 2] [--clients 8]
+
+The script starts its own etcd (Debian's etcd-server, etcd's default timings, a throwaway data
+folder, loopback ports) and stops it at the end. Three parts, each printed as a markdown table:
+
+- agents: K=4 launcher processes started at once (Popen one after the other, no waiting) with
+  `--nnodes 4 --nproc_per_node 1 --rdzv_backend etcd --rdzv_endpoint 127.0.0.1:PORT --rdzv_id <fresh>`;
+  the worker writes time.time() as its first statement. Metric: max(worker start) - time.time()
+  just before the first Popen. Beside it, torchrun 2.13 with c10d (torchrun's etcd backends need
+  etcd's v2 API, off since etcd 3.4) and the floor: K bare `python -c "import launcher.run, pyetcd"`
+  started together until all exit. Bytecode caching on for every process (PYTHONPYCACHEPREFIX),
+  filled by an untimed warm-up run. Target (shared/DESIGN.md): <= 0.5 s.
+- scale: N simulated nodes = threads in --procs runner processes; each thread builds
+  `ElasticRendezvous(EtcdStore(..), run_id, Node(min=max=N), RendezvousSettings(join_timeout=cap))`
+  untimed, then all are released together and each calls `next_round(Cause.START)` once.
+  The threads of a runner share --clients pyetcd connections (round robin) and each connection's
+  lease: a connection is a gRPC channel with its own threads, and 1,024 of them in two Python
+  processes would measure gRPC's thread overhead, not the protocol. Every simulated node still has
+  its own EtcdStore (its own watches) and signs in (`agents/<node>`) and holds its alive key as an
+  agent does. Counted: calls at the Store interface and requests sent to etcd, per node.
+  "rdzv s": release to the last node holding its round (ranks 0..N-1 unique, world size N checked).
+  Target: 1,024 nodes in <= 10 s on this 2-core VM, O(N) operations per round.
+- death: 3 agents, `--nnodes 2:3` (default settings otherwise: keep_alive_interval 0.5 s x 4
+  attempts, so a 2 s lease), each in its own session. Once the 3 workers of round 0 run, one
+  agent's whole session (agent, guard and worker: a host going away) is SIGKILLed. Metric: kill ->
+  both survivors' round-1 workers running (their first statement's time.time()). Target: <= 3 s.
+
+Median of --reps. Every process group the script starts is SIGKILLed at the end of its run, every
+wait is capped. By default the script re-runs itself in a private network namespace holding only
+loopback (`unshare --net`, root only; `--host-net` opts out), as the other rendezvous benchmarks do
+(torchrun's TCPStore asks this VM's off-host resolver for reverse names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = os.path.abspath(__file__)
+ROOT = str(Path(HERE).parents[2])
+PY = sys.executable
+TORCHRUN = str(Path(PY).with_name("torchrun"))
+NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
+ENV["PYTHONPATH"] = ROOT
+CAP = 60.0
+WORKER = """import os, sys, time
+t = time.time()
+path = os.path.join(sys.argv[1], f"{os.getpid()}.start")
+with open(path + ".tmp", "w") as f:
+    f.write(f"{t!r} {os.environ.get('LAUNCHER_ROUND', '0')}")
+os.rename(path + ".tmp", path)  # whole or absent: the bench polls these files
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def private_network() -> None:
+    """Re-run this script in a new network namespace holding only loopback (see the docstring)."""
+    if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
+        return
+    os.environ["BENCH_NETNS"] = "1"
+    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- etcd
+
+
+class Etcd:
+    """One etcd member with etcd's default timings, on loopback, in a throwaway folder."""
+
+    def __init__(self, folder: str):
+        self.folder, self.port, self.peer = folder, free_port(), free_port()
+        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
+        cmd = ["etcd", "--name", "bench", "--data-dir", os.path.join(folder, "data"), "--listen-client-urls", url,
+               "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", f"bench={peer}", "--log-level", "warn", "--logger", "zap"]
+        self.log = open(os.path.join(folder, "etcd.log"), "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                import urllib.request
+
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("etcd did not become healthy in 30 s")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def start(cmd: list[str], log: str) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, env=ENV, stdout=f, stderr=f, start_new_session=True)
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def starts(folder: str) -> list[tuple[float, int]]:
+    """(time, round) of every worker that started, from the files it wrote."""
+    out = []
+    for f in Path(folder).glob("*.start"):
+        t, r = f.read_text().split()
+        out.append((float(t), int(r)))
+    return out
+
+
+def wait_for(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def agent_cmd(tool: str, k: int, endpoint: str, run_id: str, worker: str, out: str, sleep: float, nnodes: str = "") -> list[str]:
+    if tool == "torchrun":
+        rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{endpoint}", "--rdzv_id", run_id]
+        head = [TORCHRUN]
+    else:
+        rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id]
+        head = [PY, "-m", "launcher"]
+    return head + ["--nnodes", nnodes or str(k), "--nproc_per_node", "1", *rdzv, worker, out, str(sleep)]
+
+
+def tail(logs: list[str]) -> str:
+    return "".join("\n    | " + line for p in logs for line in Path(p).read_text().splitlines()[-3:])
+
+
+# ---------------------------------------------------------------------------- part 1: agents
+
+
+def agents_run(tool: str, k: int, etcd: Etcd, worker: str, tmp: str) -> float | None:
+    out = tempfile.mkdtemp(dir=tmp, prefix=f"{tool}-")
+    endpoint = str(free_port()) if tool == "torchrun" else etcd.endpoint
+    run_id = os.path.basename(out)
+    logs = [os.path.join(out, f"agent{i}.log") for i in range(k)]
+    procs: list[subprocess.Popen] = []
+    t0 = time.time()
+    try:
+        for log in logs:
+            procs.append(start(agent_cmd(tool, k, endpoint, run_id, worker, out, 0.5), log))
+        for p in procs:
+            try:
+                p.wait(max(0.1, t0 + CAP - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        kill_all(procs)
+    seen = starts(out)
+    if len(seen) != k or any(p.returncode != 0 for p in procs):
+        print(f"  {tool}: FAILED ({len(seen)}/{k} workers started){tail(logs)}", file=sys.stderr)
+        return None
+    return max(t for t, _ in seen) - t0
+
+
+def import_floor(k: int) -> float:
+    t = time.perf_counter()
+    procs = [subprocess.Popen([PY, "-c", "import launcher.run, pyetcd"], env=ENV) for _ in range(k)]
+    for p in procs:
+        p.wait(CAP)
+    return time.perf_counter() - t
+
+
+def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+    k, tools = 4, ["launcher", "torchrun"]
+    for tool in tools:  # warm-up: fills the bytecode cache, untimed
+        agents_run(tool, k, etcd, worker, tmp)
+    times: dict[str, list[float]] = {t: [] for t in tools}
+    floors = []
+    for rep in range(reps):
+        for tool in tools if rep % 2 == 0 else tools[::-1]:
+            s = agents_run(tool, k, etcd, worker, tmp)
+            if s is not None:
+                times[tool].append(s)
+            print(f"  agents rep {rep} {tool}: {fmt(s)} s", file=sys.stderr)
+        floors.append(import_floor(k))
+    lo, tr = med(times["launcher"]), med(times["torchrun"])
+    print(f"\n4 agents on one host, start -> all workers running (median of {reps}; network: {NET})\n")
+    print("| agents | launcher, etcd s | torchrun 2.13, c10d s | torchrun / launcher | floor s (4 × `import launcher.run, pyetcd` in parallel) | target |")
+    print("|---|---|---|---|---|---|")
+    ratio = f"{tr / lo:.1f}×" if lo and tr else "n/a"
+    print(f"| {k} | {fmt(lo)} | {fmt(tr)} | {ratio} | {med(floors):.2f} | ≤ 0.5 s |")
+    print("\nall runs (s): " + "; ".join(f"{t}: " + ", ".join(f"{x:.2f}" for x in v) for t, v in times.items()))
+
+
+# ---------------------------------------------------------------------------- part 2: scale
+
+
+class Counting:
+    """Forwards every call to `inner`, counting the calls per Store method."""
+
+    def __init__(self, inner, counts: collections.Counter):
+        self.inner, self.counts = inner, counts
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.counts[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str) -> dict:
+    """Nodes lo..hi-1 as threads; print "ready" once all are built, start on a line from stdin."""
+    from launcher.config import RendezvousSettings
+    from launcher.rendezvous.api import Cause
+    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
+    from launcher.rendezvous.protocol import ElasticRendezvous, Node
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * n + 256)), hard))
+    threading.stack_size(1 << 20)
+    host, port = endpoint.split(":")
+    opts = EtcdOptions(endpoints=((host, int(port)),))
+    settings = RendezvousSettings(join_timeout=cap)
+    shared = [_Client(opts) for _ in range(clients)]
+    leases = [Lease(opts, 2, 0.5) for _ in range(clients)]
+    for c, lease in zip(shared, leases):
+        lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
+    m = hi - lo
+    ready, go = threading.Barrier(m + 1), threading.Event()
+    counts = [collections.Counter() for _ in range(m)]
+    stores: list = [None] * m
+    results: list = [None] * m
+
+    def thread(j: int) -> None:
+        i = lo + j
+        try:
+            store = EtcdStore(opts, leases[j % clients], client=shared[j % clients])
+            stores[j] = store
+            node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
+            rdzv = ElasticRendezvous(Counting(store, counts[j]), run_id, node, settings, port_picker=lambda: 12345)
+        except Exception as e:
+            results[j], rdzv = f"setup: {type(e).__name__}: {e}", None
+        ready.wait()
+        go.wait()
+        if rdzv is not None:
+            try:
+                store.lease.hold(f"/launcher/{run_id}/agents/n{i}".encode(), b"1", store)  # signing in, as an agent does
+                r = rdzv.next_round(Cause.START)
+                results[j] = ((r.group_rank, r.world_size), time.time())
+            except Exception as e:
+                results[j] = f"{type(e).__name__}: {e}".strip()
+
+    t = time.monotonic()
+    threads = [threading.Thread(target=thread, args=(j,), daemon=True) for j in range(m)]
+    for th in threads:
+        th.start()
+    ready.wait()
+    setup_s = time.monotonic() - t
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0, cpu0 = time.time(), time.process_time()
+    go.set()
+    for th in threads:
+        th.join()
+    total = sum(counts, collections.Counter())
+    rpcs = sum(s.rpcs for s in stores if s is not None)
+    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
+            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)],
+            "counts": dict(total), "rpcs": rpcs}
+
+
+def cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
+    run_id = f"scale-{n}-{os.urandom(3).hex()}"
+    runs: list[subprocess.Popen] = []
+    killer = threading.Timer(cap + 30, lambda: [p.kill() for p in runs])
+    try:
+        bounds = [n * k // procs for k in range(procs + 1)]
+        runs += [subprocess.Popen([PY, HERE, "--run", etcd.endpoint, str(n), str(a), str(b), str(clients), str(cap), run_id],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV) for a, b in zip(bounds, bounds[1:])]
+        killer.start()
+        if any(p.stdout.readline().strip() != "ready" for p in runs):
+            return {"ok": False, "error": "a runner failed to start"}
+        base = cpu_of(etcd.proc.pid)
+        for p in runs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.stdout.readline() or "null") for p in runs]
+        etcd_cpu = cpu_of(etcd.proc.pid) - base
+    finally:
+        killer.cancel()
+        for p in runs:
+            p.kill()
+            p.wait()
+    if None in outs:
+        return {"ok": False, "error": f"runners killed after {cap + 30:.0f} s"}
+    done = [d for o in outs for d in o["done"]]
+    errors = [e for o in outs for e in o["errors"]]
+    counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
+    t0 = min(o["t0"] for o in outs)
+    result = {"ok": not errors, "setup_s": max(o["setup_s"] for o in outs), "counts": dict(counts),
+              "rpcs": sum(o["rpcs"] for o in outs), "cpu_s": sum(o["cpu_s"] for o in outs), "etcd_cpu_s": etcd_cpu}
+    if errors:
+        result["error"] = f"{len(errors)}/{n} nodes failed ({errors[0][:80]})"
+    else:
+        result["rdzv_s"] = max(d[1] for d in done) - t0
+        if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):
+            result.update(ok=False, error="ranks or world size wrong")
+    return result
+
+
+def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, cap: float) -> None:
+    rows = []
+    for n in ns:
+        runs = []
+        for rep in range(reps):
+            r = scale_run(etcd, n, procs, clients, cap)
+            runs.append(r)
+            print(f"  scale N={n} rep {rep}: " + (f"{r['rdzv_s']:.2f} s" if r["ok"] else r["error"]), file=sys.stderr)
+        good = [r for r in runs if r["ok"]]
+        rows.append((n, good, runs))
+    print(f"\nRendezvous of N simulated nodes on etcd (threads in {procs} processes, {clients} connections each; "
+          f"median of {reps}; network: {NET})\n")
+    print("| nodes | rdzv s | Store calls / node | etcd requests / node | runners CPU s | etcd CPU s | build s (untimed) | completed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, good, runs in rows:
+        if not good:
+            print(f"| {n} | failed: {runs[-1]['error']} | | | | | | 0/{len(runs)} |")
+            continue
+        pick = sorted(good, key=lambda r: r["rdzv_s"])[len(good) // 2]
+        calls = sum(pick["counts"].values()) / n
+        print(f"| {n} | {pick['rdzv_s']:.2f} | {calls:.1f} | {pick['rpcs'] / n:.1f} | {pick['cpu_s']:.1f} | "
+              f"{pick['etcd_cpu_s']:.1f} | {pick['setup_s']:.1f} | {len(good)}/{len(runs)} |")
+    for n, good, _ in rows:
+        if good:
+            pick = sorted(good, key=lambda r: r["rdzv_s"])[len(good) // 2]
+            per = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(pick["counts"].items()))
+            print(f"\nN={n}, Store calls per node by method: {per}")
+
+
+# ---------------------------------------------------------------------------- part 3: death
+
+
+def death_run(etcd: Etcd, worker: str, tmp: str) -> float | None:
+    out = tempfile.mkdtemp(dir=tmp, prefix="death-")
+    run_id = os.path.basename(out)
+    logs = [os.path.join(out, f"agent{i}.log") for i in range(3)]
+    procs = [start(agent_cmd("launcher", 3, etcd.endpoint, run_id, worker, out, 30, nnodes="2:3"), log) for log in logs]
+    try:
+        if not wait_for(lambda: len(starts(out)) >= 3, CAP):
+            print(f"  death: round 0 never ran{tail(logs)}", file=sys.stderr)
+            return None
+        time.sleep(1.0)  # let the round settle: every lease refreshed, every watch open
+        t_kill = time.time()
+        os.killpg(procs[0].pid, signal.SIGKILL)  # the agent, its guard and its worker: a host going away
+        if not wait_for(lambda: sum(1 for _, r in starts(out) if r >= 1) >= 2, CAP):
+            print(f"  death: survivors never re-formed{tail(logs)}", file=sys.stderr)
+            return None
+        return max(t for t, r in starts(out) if r >= 1) - t_kill
+    finally:
+        kill_all(procs)
+
+
+def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+    times = []
+    for rep in range(reps):
+        s = death_run(etcd, worker, tmp)
+        print(f"  death rep {rep}: {fmt(s)} s", file=sys.stderr)
+        if s is not None:
+            times.append(s)
+    print(f"\nA remote node dies -> survivors running again in a new round (3 agents, --nnodes 2:3, default settings: "
+          f"2 s lease; median of {reps}; network: {NET})\n")
+    print("| launcher, etcd s | min s | max s | torchrun 2.13 | target |")
+    print("|---|---|---|---|---|")
+    print(f"| {fmt(med(times))} | {fmt(min(times) if times else None)} | {fmt(max(times) if times else None)} "
+          f"| never (the survivors wait for an NCCL/gloo timeout; pytorch#111646) | ≤ 3 s |")
+    print("\nall runs (s): " + ", ".join(f"{x:.2f}" for x in times))
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x: float | None) -> str:
+    return "failed" if x is None else f"{x:.2f}"
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--run"]:
+        endpoint, n, lo, hi, clients, cap, run_id = sys.argv[2:9]
+        print(json.dumps(runner(endpoint, int(n), int(lo), int(hi), int(clients), float(cap), run_id)), flush=True)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="agents,scale,death")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--nodes", default="64,256,1024", help="scale: simulated node counts")
+    ap.add_argument("--scale-reps", type=int, default=3)
+    ap.add_argument("--procs", type=int, default=2, help="scale: runner processes sharing the N threads")
+    ap.add_argument("--clients", type=int, default=8, help="scale: etcd connections per runner process")
+    ap.add_argument("--cap", type=float, default=60.0, help="scale: join timeout, s")
+    ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
+    args = ap.parse_args()
+    if not shutil.which("etcd"):
+        raise SystemExit("no etcd binary on PATH (Debian: apt-get install etcd-server)")
+    private_network()
+    parts = args.parts.split(",")
+    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  load average before: {os.getloadavg()}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
+        worker = os.path.join(tmp, "worker.py")
+        Path(worker).write_text(WORKER)
+        etcd = Etcd(tmp)
+        try:
+            if "agents" in parts:
+                part_agents(etcd, args.reps, tmp, worker)
+            if "scale" in parts:
+                part_scale(etcd, [int(x) for x in args.nodes.split(",")], args.scale_reps, args.procs, args.clients, args.cap)
+            if "death" in parts:
+                part_death(etcd, args.reps, tmp, worker)
+        finally:
+            etcd.stop()
+    print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

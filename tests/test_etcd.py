@@ -1,0 +1,519 @@
+"""The etcd v3 backend against a real etcd: several launcher processes, killed agents, a killed and
+restarted etcd, a 3-member cluster losing a member, TLS with client certificates and RBAC.
+
+Every etcd here is started by the test on free loopback ports with a throwaway data folder and
+stopped after it; without the `etcd` binary (Debian: etcd-server) the tests that need one are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, worker
+
+ETCD = shutil.which("etcd")
+needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Member:
+    """One etcd member on loopback, its data in `folder`; started, killed and restarted by the tests."""
+
+    def __init__(self, folder: Path, name: str = "m0", tls: dict | None = None, fast: bool = True):
+        self.folder, self.name, self.tls = folder, name, tls or {}
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.cluster = f"{name}=http://127.0.0.1:{self.peer_port}"
+        self.fast = fast  # a single member may elect itself quickly; a cluster keeps etcd's timings
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> "Member":
+        scheme = "https" if self.tls else "http"
+        url = f"{scheme}://{self.endpoint}"
+        cmd = [
+            ETCD, "--name", self.name, "--data-dir", str(self.folder / self.name),
+            "--listen-client-urls", url, "--advertise-client-urls", url,
+            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster", self.cluster, "--initial-cluster-token", self.folder.name,
+            "--log-level", "warn", "--logger", "zap",
+        ]
+        if self.fast:
+            cmd += ["--heartbeat-interval", "50", "--election-timeout", "500"]
+        if self.tls:
+            cmd += ["--cert-file", self.tls["server.crt"], "--key-file", self.tls["server.key"],
+                    "--trusted-ca-file", self.tls["ca.crt"], "--client-cert-auth"]
+        log = open(self.folder / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until /health says the member has a leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc and self.proc.poll() is None, (self.folder / f"{self.name}.log").read_text()[-2000:]
+            try:
+                if json.loads(self._get("/health")).get("health") == "true":
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"etcd {self.name} not healthy within {timeout} s")
+
+    def _get(self, path: str) -> bytes:
+        import ssl
+
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(cafile=self.tls["ca.crt"])
+            context.load_cert_chain(self.tls["client.crt"], self.tls["client.key"])
+        scheme = "https" if self.tls else "http"
+        with urllib.request.urlopen(f"{scheme}://{self.endpoint}{path}", timeout=1, context=context) as r:
+            return r.read()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def cluster(folder: Path, n: int) -> list[Member]:
+    members = [Member(folder, f"m{i}", fast=False) for i in range(n)]
+    initial = ",".join(m.cluster for m in members)
+    for m in members:
+        m.cluster = initial
+    for m in members:
+        m.start()
+    for m in members:
+        m.wait_ready()
+    return members
+
+
+@pytest.fixture
+def etcd_factory(tmp_path_factory):
+    """Start members on demand; every one is stopped and its data removed at the end."""
+    started: list[Member] = []
+    folders: list[Path] = []
+
+    def make(n: int = 1, tls: dict | None = None) -> list[Member]:
+        folder = tmp_path_factory.mktemp("etcd")
+        folders.append(folder)
+        members = cluster(folder, n) if n > 1 else [Member(folder, tls=tls).start()]
+        started.extend(members)
+        if n == 1:
+            members[0].wait_ready()
+        return members
+
+    yield make
+    for m in started:
+        m.stop()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """One plain etcd shared by the tests that do not hurt it (each test uses its own run id)."""
+    folder = tmp_path_factory.mktemp("etcd-shared")
+    member = Member(folder).start()
+    try:
+        member.wait_ready()
+        yield member
+    finally:
+        member.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def client(member: Member, **kw):
+    import pyetcd
+
+    if member.tls:
+        t = member.tls
+        kw = dict(ca_cert=t["ca.crt"], cert_cert=t["client.crt"], cert_key=t["client.key"], **kw)
+    return pyetcd.client("127.0.0.1", member.client_port, timeout=5, **kw)
+
+
+def keys_of(member: Member, run_id: str, **kw) -> list[bytes]:
+    c = client(member, **kw)
+    try:
+        return [meta.key for _, meta in c.get_prefix(f"/launcher/{run_id}/")]
+    finally:
+        c.close()
+
+
+def args(endpoints: str, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "") -> list[str]:
+    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
+    return [
+        "--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "etcd",
+        "--rdzv_endpoint", endpoints, "--rdzv_id", run_id, "--rdzv_conf", conf, *extra,
+    ]
+
+
+def infos(out: str) -> list[dict]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
+
+
+def finish(procs, timeout: float = 60) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each agent, each waited for at most `timeout` s."""
+    out = []
+    for p in procs:
+        rc = p.wait(timeout)
+        if hasattr(p, "readers"):
+            for t in p.readers:
+                t.join(5)
+            out.append((rc, "".join(p.out), "".join(p.err)))
+        else:
+            out.append((rc, *p.communicate(timeout=5)))
+    return out
+
+
+def wait_line(proc, needle: str, timeout: float = 30) -> str:
+    """Until a line of the agent's stdout holds `needle`; its pipes are read by threads from then on."""
+    if not hasattr(proc, "readers"):
+        proc.lines, proc.out, proc.err = queue.SimpleQueue(), [], []
+
+        def pump(pipe, into: list, lines=None) -> None:
+            for line in pipe:
+                into.append(line)
+                if lines is not None:
+                    lines.put(line)
+
+        proc.readers = [threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
+                        threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True)]
+        for t in proc.readers:
+            t.start()
+    deadline, seen = time.monotonic() + timeout, ""
+    while True:
+        try:
+            line = proc.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"never saw {needle!r} in {timeout} s: {seen}") from None
+        seen += line
+        if needle in line:
+            return seen
+
+
+# ---------------------------------------------------------------------------- configuration and imports
+
+
+@pytest.mark.timeout(60)
+def test_config_errors_are_one_line(launch):
+    cases = {
+        ("--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "127.0.0.1:2379"): "v2 API",
+        ("--rdzv_backend", "etcd"): "needs --rdzv_endpoint",
+        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "password=hunter2"): "would show in ps",
+        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "heartbeat=1"): "not an etcd rendezvous setting",
+        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "is_host=1"): "does not apply",
+        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "cert=/nonexistent"): "no such file",
+    }
+    for flags, needle in cases.items():
+        r = launch.run("--nnodes", "2", *flags, worker("node_info.py"), timeout=30)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.splitlines()) == 1, (flags, r.stderr)
+
+
+def _loaded_by_cli() -> set[str]:
+    code = "import sys, launcher.cli, launcher.run; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT).stdout
+    return set(out.split())
+
+
+@pytest.mark.timeout(30)
+def test_cli_imports_no_etcd_client():
+    loaded = _loaded_by_cli()
+    assert not {m for m in loaded if m.split(".")[0] in ("grpc", "pyetcd", "torch")}
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_agent_on_etcd_never_imports_torch(etcd):
+    code = f"""
+import sys
+from launcher.config import from_flags
+from launcher.rendezvous import create_rendezvous, Cause
+cfg = from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_endpoint="{etcd.endpoint}",
+                 rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
+r = create_rendezvous(cfg)
+rnd = r.next_round(Cause.START)
+r.shutdown(True)
+print(rnd.world_size, "pyetcd" in sys.modules, "torch" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.stdout.split() == ["1", "True", "False"], r.stderr
+    assert keys_of(etcd, "imports") == []  # the last agent out deleted the run's keys
+
+
+# ---------------------------------------------------------------------------- rounds
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_fixed_size_round_of_three(launch, etcd):
+    procs = [launch.start(*args(etcd.endpoint, "3", nproc=2, run_id="fixed"), worker("node_info.py"), env={"SLEEP": "0.5"})
+             for _ in range(3)]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    seen = [i for _, out, _ in results for i in infos(out)]
+    assert sorted(int(i["rank"]) for i in seen) == list(range(6))
+    assert {i["world"] for i in seen} == {"6"} and {i["restart"] for i in seen} == {"0"} and {i["round"] for i in seen} == {"0"}
+    assert len({i["master"] for i in seen}) == 1
+    assert keys_of(etcd, "fixed") == []  # cleaned up, so a rerun with this id starts clean
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_elastic_growth_from_one_to_three(launch, etcd):
+    run = args(etcd.endpoint, "1:3", run_id="grow", conf="last_call_timeout=0.5")
+    first = launch.start(*run, worker("node_info.py"), env={"SLEEP": "5"})
+    wait_line(first, "world=1")
+    more = [launch.start(*run, worker("node_info.py"), env={"SLEEP": "5"}) for _ in range(2)]
+    results = finish([first, *more])
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    rounds = infos(results[0][1])
+    assert rounds[0]["world"] == "1"
+    assert rounds[-1]["world"] == "3" and rounds[-1]["restart"] == "0"  # growing is no restart
+    assert rounds[-1]["group"] == "0/3"  # the first node keeps its rank
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_worker_failure_restarts_every_node_once(launch, etcd):
+    procs = [
+        launch.start(*args(etcd.endpoint, "2", "--max_restarts", "1", nproc=2, run_id="fail"), worker("node_info.py"),
+                     env={"SLEEP": "1.5", "FAIL_RANK": "3"})
+        for _ in range(2)
+    ]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    for _, out, _ in results:
+        assert [i["restart"] for i in infos(out)] == ["0", "0", "1", "1"]  # one job-wide charge
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_killed_agent_lease_expires_and_survivors_reform(launch, etcd):
+    run = args(etcd.endpoint, "1:3", run_id="kill")
+    procs = [launch.start(*run, worker("node_info.py"), env={"SLEEP": "40"}) for _ in range(3)]
+    for p in procs:
+        wait_line(p, "world=3")
+    victim, survivors = procs[1], [procs[0], procs[2]]
+    victim.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    for p in survivors:
+        wait_line(p, "world=2", timeout=20)
+    took = time.monotonic() - t0
+    assert took < 8, took  # lease TTL 2 s + etcd's expiry sweep + a new round
+    for p in survivors:
+        p.send_signal(signal.SIGTERM)
+    results = finish(survivors, timeout=30)
+    assert any("lost its lease" in err for _, _, err in results), [e for _, _, e in results]
+
+
+@needs_etcd
+@pytest.mark.timeout(30)
+def test_a_lost_lease_is_taken_again_with_its_keys(etcd):
+    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease
+
+    opts = EtcdOptions(endpoints=(("127.0.0.1", etcd.client_port),))
+    lease = Lease(opts, ttl=2, interval=0.2)
+    store = EtcdStore(opts, lease)
+    store.register("relet", "node-a", retry_for=10)
+    store.hold("relet/r0/alive1")
+    first = lease.id
+    c = client(etcd)
+    c.revoke_lease(first)  # what etcd does to an agent it thought dead: its keys go
+    assert keys_of(etcd, "relet") == []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(keys_of(etcd, "relet")) < 2:
+        time.sleep(0.05)
+    assert sorted(keys_of(etcd, "relet")) == [b"/launcher/relet/agents/node-a", b"/launcher/relet/r0/alive1"]
+    assert lease.id != first and c.get("/launcher/relet/r0/alive1")[1].lease_id == lease.id
+    c.close()
+    store.leave("relet")
+    store.close()
+    assert keys_of(etcd, "relet") == []
+
+
+@needs_etcd
+@pytest.mark.timeout(30)
+def test_rerun_after_a_killed_run_starts_clean(launch, etcd):
+    c = client(etcd)
+    c.put("/launcher/rerun/closed", b"the last run gave up")  # what a SIGKILLed run leaves: no agent signed in
+    c.put("/launcher/rerun/round", b"7")
+    c.close()
+    procs = [launch.start(*args(etcd.endpoint, "2", run_id="rerun"), worker("node_info.py"), env={"SLEEP": "0.2"})
+             for _ in range(2)]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    assert {i["round"] for _, out, _ in results for i in infos(out)} == {"0"}
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_cluster_is_a_clear_error(launch):
+    dead = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = launch.run(*args(dead, "2", conf="join_timeout=2"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 1 and time.monotonic() - t0 < 15
+    assert f"cannot reach etcd at {dead}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------- etcd failing under training
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_etcd_killed_and_restarted_mid_run_leaves_training_alone(launch, etcd_factory):
+    (member,) = etcd_factory()
+    procs = [launch.start(*args(member.endpoint, "2", run_id="outage"), worker("node_info.py"), env={"SLEEP": "9"})
+             for _ in range(2)]
+    for p in procs:
+        wait_line(p, "world=2")
+    member.kill()
+    time.sleep(2.5)  # longer than the 2 s lease TTL
+    member.start().wait_ready()
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    for _, out, err in results:
+        assert [i["round"] for i in infos(out)] == ["0"], out  # no new round, no worker restarted
+        assert "membership changed" not in err, err
+    assert keys_of(member, "outage") == []
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_three_member_cluster_survives_losing_its_leader(launch, etcd_factory):
+    members = etcd_factory(3)
+    endpoints = ",".join(m.endpoint for m in members)
+    # A 5 s lease: on a starved 2-core box the 2 s default can lapse while a 3-member election runs.
+    run = args(endpoints, "2", run_id="ha", conf="keep_alive_max_attempt=10")
+    procs = [launch.start(*run, worker("node_info.py"), env={"SLEEP": "6"}) for _ in range(2)]
+    for p in procs:
+        wait_line(p, "world=2")
+    leader = _leader(members)
+    leader.kill()  # a leader change mid-run: the workers must not notice
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    for _, out, err in results:
+        assert [i["round"] for i in infos(out)] == ["0"], out
+        assert "membership changed" not in err, err
+    # A new job on the same endpoints, one of them dead: rendezvous still works.
+    procs = [launch.start(*args(endpoints, "2", run_id="ha2"), worker("node_info.py"), env={"SLEEP": "0.2"}) for _ in range(2)]
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    assert sorted(int(i["rank"]) for _, out, _ in results for i in infos(out)) == [0, 1]
+
+
+def _leader(members: list[Member]) -> Member:
+    status = client(members[0]).status()
+    return next(m for m in members if m.name == status.leader.name)
+
+
+# ---------------------------------------------------------------------------- TLS and RBAC
+
+
+def make_certs(folder: Path) -> dict:
+    """A throwaway CA, a server certificate for 127.0.0.1, and a client certificate (CN train)."""
+    def ssl(*a: str) -> None:
+        subprocess.run(["openssl", *a], cwd=folder, check=True, capture_output=True, timeout=30)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=launcher-test-ca")
+    for name, cn, usage in (("server", "etcd", "serverAuth,clientAuth"), ("client", "train", "clientAuth")):
+        ssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+        (folder / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+    return {f: str(folder / f) for f in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+def enable_auth(member: Member) -> None:
+    """Users root, train (readwrite on /launcher/) and outsider (only /other/); then auth on."""
+    from pyetcd import etcdrpc
+
+    c = client(member)
+    stub = c.authstub
+    for user, password in (("root", "rootpw"), ("train", "s3cret-pw"), ("outsider", "outsider-pw")):
+        stub.UserAdd(etcdrpc.AuthUserAddRequest(name=user, password=password))
+    stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"))  # etcd's built-in role
+    for role, prefix, user in (("trainer", b"/launcher/", "train"), ("other", b"/other/", "outsider")):
+        stub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role))
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        perm = etcdrpc.Permission(permType=etcdrpc.Permission.READWRITE, key=prefix, range_end=end)
+        stub.RoleGrantPermission(etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=perm))
+        stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role=role))
+    stub.AuthEnable(etcdrpc.AuthEnableRequest())
+    c.close()
+
+
+SH_WORKER = ("--no_python", "sh", "-c",
+             'env > "$DUMP_DIR/$RANK.env"; echo "info rank=$RANK world=$WORLD_SIZE round=$LAUNCHER_ROUND"; sleep "$SLEEP"')
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
+    certs = make_certs(tmp_path)
+    (member,) = etcd_factory(tls=certs)
+    enable_auth(member)
+    tls = f"cacert={certs['ca.crt']},cert={certs['client.crt']},key={certs['client.key']}"
+    password_file = tmp_path / "password"
+    password_file.write_text("s3cret-pw\n")
+    password_file.chmod(0o600)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    run = {"DUMP_DIR": str(dump), "SLEEP": "6"}
+    procs = [  # the password from the environment, and from a file
+        launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), *SH_WORKER,
+                     env={**run, "LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"}),
+        launch.start(*args(member.endpoint, "2", run_id="secure", conf=f"{tls},user=train,password_file={password_file}"),
+                     *SH_WORKER, env=run),
+    ]
+    wrong = launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), worker("node_info.py"),
+                         env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "not-the-password"})
+    denied = launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), worker("node_info.py"),
+                          env={"LAUNCHER_ETCD_USER": "outsider", "LAUNCHER_ETCD_PASSWORD": "outsider-pw"})
+    (rc_wrong, out_wrong, err_wrong), (rc_denied, _, err_denied) = finish([wrong, denied], timeout=30)
+    assert rc_wrong == 1 and "rejected user 'train': wrong user name or password" in err_wrong, err_wrong
+    assert rc_denied == 1 and "denied user 'outsider'" in err_denied and "permission denied" in err_denied, err_denied
+    for p in procs:
+        wait_line(p, "world=2")
+    member.kill()  # etcd forgets its auth tokens: the agents must log in again, quietly
+    time.sleep(2.5)
+    member.start().wait_ready()
+    results = finish(procs)
+    assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
+    assert [i["round"] for _, out, _ in results for i in infos(out)] == ["0", "0"]
+    envs = [f.read_text() for f in dump.iterdir()]
+    assert len(envs) == 2 and not any("LAUNCHER_ETCD_PASSWORD" in e for e in envs)  # workers never inherit it
+    for text in (err_wrong, err_denied, out_wrong, *[e for _, _, e in results]):
+        assert "s3cret-pw" not in text and "not-the-password" not in text and "Traceback" not in text
+    assert keys_of(member, "secure", user="root", password="rootpw") == []
