@@ -26,6 +26,7 @@ DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
 # `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
 ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol")
 ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
+JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -122,6 +123,7 @@ class LaunchConfig:
     shutdown_timeout: float = 30.0
     virtual_local_rank: bool = False
     local_rank_arg: str | None = None  # e.g. "--local-rank": appended as torch.distributed.launch did
+    join_token: str | None = field(default=None, repr=False)
     gpus: tuple[str, ...] = ()  # physical GPU ids; local rank i uses gpus[i]
     events_file: str | None = None
     live: bool | None = None  # None: the live table when stderr is a terminal
@@ -236,6 +238,23 @@ def check_etcd_conf(conf: Mapping[str, str], environ: Mapping[str, str]) -> None
         raise ConfigError(f"an etcd password is set but no user; set {ETCD_USER_ENV} or --rdzv_conf user=NAME")
     if user and not has_password:
         raise ConfigError(f"etcd user {user!r} has no password; set {ETCD_PASSWORD_ENV} or --rdzv_conf password_file=PATH")
+
+
+def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | None:
+    """The job's join token from `--rdzv_conf join_token_file=PATH` (taken out of `conf`) or the environment."""
+    if "join_token" in conf:
+        raise ConfigError(f"--rdzv_conf join_token= would show in ps; set {JOIN_TOKEN_ENV} or use join_token_file=PATH")
+    path = conf.pop("join_token_file", None)
+    if path is None:
+        return environ.get(JOIN_TOKEN_ENV) or None
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"--rdzv_conf join_token_file={path}: {e.strerror}") from None
+    if not token:
+        raise ConfigError(f"--rdzv_conf join_token_file={path} is empty")
+    return token
 
 
 def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
@@ -432,6 +451,7 @@ def from_flags(
     except (TypeError, ValueError):
         raise ConfigError(f"--node_rank {node_rank!r} is not a whole number") from None
     conf = parse_kv(rdzv_conf)
+    token = read_join_token(conf, environ)
     signals = parse_signals(signals_to_handle)
     passthrough = parse_signals(passthrough_signals, "--passthrough_signals")
     if set(signals) & set(passthrough):
@@ -529,6 +549,7 @@ def from_flags(
         shutdown_timeout=grace,
         virtual_local_rank=virtual_local_rank,
         local_rank_arg=local_rank_arg,
+        join_token=token if backend in ("c10d", "etcd") else None,
         gpus=gpu_ids,
         events_file=events_file or None,
         live=live,

@@ -10,7 +10,8 @@ from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
 PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(), watched with --hang_timeout
-AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd talks to the agent alone
+# systemd talks to the agent alone; the join token is the agent's secret, not the workers'
+AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LAUNCHER_JOIN_TOKEN")
 
 
 def worker_env(

@@ -149,10 +149,7 @@ def test_join_timeout_is_a_clear_error(launch):
 
 def test_standalone_store_binds_only_the_given_address(launch):
     port = free_port()
-    store = subprocess.Popen([*LAUNCHER, "store", "--host", "127.0.0.1", "--port", str(port)],
-                             stdout=subprocess.PIPE, text=True, env=launch.env())
-    launch.procs.append(store)
-    assert "serving" in store.stdout.readline()
+    store = start_store(launch, port)
     listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
     local_addresses = {line.split()[3] for line in listening.splitlines()}
     assert local_addresses == {f"127.0.0.1:{port}"}, listening  # not the wildcard
@@ -165,3 +162,36 @@ def test_standalone_store_binds_only_the_given_address(launch):
 def test_bad_rdzv_conf_key_is_rejected(launch):
     r = launch.run(*c10d(free_port(), "2", conf="heartbeat=3"), worker("node_info.py"), timeout=30)
     assert r.returncode == 2 and "is not a rendezvous setting" in r.stderr
+
+
+def start_store(launch, port: int) -> subprocess.Popen:
+    store = subprocess.Popen([*LAUNCHER, "store", "--host", "127.0.0.1", "--port", str(port)],
+                             stdout=subprocess.PIPE, text=True, env=launch.env())
+    launch.procs.append(store)
+    assert "serving" in store.stdout.readline()
+    return store
+
+
+def test_join_token_keeps_other_nodes_out(launch, tmp_path):
+    port = free_port()
+    start_store(launch, port)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    good = [
+        launch.start(*c10d(port, "2", conf=f"is_host=false,join_token_file={token_file}"), worker("dump_env.py"),
+                     env={"DUMP_DIR": str(tmp_path)}),
+        launch.start(*c10d(port, "2", conf="is_host=false"), worker("dump_env.py"),
+                     env={"DUMP_DIR": str(tmp_path), "LAUNCHER_JOIN_TOKEN": "s3cret"}),
+    ]
+    assert all(rc == 0 for rc, _, _ in finish(good))
+    for rank in (0, 1):  # the secret stays with the agents
+        assert "s3cret" not in (tmp_path / f"{rank}.json").read_text()
+    wrong = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"LAUNCHER_JOIN_TOKEN": "guess"}, timeout=60)
+    assert wrong.returncode == 1 and "wrong join token" in wrong.stderr and "guess" not in wrong.stderr
+    missing = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), timeout=60)
+    assert missing.returncode == 1 and "needs a join token" in missing.stderr
+
+
+def test_join_token_is_never_a_command_line_value(launch):
+    r = launch.run(*c10d(free_port(), "2", conf="join_token=abc"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 2 and "would show in ps" in r.stderr

@@ -241,6 +241,7 @@ class C10dRendezvous(ElasticRendezvous):
             min_nodes=config.min_nodes,
             max_nodes=config.max_nodes,
             max_restarts=config.max_restarts,
+            token=config.join_token,
         )
         super().__init__(store, config.run_id, node, s, port_picker=free_port, is_host=self.server is not None)
 

@@ -661,6 +661,7 @@ class EtcdRendezvous(ElasticRendezvous):
         node = Node(
             node_id=node_id, addr=addr, ifname=interface_of(addr), nproc=config.nproc_per_node,
             min_nodes=config.min_nodes, max_nodes=config.max_nodes, max_restarts=config.max_restarts,
+            token=config.join_token,
         )
         super().__init__(store, config.run_id, node, s, port_picker=free_port)
 

@@ -24,10 +24,11 @@ Keys, under `<prefix>/<run_id>/`:
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from ..config import RendezvousSettings
@@ -73,6 +74,7 @@ class Node:
     max_nodes: int
     max_restarts: int
     ifname: str | None = None  # the interface that carries `addr`
+    token: str | None = field(default=None, repr=False)  # the job's join token, if it has one
 
 
 class ElasticRendezvous:
@@ -111,6 +113,7 @@ class ElasticRendezvous:
         self._stop_watch.set()
         try:
             if self.current is None:
+                self._check_token()
                 r = self._current_round()
             else:
                 r = self.current.round
@@ -309,6 +312,19 @@ class ElasticRendezvous:
 
     def _slice(self, deadline: float, at_most: float) -> float:
         return max(0.001, min(at_most, deadline - self.clock()))
+
+    def _check_token(self) -> None:
+        """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
+        token = self.node.token
+        mine = hmac.new(token.encode(), f"launcher-join:{self.run_id}".encode(), "sha256").hexdigest().encode() if token else b"none"
+        theirs = self.store.compare_set(self._k("token"), b"", mine)
+        if theirs == mine:
+            return
+        if not token:
+            raise RendezvousError(f"job {self.run_id!r} needs a join token: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its other nodes")
+        if theirs == b"none":
+            raise RendezvousError(f"job {self.run_id!r} was started without a join token, but this node has one; use the same setting on every node")
+        raise RendezvousError(f"wrong join token for job {self.run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'")
 
     def _current_round(self) -> int:
         value = self.store.compare_set(self._k("round"), b"", b"0")
