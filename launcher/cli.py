@@ -152,6 +152,26 @@ def store(host: str, port: int) -> None:
 
 SUBCOMMANDS = {"store": store}
 
+# Subcommands that are launches of a worker-side module (imported by workers only, never here):
+#   launcher check [launcher flags] [-- args]  ==  launcher [launcher flags] -m launcher.preflight [args]
+WORKLOADS = {("check",): "launcher.preflight", ("bench", "allreduce"): "launcher.allreduce"}
+
+
+def workload(args: list[str]) -> tuple[str, list[str]]:
+    """`check ...` or `bench allreduce ...` -> (its name, the arguments of the normal launch)."""
+    words = next((w for w in WORKLOADS if tuple(args[: len(w)]) == w), None)
+    if words is None:
+        raise click.UsageError("the benchmark there is: bench allreduce" + (f" (not {args[1]!r})" if args[1:] else ""))
+    rest, module = args[len(words):], WORKLOADS[words]
+    flags, extra = (rest[: rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    if {"-h", "--help"} & set(flags):  # the module's own options; its import does not import torch
+        import importlib
+
+        click.echo(importlib.import_module(module).parser().format_help())
+        click.echo(f"Runs `launcher [launcher flags] -m {module} [args]`; launcher flags: `launcher --help`.")
+        sys.exit(0)
+    return " ".join(words), [*flags, "-m", module, *extra]
+
 
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
@@ -161,6 +181,9 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         cmd, prog_name = SUBCOMMANDS[args[0]], f"{prog_name} {args[0]}"
         args = args[1:]
     try:
+        if cmd is command and args and args[0] in ("check", "bench"):
+            name, args = workload(args)
+            prog_name = f"{prog_name} {name}"
         extra = {}
         if cmd is command and slurm.in_step(os.environ):  # precedence: flag > PET_* > Slurm > default
             extra["default_map"] = {**(cmd.context_settings.get("default_map") or {}), **slurm.defaults(os.environ)}
