@@ -23,9 +23,8 @@ Examples:
   two nodes (run on each, NODE=0 or 1):
     python -m launcher --nnodes 2 --node_rank $NODE --master_addr node0 \\
         --master_port 29500 --nproc_per_node 8 train.py
-  Slurm (one task per node):
-    srun python -m launcher --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID \\
-        --master_addr $(scontrol show hostnames | head -1) --nproc_per_node 8 train.py
+  Slurm (one task per node; nodes, rank and master come from the step):
+    srun --ntasks-per-node=1 python -m launcher --nproc_per_node 8 train.py
   a module, or any command:
     python -m launcher --nproc_per_node 2 -m mypkg.train
     python -m launcher --nproc_per_node 2 --no_python ./run.sh
@@ -190,6 +189,7 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
     except (click.ClickException, ConfigError) as e:
         text = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())  # one line, whatever a flag held
         sys.stderr.write(f"{prog_name}: error: {text}\n")
         sys.exit(EXIT_USAGE)
     except click.exceptions.Abort:

@@ -7,7 +7,7 @@ topology comes from the step's SLURM_* variables, so job scripts need no glue:
   node_rank    SLURM_NODEID: the node's index in the *step's* node list (a step on node[2-3]
                of a node[1-3] job gives node2 SLURM_NODEID=0)
   master_addr  the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST / SLURM_NODELIST),
-               expanded with python-hostlist, or `scontrol show hostnames` where that fails.
+               expanded with python-hostlist (`scontrol show hostnames` if it is missing).
                Inside srun SLURM_NODELIST is the *job's* list: its first host may not even be
                in the step, so step and job variables are never mixed.
   master_port  derived from SLURM_JOB_ID (multi-node steps only; one node picks a free port)
@@ -31,7 +31,7 @@ from .errors import ConfigError
 # Ports derived from the job id: PORT_BASE + job_id % PORT_SPAN = 20000..28999. Below Linux's
 # ephemeral range (32768-60999, where connect() picks source ports) and torch's 29400/29500
 # defaults. Two jobs on one node collide only if their ids are equal modulo 9000 (Lightning's
-# 15000 + last four digits collides modulo 10000 and crosses into nothing safer).
+# 15000 + the last four digits collides modulo 10000).
 PORT_BASE, PORT_SPAN = 20000, 9000
 HOST_RE = re.compile(r"[A-Za-z0-9_.-]+")  # a name or address, not a piece of list syntax
 OPT_OUT = "LAUNCHER_SLURM"  # LAUNCHER_SLURM=0: ignore Slurm even inside a step
@@ -63,12 +63,10 @@ def in_step(environ: Mapping[str, str]) -> bool:
 
 def master_port(job_id: str | int) -> int:
     """The rendezvous port of a job: every node computes the same one without talking."""
-    try:
-        n = int(str(job_id).strip())
-    except ValueError:
-        raise ConfigError(f"Slurm: SLURM_JOB_ID={job_id!r} is not a number; pass --master_port") from None
-    if n < 0:
-        raise ConfigError(f"Slurm: SLURM_JOB_ID={job_id!r} is negative; pass --master_port")
+    text = str(job_id).strip()
+    if not text.isascii() or not text.isdigit():  # int() would also take "1_2", "+3", " 4"
+        raise ConfigError(f"Slurm: SLURM_JOB_ID={job_id!r} is not a number; pass --master_port")
+    n = int(text)
     return PORT_BASE + n % PORT_SPAN
 
 
@@ -82,23 +80,24 @@ def expand_nodelist(text: str, scontrol: Callable[[str], list[str]] | None = Non
     text = str(text).strip()
     if not text:
         raise ConfigError("Slurm: the node list is empty")
+    cannot = f"Slurm: cannot expand the node list {text!r}"
     try:
         import hostlist  # python-hostlist; imported only inside Slurm
     except ImportError:
         try:
             hosts = (scontrol or _scontrol_hostnames)(text)
         except ConfigError as e:
-            raise ConfigError(f"Slurm: cannot expand the node list {text!r}: python-hostlist is not installed and {e}") from None
+            raise ConfigError(f"{cannot}: python-hostlist is not installed and {e}") from None
         how = "scontrol show hostnames"
     else:
         try:
             hosts = hostlist.expand_hostlist(text, allow_duplicates=True)
         except hostlist.BadHostlist as e:
-            raise ConfigError(f"Slurm: cannot expand the node list {text!r}: {e}") from None
+            raise ConfigError(f"{cannot}: {e}") from None
         how = "python-hostlist"
     bad = [h for h in hosts if not HOST_RE.fullmatch(h)]
     if not hosts or bad:
-        raise ConfigError(f"Slurm: cannot expand the node list {text!r}: {how} gave {' '.join(bad or hosts) or 'no hosts'}")
+        raise ConfigError(f"{cannot}: {how} gave {' '.join(bad or hosts) or 'no hosts'}")
     return hosts
 
 
@@ -110,7 +109,7 @@ def _scontrol_hostnames(text: str) -> list[str]:
         out = subprocess.run([exe, "show", "hostnames", text], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ConfigError(f"scontrol failed: {e}") from None
-    errors = (out.stderr.strip() or "").splitlines()
+    errors = out.stderr.strip().splitlines()
     if out.returncode != 0 or errors:
         raise ConfigError(f"scontrol failed: {errors[-1] if errors else f'exit {out.returncode}'}")
     return out.stdout.split()
@@ -120,12 +119,11 @@ def _count(environ: Mapping[str, str], name: str) -> int | None:
     text = environ.get(name, "").strip()
     if not text:
         return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"Slurm: {name}={text!r} is not a number") from None
+    if not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"Slurm: {name}={text!r} is not a number; pass --nnodes")
+    n = int(text)
     if n < 1:
-        raise ConfigError(f"Slurm: {name}={text!r} must be at least 1")
+        raise ConfigError(f"Slurm: {name}={text!r} must be at least 1; pass --nnodes")
     return n
 
 
@@ -167,7 +165,7 @@ def defaults(environ: Mapping[str, str], scontrol: Callable[[str], list[str]] | 
         text = environ.get("SLURM_NODEID", "").strip()
         if not text:
             raise ConfigError(f"Slurm: SLURM_NODEID is not set; {fix} --node_rank")
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise ConfigError(f"Slurm: SLURM_NODEID={text!r} is not a node index; pass --node_rank")
         if nnodes is not None and int(text) >= nnodes:
             raise ConfigError(f"Slurm: SLURM_NODEID={text} is out of range for {nodes_var}={nnodes}; pass --node_rank")
