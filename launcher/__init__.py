@@ -12,7 +12,10 @@ def progress() -> None:
         try:
             os.utime(path)
         except FileNotFoundError:
-            open(path, "a").close()
+            try:
+                open(path, "a").close()
+            except OSError:  # its folder is gone or read-only: the launcher watches output instead
+                pass
         except OSError:
             pass
 

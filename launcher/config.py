@@ -90,7 +90,10 @@ def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:
                 raise ConfigError(f"--rdzv_conf {key}={text} must be at least 1")
         else:
             values[field_name] = parse_seconds(text, f"--rdzv_conf {key}", minimum=0.001 if "interval" in key else 0.0)
-    return RendezvousSettings(**values)  # type: ignore[arg-type]
+    settings = RendezvousSettings(**values)  # type: ignore[arg-type]
+    if settings.liveness_timeout > MAX_SECONDS:
+        raise ConfigError(f"--rdzv_conf keep_alive_interval x keep_alive_max_attempt must be at most {MAX_SECONDS:g} seconds")
+    return settings
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,9 @@ def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ..
     return tuple(dict.fromkeys(out))
 
 
+MAX_SECONDS = 1e6  # about 11 days: longer is a typo, and select(), TCPStore and etcd all take it
+
+
 def parse_seconds(value: float | str | None, flag: str, minimum: float = 0.0) -> float:
     try:
         seconds = float(value)  # type: ignore[arg-type]
@@ -340,6 +346,8 @@ def parse_seconds(value: float | str | None, flag: str, minimum: float = 0.0) ->
         raise ConfigError(f"{flag} {value!r} is not a number of seconds") from None
     if not seconds >= minimum:  # also rejects NaN
         raise ConfigError(f"{flag} {value!r} must be at least {minimum:g}")
+    if not seconds <= MAX_SECONDS:  # inf, 1e400: would overflow a timeout later, mid-job
+        raise ConfigError(f"{flag} {value!r} must be at most {MAX_SECONDS:g} seconds")
     return seconds
 
 

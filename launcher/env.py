@@ -5,13 +5,13 @@ from __future__ import annotations
 import signal
 from typing import Mapping
 
-from .config import LaunchConfig
+from .config import ETCD_PASSWORD_ENV, JOIN_TOKEN_ENV, LaunchConfig
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
 PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(), watched with --hang_timeout
-# systemd talks to the agent alone; the join token is the agent's secret, not the workers'
-AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LAUNCHER_JOIN_TOKEN")
+# systemd talks to the agent alone; the join token and the etcd password are the agent's secrets
+AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", JOIN_TOKEN_ENV, ETCD_PASSWORD_ENV)
 
 
 def worker_env(

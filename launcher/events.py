@@ -26,4 +26,7 @@ class EventsFile:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the last flush failed (disk full): nothing more to do
+                pass

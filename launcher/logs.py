@@ -69,6 +69,7 @@ class Stream:
     last_at: float = 0.0
     partial: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
+    pipe: IO[bytes] | None = None  # the Popen file object: it owns `fd`, closed once we reach its end
 
 
 class LogRouter:
@@ -83,7 +84,7 @@ class LogRouter:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closing = False
-        self._pipes: list[IO[bytes]] = []  # the Popen file objects must outlive our use of their fds
+        self._disk_errors: set[int] = set()  # errnos already reported: one line each, not one per write
         self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
         self._thread.start()
 
@@ -91,14 +92,24 @@ class LogRouter:
         """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional."""
         file = None
         if path:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            file = open(path, "ab", buffering=0)
-        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path)
-        self._pipes.append(pipe)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                file = open(path, "ab", buffering=0)
+            except OSError as e:  # read-only or full: the worker runs anyway, its console output too
+                self.disk_error(path, e)
+        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe)
         with self._lock:
             self._pending.append(stream)
         self._wake()
         return stream
+
+    def disk_error(self, path: str, e: OSError) -> None:
+        """Say once per kind of error that log files cannot be written; the job never stops for it."""
+        if e.errno in self._disk_errors:
+            return
+        self._disk_errors.add(e.errno)  # type: ignore[arg-type]
+        CONSOLE.write_err(f"cannot write {path}: {e.strerror or e}; the job goes on, but log files "
+                          "may miss output from now on (the console still gets it unless redirected)")
 
     def drain(self, streams: list[Stream], timeout: float) -> bool:
         """Wait until every stream reached end of file; False if some writer kept a pipe open."""
@@ -159,7 +170,11 @@ class LogRouter:
         if not chunk:
             return False
         if s.file:
-            self._write_file(s, chunk)
+            try:
+                s.file.write(chunk)
+            except OSError as e:  # disk full or read-only: keep the console going, keep the job running
+                s.file = None
+                self.disk_error(s.path or "a log file", e)
         data = s.partial + chunk
         lines = data.split(b"\n")
         s.partial = lines.pop()
@@ -179,7 +194,13 @@ class LogRouter:
         except (KeyError, ValueError):
             pass
         if s.file:
-            s.file.close()
+            try:
+                s.file.close()
+            except OSError:
+                pass
+        if s.pipe is not None:  # one pipe per worker stream and round: keeping them leaks fds (the soak)
+            s.pipe.close()
+            s.pipe = None
         s.done.set()
 
     def _emit(self, s: Stream, lines: list[bytes]) -> None:
@@ -195,13 +216,6 @@ class LogRouter:
                 s.console.flush()
             except (OSError, ValueError):  # a closed terminal must not kill the pump
                 pass
-
-    @staticmethod
-    def _write_file(s: Stream, chunk: bytes) -> None:
-        try:
-            s.file.write(chunk)  # type: ignore[union-attr]
-        except OSError:  # disk full or read-only: keep the console going, keep the job running
-            s.file = None
 
 
 # ---------------------------------------------------------------------------- routing policy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -40,9 +41,13 @@ def run(config: LaunchConfig) -> int:
         if config.events_file:
             from .events import EventsFile
 
-            events = EventsFile(config.events_file)
-            cleanup.callback(events.close)
-            sinks.append(events)
+            try:
+                events = EventsFile(config.events_file)
+            except OSError as e:  # like --log_dir: a disk problem never stops the job
+                CONSOLE.write_err(f"cannot write --events_file {config.events_file}: {e.strerror or e}; the job goes on without it")
+            else:
+                cleanup.callback(events.close)
+                sinks.append(events)
         logs = LogRouter()
         supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard,
                                 sinks=sinks, periodic=[notifier.tick])
@@ -88,13 +93,30 @@ class _live_view:
 
 
 def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
-    """`<log_dir>/<run_id>_<random>` (kept), or a temporary folder for error files only."""
+    """`<log_dir>/<run_id>_<random>` (kept), or a temporary folder for error files only.
+
+    A --log_dir that cannot be written (read-only, full, not a folder) never stops the job: the
+    logs go to a temporary folder instead, and the launcher says where.
+    """
+    name = re.sub(r"[^\w.-]", "_", config.run_id)[:64]  # any run id makes a valid folder name
     if config.log_dir:
-        os.makedirs(config.log_dir, exist_ok=True)
-        path = tempfile.mkdtemp(prefix=f"{config.run_id}_", dir=config.log_dir)
+        try:
+            os.makedirs(config.log_dir, exist_ok=True)
+            path = tempfile.mkdtemp(prefix=f"{name}_", dir=config.log_dir)
+        except OSError as e:
+            CONSOLE.write_err(f"cannot write to --log_dir {config.log_dir}: {e.strerror or e}; the job goes on, "
+                              "with its logs in a temporary folder")
+        else:
+            say(f"logs in {path}")
+            return path, False
+    try:
+        path = tempfile.mkdtemp(prefix=f"launcher-{name}-")
+    except OSError as e:  # no writable temporary folder either: every file below fails and says so
+        path = os.path.join(tempfile.gettempdir(), f"launcher-{name}-{os.getpid()}")
+        CONSOLE.write_err(f"cannot create a folder for logs and error files in {tempfile.gettempdir()}: {e.strerror or e}")
+    if config.log_dir:
         say(f"logs in {path}")
-        return path, False
-    return tempfile.mkdtemp(prefix=f"launcher-{config.run_id}-"), True
+    return path, True
 
 
 def _has_logs(run_dir: str) -> bool:

@@ -201,7 +201,10 @@ class Supervisor:
         self.members = []
         for worker in workers_of(rnd, self.config.nproc_per_node):
             folder = os.path.join(attempt, str(worker.local_rank))
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
+                self.logs.disk_error(folder, e)
             error_file = os.path.join(folder, "error.json")
             progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,

@@ -132,12 +132,14 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
 
 def test_other_run_id_never_joins(launch):
     port = free_port()
-    a = [launch.start(*c10d(port, "2", run_id="a"), worker("node_info.py"), env={"SLEEP": "3"}) for _ in range(2)]
-    b = launch.start(*c10d(port, "2", run_id="b", conf="join_timeout=2"), worker("node_info.py"))
+    # Job a's first node holds the store: were it b's (whoever binds first), b's exit would take it away.
+    a = [launch.start(*c10d(port, "2", run_id="a", conf=f"is_host={i == 0}"), worker("node_info.py"), env={"SLEEP": "3"})
+         for i in range(2)]
+    b = launch.start(*c10d(port, "2", run_id="b", conf="join_timeout=2,is_host=false"), worker("node_info.py"))
     rc_b = b.wait(30)
     assert rc_b != 0 and "join_timeout" in b.stderr.read()
     results = finish(a)
-    assert all(rc == 0 for rc, _, _ in results)
+    assert all(rc == 0 for rc, _, _ in results), [e[-2000:] for _, _, e in results]
     assert sorted(int(i["rank"]) for _, out, _ in results for i in infos(out)) == [0, 1]
 
 
@@ -177,15 +179,31 @@ def test_join_token_keeps_other_nodes_out(launch, tmp_path):
     start_store(launch, port)
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    logs = tmp_path / "logs"
+    files = ("--log_dir", str(logs), "--events_file", str(tmp_path / "events.jsonl"))
     good = [
-        launch.start(*c10d(port, "2", conf=f"is_host=false,join_token_file={token_file}"), worker("dump_env.py"),
+        launch.start(*c10d(port, "2", *files, conf=f"is_host=false,join_token_file={token_file}"), worker("dump_env.py"),
                      env={"DUMP_DIR": str(tmp_path)}),
-        launch.start(*c10d(port, "2", conf="is_host=false"), worker("dump_env.py"),
+        launch.start(*c10d(port, "2", *files, conf="is_host=false"), worker("dump_env.py"),
                      env={"DUMP_DIR": str(tmp_path), "LAUNCHER_JOIN_TOKEN": "s3cret"}),
     ]
-    assert all(rc == 0 for rc, _, _ in finish(good))
-    for rank in (0, 1):  # the secret stays with the agents
-        assert "s3cret" not in (tmp_path / f"{rank}.json").read_text()
+    results = finish(good)
+    assert all(rc == 0 for rc, _, _ in results)
+    # The secret stays with the agents: not in the workers' environment, the logs, the events file,
+    # the console, or the store (which holds only an HMAC of it).
+    written = [f for f in tmp_path.rglob("*") if f.is_file() and f != token_file]
+    assert len(written) >= 3 and any(logs in f.parents for f in written), written
+    for f in written:
+        assert "s3cret" not in f.read_text(errors="replace"), f
+    assert not any("s3cret" in out + err for _, out, err in results)
+    from launcher.rendezvous.c10d import TCPStoreAdapter
+
+    st = TCPStoreAdapter("127.0.0.1", port, 10, connect_timeout=10)
+    try:
+        token_key = st.get("job/token") or b""
+        assert token_key and b"s3cret" not in token_key
+    finally:
+        st.close()
     wrong = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"LAUNCHER_JOIN_TOKEN": "guess"}, timeout=60)
     assert wrong.returncode == 1 and "wrong join token" in wrong.stderr and "guess" not in wrong.stderr
     missing = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), timeout=60)

@@ -49,7 +49,6 @@ def _td(seconds: float) -> datetime.timedelta:
 # partitioned network or another program on the port would block an agent forever. We bound the
 # constructor with a thread and every later answer with SO_RCVTIMEO on the client's socket.
 ANSWER_GRACE = 5.0  # beyond read_timeout, the longest a store may take to answer (its own waits included)
-_CONNECTING = threading.Lock()  # one client socket appears at a time, so we can tell which one is new
 
 
 class TCPStoreAdapter:
@@ -102,12 +101,15 @@ class TCPStoreAdapter:
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
         self._call("multi_set", [PREFIX + k for k in keys], list(values))
 
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._call("delete_key", PREFIX + key)
+
     def clone(self) -> "TCPStoreAdapter":
         return TCPStoreAdapter(self.host, self.port, self.timeout)
 
     def close(self) -> None:
-        with _CONNECTING:  # its socket number may be reused: not while a new client is being told apart
-            self._store = None
+        self._store = None
 
 
 def _wait_timeout(e: BaseException) -> bool:
@@ -130,40 +132,48 @@ def _connect(host: str, port: int, connect_timeout: float, answer_timeout: float
         except BaseException as e:  # DistNetworkError/DistStoreError derive from RuntimeError
             box["error"] = e
 
-    with _CONNECTING:
-        before = _client_sockets(port)
-        maker = threading.Thread(target=make, name="launcher-store-connect", daemon=True)
-        maker.start()
-        maker.join(connect_timeout + answer_timeout)
-        if maker.is_alive():
-            raise RendezvousConnectionError(
-                f"the rendezvous store at {host}:{port} accepted the connection but never answered "
-                f"(another program on that port, or a frozen store?)")
-        if "error" in box:
-            e = box["error"]
-            hint = " (another program on that port? it does not speak the c10d store protocol)" if "Ping failed" in str(e) else ""
-            raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {_first_line(e)}{hint}")
-        limit = struct.pack("ll", int(answer_timeout), int(answer_timeout % 1 * 1e6))
-        for fd in _client_sockets(port) - before:
-            try:
-                with socket.socket(fileno=os.dup(fd)) as s:  # the option is the socket's, shared by the dup
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-            except OSError:
-                pass
+    before = _sockets()
+    maker = threading.Thread(target=make, name="launcher-store-connect", daemon=True)
+    maker.start()
+    maker.join(connect_timeout + answer_timeout)
+    if maker.is_alive():
+        raise RendezvousConnectionError(
+            f"the rendezvous store at {host}:{port} accepted the connection but never answered "
+            f"(another program on that port, or a frozen store?)")
+    if "error" in box:
+        e = box["error"]
+        hint = " (another program on that port? it does not speak the c10d store protocol)" if "Ping failed" in str(e) else ""
+        raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {_first_line(e)}{hint}")
+    _limit_answers(port, answer_timeout, [fd for fd, inode in _sockets().items() if before.get(fd) != inode])
     return box["store"]
 
 
-def _client_sockets(port: int) -> set[int]:
-    """File descriptors of this process's TCP connections to `port` somewhere."""
-    import psutil
+def _sockets() -> dict[int, str]:
+    """This process's sockets: file descriptor -> "socket:[inode]"."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            found[int(name)] = link
+    return found
 
-    proc = psutil.Process()
-    try:
-        conns = (getattr(proc, "net_connections", None) or proc.connections)("tcp")
-    except psutil.Error:
-        return set()
-    return {c.fd for c in conns if c.raddr and c.raddr.port == port and c.fd >= 0}
+
+def _limit_answers(port: int, seconds: float, fds) -> None:
+    """Give those of `fds` that are connections to `port` without a receive timeout this one."""
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    for fd in fds:
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:  # options belong to the socket: the dup shares them
+                if s.type != socket.SOCK_STREAM or s.getpeername()[1] != port:
+                    continue
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == bytes(16):
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        except (OSError, ValueError, IndexError):  # gone meanwhile, not connected, not INET
+            continue
 
 
 def serve(host: str, port: int) -> tuple[object, socket.socket]:

@@ -643,9 +643,7 @@ class EtcdRendezvous(ElasticRendezvous):
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str] = os.environ):
         s = config.rdzv
-        opts = options_from(config, environ)
-        if environ is os.environ:  # read once; workers must not inherit it
-            os.environ.pop(ETCD_PASSWORD_ENV, None)
+        opts = options_from(config, environ)  # the workers never get the password: see env.AGENT_ONLY
         ttl = lease_ttl(s)
         lease = Lease(opts, ttl, min(s.keep_alive_interval, ttl / 3))
         store = EtcdStore(opts, lease, retry_for=s.read_timeout)

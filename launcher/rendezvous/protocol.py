@@ -57,6 +57,8 @@ class Store(Protocol):
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
     def clone(self) -> "Store": ...  # a second connection, for the watcher thread
     def close(self) -> None: ...
+    # Optional, for a store that can delete (old rounds' per-node keys are then deleted as the job goes on):
+    #   delete(keys) -> None
     # Optional, for a store that knows who is alive (then the heartbeat ring is not used):
     #   hold(key) -> None: `key` exists for as long as this agent lives
     #   wait_change(change, alive, timeout) -> "change" once `change` exists, "gone" once `alive`
@@ -103,6 +105,7 @@ class ElasticRendezvous:
         self.ticket = 0
         self.group_rank = -1  # kept across rounds where possible
         self.peer = 0  # ticket of the right-hand neighbour in the current round (stores with liveness)
+        self._mine: list[tuple[int, int, int]] = []  # (round, ticket, group rank) of recent rounds, to tidy
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -164,6 +167,8 @@ class ElasticRendezvous:
         while True:
             self._check_closed()
             k = st.add(self._k(f"r{r}/joined"), 1)
+            if k < 1:  # the protocol only ever adds to it
+                raise RendezvousError("rendezvous store holds a malformed ticket counter under this job's prefix")
             sealed = self._sealed(r)
             if sealed is None and k <= self.node.max_nodes:
                 self.ticket = k
@@ -175,7 +180,9 @@ class ElasticRendezvous:
                 self._wait_sealed(r, k, deadline)
                 sealed = self._sealed(r)
                 if sealed is not None and k <= sealed:
-                    return self._take_plan(r, k, deadline)
+                    rnd = self._take_plan(r, k, deadline)
+                    if rnd is not None:
+                        return rnd  # else the sealer left this ticket out: as if it came too late
             if sealed is None:
                 sealed = self._wait_for(r, deadline)
             # The round formed without this node: ask for a new one, or wait as a spare when full.
@@ -206,25 +213,49 @@ class ElasticRendezvous:
                 self._seal(r, count)
 
     def _seal(self, r: int, count: int) -> None:
-        """Freeze the membership at `count` tickets and write every member's plan (sealer only)."""
+        """Freeze the membership at `count` tickets and write every member's plan (sealer only).
+
+        A ticket whose entry is missing (its node died before writing it) or malformed (garbled or
+        hostile) is left out, with a plan that says so; with fewer good entries than MIN, every
+        ticket is left out and the round re-forms.
+        """
         st = self.store
         mine = f"{count}:{self.node.node_id}".encode()
         if st.compare_set(self._k(f"r{r}/sealed"), b"", mine) != mine:
             return  # someone else sealed first
         keys = [self._k(f"r{r}/node{i}") for i in range(1, count + 1)]
-        st.wait(keys, self.settings.read_timeout)
-        descs = [_decode(v) for v in st.multi_get(keys)]
-        restarts = st.add(self._k("restarts"), 0)
-        plans = assign(descs, restarts)
-        st.multi_set([self._k(f"r{r}/plan{i}") for i in range(1, count + 1)], [json.dumps(p).encode() for p in plans])
+        raws = st.multi_get(keys) if st.wait(keys, self.settings.read_timeout) else [st.get(k) for k in keys]
+        good = {}
+        for i, raw in enumerate(raws, 1):
+            try:
+                good[i] = _checked(_load(raw, "node entry"), DESC_FIELDS, "node entry")
+            except RendezvousError:
+                pass
+        plans: dict[int, dict] = {i: {"left_out": "its node entry was missing or malformed"} for i in range(1, count + 1)}
+        if len(good) >= self.node.min_nodes:
+            tickets = list(good)
+            for i, plan in zip(tickets, assign(list(good.values()), st.add(self._k("restarts"), 0))):
+                plan["peer"] = tickets[plan["peer"] - 1]
+                plans[i] = plan
+        st.multi_set([self._k(f"r{r}/plan{i}") for i in plans], [json.dumps(p).encode() for p in plans.values()])
+        if len(good) < self.node.min_nodes:
+            self._set_change(r, f"round {r} re-forms: {count - len(good)} node entries missing or malformed")
 
-    def _take_plan(self, r: int, k: int, deadline: float) -> Round:
+    def _take_plan(self, r: int, k: int, deadline: float) -> Round | None:
+        """This node's place in round r, or None when the sealer left this ticket out."""
         key = self._k(f"r{r}/plan{k}")
-        if not self.store.wait([key], self._slice(deadline, self.settings.read_timeout)):
+        # The sealer may first wait up to read_timeout for a missing entry: give it two of those.
+        if not any(self.store.wait([key], self._slice(deadline, self.settings.read_timeout)) for _ in range(2)):
             raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
-        plan = _decode(self.store.get(key))
+        plan = _load(self.store.get(key), "plan")
+        if "left_out" in plan:
+            return None
+        _checked(plan, PLAN_FIELDS, "plan")
+        if not (plan["group_rank"] < plan["group_world_size"] and plan["rank_offset"] + self.node.nproc <= plan["world_size"]):
+            raise RendezvousError("rendezvous store holds a malformed plan under this job's prefix")
         self.group_rank = plan["group_rank"]
         self.peer = plan.get("peer", 0)
+        self._mine = [*self._mine[-2:], (r, k, plan["group_rank"])]
         self.current = Round(
             run_id=self.run_id, round=r, restart_count=plan["restarts"], group_rank=plan["group_rank"],
             group_world_size=plan["group_world_size"], rank_offset=plan["rank_offset"], world_size=plan["world_size"],
@@ -254,6 +285,7 @@ class ElasticRendezvous:
         r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
         right = (g + 1) % n
         seen, seen_at = -1, self.clock()
+        self._forget(st, r)
         try:
             if hasattr(st, "wait_change"):
                 return self._watch_held(st, rnd, post, stop, peer)
@@ -298,6 +330,19 @@ class ElasticRendezvous:
             self._close(f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st)
         self._set_change(r, f"node with group rank {right} {how}", st)
 
+    def _forget(self, st: Store, r: int) -> None:
+        """Delete this node's own per-node keys of its rounds before the last one, where the store can,
+        so a long job keeps a few counters per round, not O(nodes) keys. Their `change` and `sealed`
+        markers stay: a node that wakes up in an old round still learns that it ended."""
+        old = [m for m in self._mine if m[0] <= r - 2]
+        if not old or not hasattr(st, "delete"):
+            return
+        self._mine = [m for m in self._mine if m[0] > r - 2]
+        try:
+            st.delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
+        except Exception:
+            pass  # tidying must never disturb the job
+
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
         deadline = self.clock() + self.settings.exit_barrier_timeout
@@ -327,15 +372,14 @@ class ElasticRendezvous:
         raise RendezvousError(f"wrong join token for job {self.run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'")
 
     def _current_round(self) -> int:
-        value = self.store.compare_set(self._k("round"), b"", b"0")
-        return int(value)
+        return _count(self.store.compare_set(self._k("round"), b"", b"0"), "round number")
 
     def _advance(self, r: int) -> None:
         self.store.compare_set(self._k("round"), str(r).encode(), str(r + 1).encode())
 
     def _sealed(self, r: int) -> int | None:
         value = self.store.get(self._k(f"r{r}/sealed"))
-        return int(value.split(b":", 1)[0]) if value else None
+        return _count(value.split(b":", 1)[0], "seal") if value else None
 
     def _expected(self, r: int) -> int:
         """Nodes expected back in round r: the last round's members, less those gone, plus waiters."""
@@ -371,7 +415,7 @@ class ElasticRendezvous:
     def _check_closed(self) -> None:
         reason = self.store.get(self._k("closed"))
         if reason:
-            raise RendezvousClosedError(f"the job was closed: {reason.decode(errors='replace')}")
+            raise RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}")
 
 
 def assign(descs: list[dict], restarts: int) -> list[dict]:
@@ -402,15 +446,44 @@ def assign(descs: list[dict], restarts: int) -> list[dict]:
     ]
 
 
-def _decode(raw: bytes | None) -> dict:
-    """A descriptor or plan from the store, checked: hostile or garbled values are a clear error."""
+# What the protocol reads back is checked field by field: the store is shared, so a value under the
+# job's prefix may be garbled or hostile (bool is not an int here: JSON `true` is no rank).
+def _int(lo: int, hi: int) -> Callable[[object], bool]:
+    return lambda v: type(v) is int and lo <= v < hi
+
+
+def _addr(v: object) -> bool:
+    return type(v) is str and 0 < len(v) <= 255 and v.isprintable() and " " not in v
+
+
+DESC_FIELDS = {"addr": _addr, "port": _int(1, 65536), "nproc": _int(1, 1 << 20), "prev": _int(-1, 1 << 31)}
+PLAN_FIELDS = {
+    "group_rank": _int(0, 1 << 31), "group_world_size": _int(1, 1 << 31), "rank_offset": _int(0, 1 << 31),
+    "world_size": _int(1, 1 << 31), "master_addr": _addr, "master_port": _int(1, 65536), "restarts": _int(0, 1 << 31),
+}
+
+
+def _load(raw: bytes | None, what: str) -> dict:
+    """A JSON object from the store; a missing, oversized or garbled value is a clear error."""
     if raw is None or len(raw) > MAX_VALUE:
-        raise RendezvousError("rendezvous store holds a missing or oversized value under this job's prefix")
+        raise RendezvousError(f"rendezvous store holds a missing or oversized {what} under this job's prefix")
     try:
         value = json.loads(raw)
     except ValueError:
-        raise RendezvousError("rendezvous store holds a value that is not JSON under this job's prefix") from None
-    ok_desc = isinstance(value, dict) and isinstance(value.get("nproc", 1), int) and 0 < value.get("nproc", 1) < 1 << 20
-    if not ok_desc:
-        raise RendezvousError("rendezvous store holds a malformed node entry under this job's prefix")
+        raise RendezvousError(f"rendezvous store holds a {what} that is not JSON under this job's prefix") from None
+    if not isinstance(value, dict):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
     return value
+
+
+def _checked(value: dict, fields: dict[str, Callable[[object], bool]], what: str) -> dict:
+    if not all(name in value and ok(value[name]) for name, ok in fields.items()):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
+    return value
+
+
+def _count(raw: bytes, what: str) -> int:
+    """A round number or seal count written by the protocol: a small decimal, or a clear error."""
+    if not (raw.isdigit() and len(raw) <= 9):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
+    return int(raw)

@@ -1,0 +1,605 @@
+"""Fault injection on real multi-node jobs: several launcher agents (on loopback, or in network
+namespaces as separate hosts), one fault at a time, and what must follow: a restart, a new round,
+or a clean failure with the right exit code, in bounded time; nothing left running; logs and
+checkpoints intact. docs/faults.md has the table of faults, outcomes and the tests below.
+
+Every agent gets its own TEST_TOKEN, so one agent's processes can be told from another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import LAUNCHER, ROOT, procs_with_token, wait_gone, worker
+
+ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
+needs_root = pytest.mark.skipif(not ROOTED, reason="needs root (network namespaces, mounts)")
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """One launcher process; its output is read by threads into lists, so a pipe never fills."""
+
+    def __init__(self, popen: subprocess.Popen, token: str, name: str):
+        self.popen, self.token, self.name = popen, token, name
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(s, l), daemon=True)
+                         for s, l in ((popen.stdout, self.out), (popen.stderr, self.err))]
+        for t in self._readers:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out") -> re.Match:
+        """Block until a line of stdout (or stderr) matches `pattern`; fail with the output so far."""
+        lines, rx = (self.out if stream == "out" else self.err), re.compile(pattern)
+        deadline, seen = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            while seen < len(lines):
+                m = rx.search(lines[seen])
+                seen += 1
+                if m:
+                    return m
+            if self.popen.poll() is not None and seen >= len(lines):
+                for t in self._readers:
+                    t.join(2)
+                if seen >= len(lines):
+                    break
+            time.sleep(0.02)
+        pytest.fail(f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+
+    def wait(self, timeout: float = 60) -> int:
+        rc = self.popen.wait(timeout)
+        for t in self._readers:
+            t.join(5)
+        return rc
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def workers(self) -> list[int]:
+        """Pids of this agent's processes other than itself and its guard: its workers."""
+        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_guard(p)]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _is_guard(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "launcher-guard"
+    except OSError:
+        return False
+
+
+class Cluster:
+    """Starts agents (and a standalone store) each with its own TEST_TOKEN; kills what is left at teardown."""
+
+    def __init__(self):
+        self.agents: list[Agent] = []
+
+    def start(self, *args: str, env: dict | None = None, netns: str | None = None, name: str = "") -> Agent:
+        token = uuid.uuid4().hex
+        full = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
+        full.pop("PYTEST_CURRENT_TEST", None)
+        full.update(env or {})
+        cmd = [*LAUNCHER, *args]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+        agent = Agent(popen, token, name or f"agent{len(self.agents)}")
+        self.agents.append(agent)
+        return agent
+
+    def store(self, host: str, port: int, netns: str | None = None) -> Agent:
+        """A standalone `launcher store`, once it says it is serving."""
+        store = self.start("store", "--host", host, "--port", str(port), netns=netns, name="store")
+        store.wait_for("serving on", timeout=30)
+        return store
+
+    def leftovers(self, timeout: float = 10.0) -> dict[str, list[int]]:
+        """Processes still alive per agent name (agents themselves included), after waiting up to `timeout`."""
+        deadline = time.monotonic() + timeout
+        left = {}
+        for a in self.agents:
+            gone = wait_gone(a.token, max(0.1, deadline - time.monotonic()))
+            if gone:
+                left[a.name] = gone
+        return left
+
+    def cleanup(self) -> None:
+        for a in self.agents:
+            if os.environ.get("FAULTS_DEBUG"):  # FAULTS_DEBUG=1 pytest -s: every agent's output
+                print(f"\n===== {a.name} rc={a.popen.poll()}\n{a.stdout[-4000:]}\n----- stderr\n{a.stderr[-6000:]}")
+            for pid in [a.pid, *procs_with_token(a.token)]:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            try:
+                a.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.cleanup()
+
+
+def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "faults", conf: str = "",
+         host: str = "127.0.0.1") -> list[str]:
+    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
+    return ["--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra]
+
+
+def starts(agent: Agent) -> list[dict]:
+    """Every "start" line of the steps worker, parsed."""
+    return [dict(re.findall(r"(\w+)=(\S+)", l)) for l in agent.out if " start rank=" in l]
+
+
+def checkpoint(ckpt_dir: Path) -> dict:
+    """The checkpoint, which must always be whole JSON (written by rename)."""
+    return json.loads((ckpt_dir / "ckpt.json").read_text())
+
+
+def steps_env(ckpt_dir: Path, steps: int = 30, step_time: float = 0.1, **more: str) -> dict:
+    return {"CKPT_DIR": str(ckpt_dir), "STEPS": str(steps), "STEP_TIME": str(step_time), **more}
+
+
+STEPS = worker("steps.py")
+
+
+def wait_checkpoint(ckpt_dir: Path, step: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if checkpoint(ckpt_dir)["step"] >= step:
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"no checkpoint of step {step} within {timeout} s")
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
+    port = free_port()
+    env = steps_env(tmp_path, steps=30)
+    agents = [cluster.start(*c10d(port, "2", "--max_restarts", "2", nproc=2), STEPS, env=env) for _ in range(2)]
+    agents[1].wait_for(r"step rank=\d n=5\b")
+    victim = agents[1].workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    rcs = [a.wait(90) for a in agents]
+    assert rcs == [0, 0], [a.stderr[-2000:] for a in agents]
+    for a in agents:  # one restart, charged once for the whole job, seen alike on both nodes
+        assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
+        assert int(starts(a)[-1]["from"]) > 0  # the second attempt resumed from the checkpoint
+    assert f"pid {victim}" in agents[1].stderr or "killed by SIGKILL" in agents[1].stderr, agents[1].stderr
+    assert checkpoint(tmp_path)["step"] == 30
+    assert cluster.leftovers() == {}
+
+
+def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path):
+    port, logs = free_port(), tmp_path / "logs"
+    env = steps_env(tmp_path, steps=60, HANG="1:5")  # rank 1 goes silent at step 5 of attempt 0
+    agents = [cluster.start(*c10d(port, "2", "--max_restarts", "1", "--hang_timeout", "2", "--log_dir", str(logs), nproc=2),
+                            STEPS, env=env) for _ in range(2)]
+    t0 = time.monotonic()
+    rcs = [a.wait(120) for a in agents]
+    assert rcs == [0, 0], [a.stderr[-3000:] for a in agents]
+    hung = next(a for a in agents if re.search(r" rank1\]: start", a.stdout))
+    assert "rank 1 made no progress for" in hung.stderr and "(--hang_timeout); dumping its stacks" in hung.stderr, hung.stderr
+    assert re.search(r"rank1\]: .*in stuck_in_collective", hung.stderr), hung.stderr  # faulthandler's dump, prefixed
+    for a in agents:
+        assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
+    dumps = [p for p in logs.glob("*/attempt_0/1/stderr.log") if "in stuck_in_collective" in p.read_text()]
+    assert len(dumps) == 1, list(logs.rglob("*"))  # the stacks are in the hung rank's log file too
+    assert checkpoint(tmp_path)["step"] == 60
+    assert time.monotonic() - t0 < 60
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- agents
+
+
+def rounds_of(agents: list[Agent]) -> dict[str, list[dict]]:
+    """round number -> the "start" lines of every worker in it, across agents."""
+    by_round: dict[str, list[dict]] = {}
+    for a in agents:
+        for s in starts(a):
+            by_round.setdefault(s["round"], []).append(s)
+    return by_round
+
+
+def assert_rounds_consistent(agents: list[Agent]) -> None:
+    """In every round each global rank ran exactly once and everyone agreed on the world size."""
+    for rnd, seen in rounds_of(agents).items():
+        worlds = {s["world"] for s in seen}
+        assert len(worlds) == 1, (rnd, seen)
+        ranks = sorted(int(s["rank"]) for s in seen)
+        assert ranks == list(range(int(worlds.pop()))), (rnd, seen)
+
+
+def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp_path):
+    port = free_port()
+    env = steps_env(tmp_path, steps=80)
+    host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host")
+    others = [cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env,
+                            name=f"node{i}") for i in (1, 2)]
+    for a in others:
+        a.wait_for(r"start rank=\d world=6")
+    victim = others[1]
+    victim_workers = victim.workers()
+    assert len(victim_workers) == 2
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    assert victim.wait(10) == -signal.SIGKILL
+    assert wait_gone(victim.token, timeout=5) == []  # its guard killed its workers
+    host.wait_for(r"start rank=\d world=4 restart=0", timeout=20)
+    assert time.monotonic() - t0 < 8  # liveness timeout (2 s) plus re-forming
+    for a in (host, others[0]):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert "stopped heartbeating" in a.stderr or "died" in a.stderr, a.stderr
+        assert {s["restart"] for s in starts(a)} == {"0"}  # membership changes are free: --max_restarts 0 held
+    assert_rounds_consistent([host, *others])
+    assert checkpoint(tmp_path)["step"] == 80 and checkpoint(tmp_path)["world"] == 4
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["cont", "kill"])
+def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(cluster, tmp_path, then):
+    port = free_port()
+    env = steps_env(tmp_path, steps=120)
+    host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=true"), STEPS, env=env, name="host")
+    others = [cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=false"), STEPS, env=env,
+                            name=f"node{i}") for i in (1, 2)]
+    for a in others:
+        a.wait_for(r"start rank=\d world=3")
+    victim = next(a for a in others if starts(a)[-1]["rank"] != "0")  # a stale rank 0 would write checkpoints
+    survivor = next(a for a in others if a is not victim)
+    frozen = [victim.pid, *victim.workers()]  # the whole node stops: agent and workers (not the guard)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    for a in (host, survivor):
+        a.wait_for(r"start rank=\d world=2 restart=0", timeout=20)
+    assert time.monotonic() - t0 < 8, "survivors took longer than the liveness timeout (2 s) + re-forming"
+    time.sleep(1)
+    if then == "cont":
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        victim.wait_for(r"start rank=\d world=3", timeout=30)  # it notices the change, rejoins: a new round
+        assert victim.wait(90) == 0, victim.stderr[-3000:]
+    else:
+        victim.signal(signal.SIGKILL)
+        assert wait_gone(victim.token, timeout=5) == []  # the guard kills the frozen workers
+    for a in (host, survivor):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert {s["restart"] for s in starts(a)} == {"0"}
+    assert_rounds_consistent([host, survivor, victim])
+    ck = checkpoint(tmp_path)
+    assert ck["step"] == 120 and ck["world"] == (3 if then == "cont" else 2), ck
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- the network
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def two_hosts():
+    """Hosts a (10.78.0.1) and b (10.78.0.2), two network namespaces joined by a veth pair; yields
+    (a, b, b's link) so a test can cut b off with `ip -n b link set LINK down`."""
+    if not ROOTED:
+        pytest.skip("needs root and iproute2 for network namespaces")
+    tag = uuid.uuid4().hex[:6]
+    a, b, va, vb = f"lfa{tag}", f"lfb{tag}", f"fa{tag}", f"fb{tag}"
+    try:
+        sh("ip", "netns", "add", a)
+        sh("ip", "netns", "add", b)
+        sh("ip", "link", "add", va, "type", "veth", "peer", "name", vb)
+        sh("ip", "link", "set", va, "netns", a)
+        sh("ip", "link", "set", vb, "netns", b)
+        for ns, dev, addr in ((a, va, "10.78.0.1/24"), (b, vb, "10.78.0.2/24")):
+            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as e:
+        pytest.skip(f"cannot create network namespaces here: {e}")
+    try:
+        yield a, b, vb
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, two_hosts):
+    a, b, b_link = two_hosts
+    port = 29400
+    env = steps_env(tmp_path, steps=100)
+    cluster.store("10.78.0.1", port, netns=a)
+    conf = "is_host=false,read_timeout=3"
+    node_a = cluster.start(*c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=a, name="a")
+    node_b = cluster.start(*c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=b, name="b")
+    for n in (node_a, node_b):
+        n.wait_for(r"start rank=\d world=2")
+    sh("ip", "-n", b, "link", "set", b_link, "down")
+    t0 = time.monotonic()
+    node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # re-formed alone (elastic 1:2)
+    assert time.monotonic() - t0 < 8
+    rc_b = node_b.wait(60)
+    assert rc_b == 1, node_b.stderr[-3000:]
+    assert time.monotonic() - t0 < 40  # bounded by read_timeout, not by TCP's minutes of retries
+    assert "rendezvous store" in node_b.stderr and "Traceback" not in node_b.stderr, node_b.stderr
+    assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
+    assert node_a.wait(60) == 0, node_a.stderr[-3000:]
+    assert checkpoint(tmp_path)["step"] == 100
+
+
+# ---------------------------------------------------------------------------- the rendezvous store
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+def test_store_lost_every_node_fails_cleanly_then_a_rerun_resumes(cluster, tmp_path, fault):
+    """c10d has no second copy of the store: losing it ends the job on every node, promptly, with a
+    clear message and exit 1, workers stopped; a rerun on a restarted store resumes from the checkpoint."""
+    port, steps = free_port(), 60 if fault == "kill" else 200  # a frozen store is noticed after 2 + 5 s
+    env = steps_env(tmp_path, steps=steps)
+    store = cluster.store("127.0.0.1", port)
+    args = c10d(port, "2", "--max_restarts", "3", conf="is_host=false,read_timeout=2")
+    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
+    wait_checkpoint(tmp_path, 5)
+    t0 = time.monotonic()
+    store.signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    for a in agents:
+        assert a.wait(60) == 1, a.stderr[-3000:]
+        assert "reason: rendezvous store at 127.0.0.1:" in a.stderr and "Traceback" not in a.stderr, a.stderr
+    assert time.monotonic() - t0 < (10 if fault == "kill" else 35)  # read_timeout 2 s + 5 s per exchange
+    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
+    step = checkpoint(tmp_path)["step"]
+    assert 0 < step < steps
+    if fault == "kill":
+        store.wait(10)
+        store = cluster.store("127.0.0.1", port)  # a fresh, empty store on the same port
+    else:
+        store.signal(signal.SIGCONT)  # the same store, with the dead run's keys still in it
+    env["STEP_TIME"] = "0.02"
+    again = [cluster.start(*args, STEPS, env=env, name=f"again{i}") for i in range(2)]
+    for a in again:
+        assert a.wait(90) == 0, a.stderr[-3000:]
+    assert min(int(s["from"]) for a in again for s in starts(a)) >= step
+    assert checkpoint(tmp_path)["step"] == steps
+
+
+# ---------------------------------------------------------------------------- the disk of --log_dir
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs (root only); unmounted (with anything stacked on it) at the end."""
+    if not ROOTED:
+        pytest.skip("needs root to mount a tmpfs")
+    path = tmp_path / "disk"
+    path.mkdir()
+    try:
+        sh("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path))
+    except (subprocess.CalledProcessError, OSError) as e:
+        pytest.skip(f"cannot mount a tmpfs here: {e}")
+    try:
+        yield path
+    finally:
+        for _ in range(3):  # a read-only bind on top, then the tmpfs
+            if subprocess.run(["umount", "-l", str(path)], capture_output=True).returncode:
+                break
+
+
+def file_text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_log_dir_disk_full_job_goes_on_and_says_so(cluster, tmp_path, small_disk):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    env = steps_env(ckpt, steps=20, SPAM="40", FAIL_AT="1:5")  # 2 x 40 KiB of output on a 64 KiB disk
+    a = cluster.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(small_disk), STEPS, env=env)
+    assert a.wait(60) == 0, a.stderr[-3000:]
+    assert "No space left on device" in a.stderr and "the job goes on" in a.stderr, a.stderr
+    assert "Traceback" not in a.stderr
+    assert [s["restart"] for s in starts(a) if s["rank"] == "0"] == ["0", "1"]  # the restart happened on a full disk
+    assert checkpoint(ckpt)["step"] == 20
+    written = 0
+    for rank in (0, 1):  # the console has everything; each file holds a prefix of it, never garbage
+        printed = "".join(l.split("]: ", 1)[1] + "\n" for l in a.out if l.startswith(f"[rank{rank}]: ") and "restart=1" not in l)
+        for log in small_disk.glob(f"*/attempt_0/{rank}/stdout.log"):
+            text = log.read_text()
+            assert printed.startswith(text), (rank, len(text))
+            written += len(text)
+    assert written > 16 << 10  # the disk did take what fitted
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.parametrize("when", ["at start", "between attempts"])
+def test_log_dir_read_only_job_goes_on_and_says_so(cluster, tmp_path, small_disk, when):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    read_only = ["mount", "--bind", "-o", "ro", str(small_disk), str(small_disk)]
+    if when == "at start":
+        sh(*read_only)
+    env = steps_env(ckpt, steps=30, FAIL_AT="1:10", TMPDIR=str(tmp_path))
+    a = cluster.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(small_disk), STEPS, env=env)
+    if when == "between attempts":
+        a.wait_for(r"step rank=1 n=3")
+        sh(*read_only)  # attempt 0's files stay open below; attempt 1 finds the folder read-only
+    assert a.wait(60) == 0, a.stderr[-3000:]
+    assert "Read-only file system" in a.stderr and "Traceback" not in a.stderr, a.stderr
+    assert [s["restart"] for s in starts(a) if s["rank"] == "0"] == ["0", "1"]
+    assert checkpoint(ckpt)["step"] == 30
+    if when == "between attempts":
+        logs = list(small_disk.glob("*/attempt_0/1/stdout.log"))
+        assert len(logs) == 1 and "step rank=1 n=9" in logs[0].read_text()  # attempt 0's log is whole
+    else:  # the logs went to a temporary folder, which the launcher named
+        logs = list(tmp_path.glob("launcher-*/attempt_1/1/stdout.log"))
+        assert len(logs) == 1 and "done rank=1" in logs[0].read_text() and str(logs[0].parents[2]) in a.stderr
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- ports
+
+
+class Squatter:
+    """Another program on a port: `silent` accepts and never answers; `chatty` answers HTTP and hangs up."""
+
+    def __init__(self, port: int, kind: str):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
+        self.kind, self.conns = kind, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            if self.kind == "chatty":
+                try:
+                    conn.recv(100)
+                    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+                except OSError:
+                    pass
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def squat():
+    made = []
+    yield lambda port, kind="silent": made.append(Squatter(port, kind)) or made[-1]
+    for s in made:
+        s.close()
+
+
+def one_line_error(text: str) -> None:
+    assert "Traceback" not in text and "frame #" not in text, text  # no Python or C++ stack for the user
+
+
+def test_static_master_port_taken_is_a_clear_error(cluster, tmp_path, squat):
+    port = free_port()
+    squat(port)
+    t0 = time.monotonic()
+    a = cluster.start("--nnodes", "1", "--master_port", str(port), "--nproc_per_node", "2", STEPS, env=steps_env(tmp_path))
+    assert a.wait(30) == 1, a.stderr
+    assert time.monotonic() - t0 < 15
+    assert f"--master_port {port} is already in use on this host" in a.stderr, a.stderr
+    one_line_error(a.stderr)
+    assert not (tmp_path / "ckpt.json").exists()  # no worker ran
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.parametrize("kind, conf", [("silent", ""), ("chatty", ""), ("silent", "is_host=true")])
+def test_c10d_endpoint_taken_by_another_program_is_a_clear_error(cluster, tmp_path, squat, kind, conf):
+    port = free_port()
+    squat(port, kind)
+    t0 = time.monotonic()
+    a = cluster.start(*c10d(port, "2", conf=",".join(filter(None, ["join_timeout=3,read_timeout=2", conf]))), STEPS,
+                      env=steps_env(tmp_path))
+    assert a.wait(60) == 1, a.stderr
+    assert time.monotonic() - t0 < 30  # join_timeout + read_timeout + 5 s at most
+    expected = {"": f"rendezvous store at 127.0.0.1:{port}", "is_host=true": f"cannot host the rendezvous store on 127.0.0.1:{port}: port taken"}
+    assert expected[conf] in a.stderr and ("another program on that port" in a.stderr or conf), a.stderr
+    one_line_error(a.stderr)
+    assert cluster.leftovers() == {}
+
+
+def test_standalone_store_port_taken_is_a_usage_error(cluster, squat):
+    port = free_port()
+    squat(port)
+    a = cluster.start("store", "--host", "127.0.0.1", "--port", str(port))
+    assert a.wait(30) == 2
+    assert a.err == [f"launcher store: error: cannot serve on 127.0.0.1:{port}: Address already in use"], a.err
+
+
+# ---------------------------------------------------------------------------- a slow node
+
+
+def test_slow_joining_node_gets_a_new_round_not_charged_to_the_budget(cluster, tmp_path):
+    port = free_port()
+    env = steps_env(tmp_path, steps=70)
+    args = c10d(port, "2:3", "--max_restarts", "0")
+    early = [cluster.start(*args, STEPS, env=env, name=f"early{i}") for i in range(2)]
+    for a in early:
+        a.wait_for(r"start rank=\d world=2")  # formed without the third, after the 1 s last call
+    wait_checkpoint(tmp_path, 10)
+    late = cluster.start(*args, STEPS, env=env, name="late")
+    for a in (*early, late):
+        a.wait_for(r"start rank=\d world=3 restart=0", timeout=30)
+    for a in (*early, late):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert {s["restart"] for s in starts(a)} == {"0"}
+    assert "wants to join" in early[0].stderr
+    assert_rounds_consistent([*early, late])
+    ck = checkpoint(tmp_path)
+    assert ck["step"] == 70 and ck["world"] == 3
+    assert int(starts(late)[0]["from"]) >= 10  # the new round resumed from the checkpoint
+    assert cluster.leftovers() == {}
