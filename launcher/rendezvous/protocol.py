@@ -170,7 +170,9 @@ class ElasticRendezvous:
             if k < 1:  # the protocol only ever adds to it
                 raise RendezvousError("rendezvous store holds a malformed ticket counter under this job's prefix")
             sealed = self._sealed(r)
-            if sealed is None and k <= self.node.max_nodes:
+            # A ticket within the sealed count is a member even when the seal came first: the
+            # sealer counted it and waits for its entry.
+            if k <= self.node.max_nodes and (sealed is None or k <= sealed):
                 self.ticket = k
                 if hasattr(st, "hold"):  # before the descriptor: a sealed member without one has died
                     st.hold(self._k(f"r{r}/alive{k}"))
