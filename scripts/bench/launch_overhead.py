@@ -1,39 +1,31 @@
 """Launch overhead: the launcher vs torchrun on a script that does nothing, side by side.
 
-Run:  .venv/bin/python scripts/bench/launch_overhead.py [--reps 7] [--nprocs 1,2,4,8]
+Run:  .venv/bin/python scripts/bench/launch_overhead.py [--reps 7] [--pairs 3] [--nprocs 1,2,4,8]
 
-For each N in --nprocs, three ways of running N processes of an empty script (`noop.py`, written
-to a temporary folder) are timed, whole process, from spawn to exit, output to /dev/null:
-
-- floor:    N bare `python -u noop.py` started in parallel by this script and waited for
-            (what the workers alone cost; a launcher cannot beat it);
+For each N, three ways of running N processes of an empty script (`noop.py`, in a temporary
+folder) are timed whole, spawn to exit, output to /dev/null. Each repetition, for every N, runs
+torchrun once and --pairs back-to-back (floor, launcher) pairs, every order alternating between
+repetitions. Reported: median (min) wall time; launcher - floor as the median of the paired
+differences (robust to load that drifts over seconds); torchrun / launcher.
+- floor:    N bare `python -u noop.py` started in parallel and waited for (the workers alone);
 - launcher: `python -m launcher --nproc_per_node N noop.py`;
 - torchrun: `torchrun --nproc_per_node N noop.py`.
 
-Each repetition runs all three for every N, rotating their order from one repetition to the next
-so drift (page cache, CPU frequency) spreads over all tools. Reported: median wall time,
-launcher - floor, and torchrun / launcher.
-
-Agent peak RSS is measured in extra runs (--rss-reps each, the largest kept) through a tiny
-in-process wrapper: it registers an `atexit` hook, then runs the tool exactly as its entry point
-does (`runpy` of `launcher`, like `python -m`; `torch.distributed.run.main()`, like the `torchrun`
-script). The hook runs last, as the agent exits, and reads `VmHWM` (the kernel's high-water mark
-of resident memory) from /proc/self/status: the agent process alone. Workers and helpers are
-separate processes with their own counters, so they are not included (os.wait4/RUSAGE_CHILDREN
-would fold the largest waited-for descendant into ru_maxrss). For the launcher, the wrapper also
-reads the forked "launcher-guard" helper's VmHWM and its private memory (Private_Clean +
-Private_Dirty of /proc/<pid>/smaps_rollup, i.e. what it does not share copy-on-write with the
-agent), just before the agent tells it to leave.
+Agent peak RSS and CPU come from --rss-reps extra runs through a tiny in-process wrapper that
+registers an atexit hook, then runs the tool as its entry point does (`runpy` of `launcher`, like
+`python -m`; `torch.distributed.run.main()`, like the torchrun script). The hook runs last, as the
+agent exits, and reads VmHWM (the kernel's resident-memory high-water mark) from /proc/self/status
+and os.times() user + system: the agent process alone, all threads, no children (os.wait4 would
+fold the largest waited-for descendant into ru_maxrss). For the launcher it also reads the forked
+"launcher-guard" helper's VmHWM and private memory (Private_* of smaps_rollup: what it does not
+share copy-on-write with the agent) just before the agent tells the guard to leave.
 
 Bytecode: this VM exports PYTHONDONTWRITEBYTECODE=1 and the launcher is an editable install, so
-its modules (unlike torch's, compiled by pip) would be recompiled from source on every launch
-(~30 ms here). An installed package always has its .pyc files, so by default every process this
-script starts gets PYTHONPYCACHEPREFIX=<tmp>/launcher-bench-pycache and bytecode writing on: all
-three tools read warm bytecode from one cache, filled by untimed warm-up runs. --as-is keeps the
-inherited environment instead.
-
-The machine's load average is printed before and after: other work on the host inflates every
-figure, the floor included, which is why the tools alternate and the ratios matter most.
+its modules (unlike torch's, compiled by pip) would be recompiled on every launch (~30 ms). An
+installed package has its .pyc files, so every process gets bytecode writing on and
+PYTHONPYCACHEPREFIX=<tmp>/launcher-bench-pycache: all read one warm cache, filled by untimed
+warm-up runs (--as-is keeps the inherited environment). Other work on the host inflates every
+figure: the CPU used meanwhile by processes this script did not start is printed.
 
 Targets (shared/DESIGN.md): at N=8, launcher <= floor + 0.15 s and >= 10x faster than torchrun;
 agent peak RSS <= 30 MiB. The script reports; it asserts nothing.
@@ -46,6 +38,7 @@ import datetime
 import importlib.metadata
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,28 +47,23 @@ import time
 from pathlib import Path
 
 PY = sys.executable
-ENV = dict(os.environ)
 TORCHRUN = str(Path(PY).with_name("torchrun"))
+ENV = dict(os.environ)
 MiB = 1024.0
+TOOLS = ("floor", "launcher", "torchrun")
 
-RSS_WRAPPER = r'''
+WRAPPER = r'''
 import atexit, json, os, sys
 out, tool = sys.argv.pop(1), sys.argv.pop(1)
 stats = {}
 
-def kib(pid, field, name="status"):
-    total = 0
-    with open(f"/proc/{pid}/{name}") as f:
-        for line in f:
-            key = line.split(":")[0]
-            if key in field:
-                total += int(line.split()[1])
-    return total
+def kib(pid, fields, name="status"):
+    return sum(int(l.split()[1]) for l in open(f"/proc/{pid}/{name}") if l.split(":")[0] in fields)
 
 def dump():
-    stats["agent_hwm_kib"] = kib("self", ("VmHWM",))
-    with open(out, "w") as f:
-        json.dump(stats, f)
+    stats["agent_rss"] = kib("self", ("VmHWM",))
+    stats["agent_cpu"] = os.times().user + os.times().system  # this process, all threads, no children
+    json.dump(stats, open(out, "w"))
 
 atexit.register(dump)  # registered first, so it runs last
 if tool == "launcher":
@@ -84,8 +72,8 @@ if tool == "launcher":
     stop = p.Guard.stop
     def measured_stop(self):
         if self.pid:
-            stats["guard_hwm_kib"] = kib(self.pid, ("VmHWM",))
-            stats["guard_private_kib"] = kib(self.pid, ("Private_Clean", "Private_Dirty"), "smaps_rollup")
+            stats["guard_rss"] = kib(self.pid, ("VmHWM",))
+            stats["guard_private"] = kib(self.pid, ("Private_Clean", "Private_Dirty"), "smaps_rollup")
         stop(self)
     p.Guard.stop = measured_stop
     sys.argv[0] = "launcher"
@@ -95,6 +83,20 @@ else:
     sys.argv[0] = "torchrun"
     sys.exit(main())
 '''
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(now, host busy CPU seconds, CPU seconds of this script and its waited-for descendants)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), busy, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def other_load(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """Cores used on average between two snapshots by processes this script did not start."""
+    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
 
 
 def floor(n: int, noop: str) -> float:
@@ -109,10 +111,9 @@ def floor(n: int, noop: str) -> float:
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
     rc = subprocess.run(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-    elapsed = time.perf_counter() - t
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {rc}")
-    return elapsed
+    return time.perf_counter() - t
 
 
 def command(tool: str, n: int, noop: str) -> list[str]:
@@ -121,17 +122,28 @@ def command(tool: str, n: int, noop: str) -> list[str]:
     return [TORCHRUN, "--nproc_per_node", str(n), noop]
 
 
-def peak_rss(tool: str, n: int, noop: str, wrapper: str, tmp: str) -> dict:
-    out = os.path.join(tmp, f"rss-{tool}-{n}.json")
-    timed([PY, wrapper, out, tool, "--nproc_per_node", str(n), noop])
+def pair(n: int, noop: str, floor_first: bool) -> tuple[float, float]:
+    """(floor, launcher) wall times, run back to back in the given order."""
+    if floor_first:
+        fl = floor(n, noop)
+        return fl, timed(command("launcher", n, noop))
+    la = timed(command("launcher", n, noop))
+    return floor(n, noop), la
+
+
+def agent_stats(tool: str, n: int, noop: str, tmp: str) -> dict:
+    """One wrapped run: the agent's peak RSS (KiB) and CPU (s), and the guard's memory (KiB)."""
+    out = os.path.join(tmp, "stats.json")
+    timed([PY, os.path.join(tmp, "wrapper.py"), out, tool, "--nproc_per_node", str(n), noop])
     with open(out) as f:
         return json.load(f)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=7, help="timed repetitions per tool and N")
-    ap.add_argument("--rss-reps", type=int, default=2, help="extra wrapped runs per tool and N for peak RSS")
+    ap.add_argument("--reps", type=int, default=7, help="repetitions (torchrun runs per N)")
+    ap.add_argument("--pairs", type=int, default=3, help="(floor, launcher) pairs per repetition and N")
+    ap.add_argument("--rss-reps", type=int, default=1, help="wrapped runs per tool and N (RSS, CPU)")
     ap.add_argument("--nprocs", default="1,2,4,8")
     ap.add_argument("--as-is", action="store_true", help="keep the inherited bytecode settings")
     args = ap.parse_args()
@@ -139,61 +151,72 @@ def main() -> None:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
     nprocs = [int(x) for x in args.nprocs.split(",")]
-    tools = ["floor", "launcher", "torchrun"]
 
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         noop = os.path.join(tmp, "noop.py")
-        wrapper = os.path.join(tmp, "rss_wrapper.py")
         Path(noop).write_text("pass\n")
-        Path(wrapper).write_text(RSS_WRAPPER)
+        Path(tmp, "wrapper.py").write_text(WRAPPER)
         floor(1, noop)  # warm the page and bytecode caches; not counted
         for tool in ("launcher", "torchrun"):
             timed(command(tool, 1, noop))
-        load_before = os.getloadavg()
 
-        times: dict[tuple[str, int], list[float]] = {(t, n): [] for t in tools for n in nprocs}
-        started = time.perf_counter()
+        before = cpu_snapshot()
+        times: dict[tuple[str, int], list[float]] = {(t, n): [] for t in TOOLS for n in nprocs}
+        paired: dict[int, list[float]] = {n: [] for n in nprocs}
         for rep in range(args.reps):
             for n in nprocs:
-                for tool in tools[rep % 3:] + tools[: rep % 3]:  # rotate the order every repetition
-                    t = floor(n, noop) if tool == "floor" else timed(command(tool, n, noop))
-                    times[tool, n].append(t)
-        rss = {(t, n): [peak_rss(t, n, noop, wrapper, tmp) for _ in range(args.rss_reps)]
-               for n in nprocs for t in ("launcher", "torchrun")}
-        total = time.perf_counter() - started
-        load_after = os.getloadavg()
+                torchrun_first = rep % 2 == 1
+                if torchrun_first:
+                    times["torchrun", n].append(timed(command("torchrun", n, noop)))
+                for i in range(args.pairs):
+                    fl, la = pair(n, noop, floor_first=(rep + i) % 2 == 0)
+                    times["floor", n].append(fl)
+                    times["launcher", n].append(la)
+                    paired[n].append(la - fl)
+                if not torchrun_first:
+                    times["torchrun", n].append(timed(command("torchrun", n, noop)))
+        stats = {(t, n): [agent_stats(t, n, noop, tmp) for _ in range(args.rss_reps)]
+                 for n in nprocs for t in ("launcher", "torchrun")}
+        after = cpu_snapshot()
 
     def med(tool: str, n: int) -> float:
         return statistics.median(times[tool, n])
 
-    def most(tool: str, n: int, key: str) -> float:
-        return max(r.get(key, 0) for r in rss[tool, n]) / MiB
+    def wall(tool: str, n: int) -> str:
+        return f"{med(tool, n):.3f} ({min(times[tool, n]):.3f})"
+
+    def agent(tool: str, n: int, key: str, pick=max) -> float:
+        return pick(s.get(key, 0) for s in stats[tool, n])
 
     print(f"# Launch overhead, {datetime.date.today()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"torch {importlib.metadata.version('torch')}")
     cache = "inherited environment" if args.as_is else "warm bytecode cache"
-    print(f"\nMedian of {args.reps} runs (rotating order, {cache}); peak RSS = largest VmHWM of {args.rss_reps} "
-          f"wrapped runs. Load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}.\n")
-    print("| N | floor (s) | launcher (s) | launcher − floor (s) | torchrun (s) | torchrun / launcher "
-          "| launcher agent peak RSS (MiB) | guard peak RSS / private (MiB) | torchrun agent peak RSS (MiB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\nWall time, median (min); torchrun {args.reps} runs, floor and launcher {args.reps * args.pairs} "
+          f"alternating pairs; {cache}. Other processes used "
+          f"{other_load(before, after):.2f} of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n")
+    print("| N | floor (s) | launcher (s) | launcher − floor (s) | torchrun (s) | torchrun / launcher |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for n in nprocs:
-        fl, la, tr = med("floor", n), med("launcher", n), med("torchrun", n)
-        print(f"| {n} | {fl:.3f} | {la:.3f} | {la - fl:+.3f} | {tr:.3f} | {tr / la:.1f}× "
-              f"| {most('launcher', n, 'agent_hwm_kib'):.1f} "
-              f"| {most('launcher', n, 'guard_hwm_kib'):.1f} / {most('launcher', n, 'guard_private_kib'):.1f} "
-              f"| {most('torchrun', n, 'agent_hwm_kib'):.1f} |")
+        print(f"| {n} | {wall('floor', n)} | {wall('launcher', n)} | {statistics.median(paired[n]):+.3f} "
+              f"| {wall('torchrun', n)} | {med('torchrun', n) / med('launcher', n):.1f}× |")
+
+    print(f"\nAgent process alone, {args.rss_reps} wrapped run(s) per tool and N: peak RSS (VmHWM, largest), CPU time "
+          f"(user + system, smallest); launcher-guard peak RSS / private memory (largest).\n")
+    print("| N | launcher agent RSS (MiB) | launcher agent CPU (s) | launcher-guard RSS / private (MiB) "
+          "| torchrun agent RSS (MiB) | torchrun agent CPU (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in nprocs:
+        print(f"| {n} | {agent('launcher', n, 'agent_rss') / MiB:.1f} | {agent('launcher', n, 'agent_cpu', min):.3f} "
+              f"| {agent('launcher', n, 'guard_rss') / MiB:.1f} / {agent('launcher', n, 'guard_private') / MiB:.1f} "
+              f"| {agent('torchrun', n, 'agent_rss') / MiB:.1f} | {agent('torchrun', n, 'agent_cpu', min):.3f} |")
 
     n = max(nprocs)
-    fl, la, tr = med("floor", n), med("launcher", n), med("torchrun", n)
-    agent = max(most("launcher", k, "agent_hwm_kib") for k in nprocs)
+    over, ratio = statistics.median(paired[n]), med("torchrun", n) / med("launcher", n)
+    peak = max(agent("launcher", k, "agent_rss") for k in nprocs) / MiB
     verdict = {True: "met", False: "MISSED"}
-    print(f"\nTargets at N={n}: launcher − floor = {la - fl:.3f} s (≤ 0.15 s: {verdict[la - fl <= 0.15]}); "
-          f"torchrun / launcher = {tr / la:.1f}× (≥ 10×: {verdict[tr / la >= 10]}); "
-          f"launcher agent peak RSS ≤ {agent:.1f} MiB (≤ 30 MiB: {verdict[agent <= 30]}).")
-    print(f"Min–max wall at N={n}: floor {min(times['floor', n]):.3f}–{max(times['floor', n]):.3f} s, "
-          f"launcher {min(times['launcher', n]):.3f}–{max(times['launcher', n]):.3f} s, "
-          f"torchrun {min(times['torchrun', n]):.3f}–{max(times['torchrun', n]):.3f} s. Measured in {total:.0f} s.")
+    print(f"\nTargets at N={n}: launcher − floor = {over:.3f} s (≤ 0.15 s: {verdict[over <= 0.15]}); "
+          f"torchrun / launcher = {ratio:.1f}× (≥ 10×: {verdict[ratio >= 10]}); "
+          f"launcher agent peak RSS {peak:.1f} MiB (≤ 30 MiB: {verdict[peak <= 30]}).")
 
 
 if __name__ == "__main__":

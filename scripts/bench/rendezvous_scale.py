@@ -1,0 +1,266 @@
+"""Rendezvous of N simulated nodes (threads) against one TCPStore: the launcher vs torch's own.
+
+Run:  .venv/bin/python scripts/bench/rendezvous_scale.py [--ours 64,256,1024] [--torch 64,128,256]
+                                                        [--reps 3] [--procs 2] [--cap 45]
+
+Per run: one store server (`launcher.rendezvous.c10d.serve`, a libuv TCPStore on 127.0.0.1, the
+same for both tools) and --procs runner processes sharing N threads (DESIGN.md's torch figures:
+threads in 2 processes). Each thread opens its own TCPStore client and builds its handler, untimed
+("connect s"); then all threads are released together (t0) and each asks for one round:
+- launcher: `ElasticRendezvous(TCPStoreAdapter(..), run_id, Node(min=max=N), RendezvousSettings(
+  join_timeout=cap)).next_round(Cause.START)`; a proxy counts calls at the Store interface;
+- torch: `DynamicRendezvousHandler.from_backend(run_id, store, C10dRendezvousBackend(store, run_id),
+  min_nodes=N, max_nodes=N, timeout=RendezvousTimeout(join=cap)).next_rendezvous()`, torch 2.13
+  defaults otherwise; a proxy on the backend's store counts its get / compare_set calls and the
+  bytes they carry (the whole state, both ways); the few bootstrap-address ops are not counted.
+"rdzv s": t0 to the last thread holding its round (ranks 0..N-1 unique, world size N checked).
+A run whose join timeout (--cap) passes is "did not complete", with the operations made by then.
+"CPU s": user+system seconds of the runners (the agents) and of the store server, from t0.
+Median of --reps for the launcher, one run per N for torch. Runners are killed 120 s after their
+start if not yet connected; a runner still going at cap + 10 s prints where its threads are and exits.
+Network: by default the script re-runs itself in a private network namespace holding only
+loopback (`unshare --net`, root only; `--host-net` opts out): torch's TCPStore asks the resolver
+for the name of each peer (PTR 1.0.0.127.in-addr.arpa, both ends of every connection); this VM's
+resolver is off-host and loses ~1 query in 25, a 5 s timeout. There they fail at once, locally.
+Target (shared/DESIGN.md): 1,024 nodes in <= 10 s on this 2-core VM, O(N) store operations per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import hashlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+HERE = os.path.abspath(__file__)
+NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
+
+
+def revision() -> str:
+    """The launcher's commit, and whether launcher/ has uncommitted changes (it moves under benchmarks)."""
+    git = ["git", "-C", os.path.dirname(HERE)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    diff = subprocess.run([*git, "diff", "HEAD", "--", "../../launcher"], capture_output=True).stdout
+    return f"launcher at {head or '?'}" + (f" + uncommitted diff {hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
+
+
+def private_network() -> None:
+    """Re-run this script in a new network namespace holding only loopback (see the docstring)."""
+    if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
+        return
+    os.environ["BENCH_NETNS"] = "1"
+    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
+
+
+class Counting:
+    """Forwards every call to `inner`, counting calls per method (and the bytes of get / compare_set)."""
+
+    def __init__(self, inner, counts: collections.Counter, count_bytes: bool = False):
+        self.inner, self.counts, self.count_bytes = inner, counts, count_bytes
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def call(*args, **kwargs):
+            self.counts[name] += 1
+            result = fn(*args, **kwargs)
+            if self.count_bytes and name in ("get", "compare_set"):
+                self.counts["bytes"] += len(result or b"") + sum(len(a) for a in args[1:])
+            return result
+
+        return call
+
+
+def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.Counter):
+    """Connect one simulated node; return the call that joins a round -> (rank, world size)."""
+    if tool == "launcher":
+        from launcher.config import RendezvousSettings
+        from launcher.rendezvous.api import Cause
+        from launcher.rendezvous.c10d import TCPStoreAdapter
+        from launcher.rendezvous.protocol import ElasticRendezvous, Node
+
+        store = Counting(TCPStoreAdapter("127.0.0.1", port, timeout=60, connect_timeout=60), counts)
+        node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
+        rdzv = ElasticRendezvous(store, "bench", node, RendezvousSettings(join_timeout=cap), port_picker=lambda: 12345)
+        return lambda: (lambda r: (r.group_rank, r.world_size))(rdzv.next_round(Cause.START))
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60), use_libuv=True)
+    backend = C10dRendezvousBackend(Counting(store, counts, count_bytes=True), "bench")
+    handler = DynamicRendezvousHandler.from_backend(
+        "bench", store, backend, min_nodes=n, max_nodes=n, local_addr="127.0.0.1",
+        timeout=RendezvousTimeout(join=datetime.timedelta(seconds=cap)))
+    return lambda: (lambda r: (r.rank, r.world_size))(handler.next_rendezvous())
+
+
+def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
+    """Nodes lo..hi-1 as threads; print "ready" once all are connected, start on a line from stdin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * n + 256)), hard))
+    threading.stack_size(1 << 20)
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch: no bootstrap store server at rank 0
+    from launcher.rendezvous.c10d import _torch_distributed
+
+    _torch_distributed()  # import torch quietly, once
+    m = hi - lo
+    ready, go = threading.Barrier(m + 1), threading.Event()
+    counts = [collections.Counter() for _ in range(m)]
+    setup = [collections.Counter() for _ in range(m)]  # ops before t0 (torch's backend: 1 compare_set)
+    results: list = [None] * m
+
+    def thread(j: int) -> None:
+        try:
+            join = make(tool, lo + j, n, port, cap, counts[j])
+        except Exception as e:
+            results[j], join = f"setup: {type(e).__name__}: {e}", None
+        setup[j] = counts[j].copy()
+        ready.wait()
+        go.wait()
+        if join is not None:
+            try:
+                results[j] = (join(), time.time())
+            except Exception as e:
+                results[j] = f"{type(e).__name__}: {e}".strip()
+
+    t = time.monotonic()
+    threads = [threading.Thread(target=thread, args=(j,), daemon=True) for j in range(m)]
+    for th in threads:
+        th.start()
+    ready.wait()
+    connect_s = time.monotonic() - t
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0, cpu0 = time.time(), time.process_time()
+    go.set()
+    threading.Timer(cap + 10, stuck, args=(threads,)).start()
+    for th in threads:
+        th.join()
+    total = sum(counts, collections.Counter())
+    total.subtract(sum(setup, collections.Counter()))
+    return {"t0": t0, "end": time.time(), "connect_s": connect_s, "cpu_s": time.process_time() - cpu0,
+            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)],
+            "counts": {k: v for k, v in total.items() if v}}
+
+
+def stuck(threads: list[threading.Thread]) -> None:
+    """Past the join timeout: tell where the threads still running are (stderr), then hard exit."""
+    frames = sys._current_frames()
+    where = collections.Counter(
+        " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frames[t.ident])[:-5:-1])
+        for t in threads if t.is_alive() and t.ident in frames)
+    for stack, count in where.most_common(5):
+        print(f"    {count} threads still in {stack}", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(tool: str, n: int, procs: int, cap: float) -> dict:
+    """One store server, `procs` runners; all killed at the end whatever happens."""
+    server = subprocess.Popen([sys.executable, HERE, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    runs: list[subprocess.Popen] = []
+    killer = threading.Timer(120, lambda: [p.kill() for p in runs])  # connecting: 120 s at most
+    try:
+        port = int(server.stdout.readline())
+        bounds = [n * k // procs for k in range(procs + 1)]
+        runs += [subprocess.Popen([sys.executable, HERE, "--run", tool, str(n), str(a), str(b), str(port), str(cap)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for a, b in zip(bounds, bounds[1:])]
+        killer.start()
+        if any(p.stdout.readline().strip() != "ready" for p in runs):
+            return {"ok": False, "error": "a runner failed to connect within 120 s"}
+        killer.cancel()
+        killer = threading.Timer(cap + 30, lambda: [p.kill() for p in runs])
+        killer.start()
+        base = cpu_of(server.pid)
+        for p in runs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.stdout.readline() or "null") for p in runs]
+        server_cpu = cpu_of(server.pid) - base
+    finally:
+        killer.cancel()
+        for p in (*runs, server):
+            p.kill()
+            p.wait()
+    if None in outs:
+        return {"ok": False, "error": f"hung: not done {cap + 10:.0f} s after t0 (stacks on stderr)"}
+    done = [d for o in outs for d in o["done"]]
+    errors = [e for o in outs for e in o["errors"]]
+    counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
+    t0 = min(o["t0"] for o in outs)
+    result = {"ok": not errors, "connect_s": max(o["connect_s"] for o in outs), "counts": dict(counts),
+              "cpu_s": sum(o["cpu_s"] for o in outs), "server_cpu_s": server_cpu}
+    if errors:
+        result["error"] = f"did not complete in {max(o['end'] for o in outs) - t0:.0f} s: {len(errors)}/{n} nodes failed ({errors[0][:60]})"
+    else:
+        result["rdzv_s"] = max(d[1] for d in done) - t0
+        if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):
+            result.update(ok=False, error="ranks or world size wrong")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ours", default="64,256,1024")
+    ap.add_argument("--torch", default="64,128,256")
+    ap.add_argument("--reps", type=int, default=3, help="runs per N for the launcher (torch: 1)")
+    ap.add_argument("--procs", type=int, default=2, help="runner processes sharing the N threads")
+    ap.add_argument("--cap", type=float, default=45.0, help="join timeout, s")
+    ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
+    args = ap.parse_args()
+    private_network()
+    rev = revision()
+    print(f"# {datetime.date.today()}  load average before: {os.getloadavg()}; {rev}", file=sys.stderr)
+    rows = []
+    for tool, sizes, reps in (("launcher", args.ours, args.reps), ("torch", args.torch, 1)):
+        for n in (int(x) for x in sizes.split(",") if x):
+            runs = [measure(tool, n, args.procs, args.cap) for _ in range(reps)]
+            for r in runs:
+                print(f"  {tool} N={n}: {json.dumps(r)}", file=sys.stderr)
+            rows.append((tool, n, runs))
+    print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
+    print(f"\nRendezvous of N simulated nodes (threads in {args.procs} processes) against one TCPStore server "
+          f"(2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
+    print("| tool | N | ok runs | rdzv s (median) | store ops / round | ops / node | ops by kind | state bytes / node | runner CPU s | server CPU s | connect s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for tool, n, runs in rows:
+        good = [r for r in runs if r["ok"]]
+        r = sorted(good, key=lambda r: r["rdzv_s"])[len(good) // 2] if good else runs[0]  # the median run
+        time_s = f"{statistics.median(g['rdzv_s'] for g in good):.2f}" if good else r["error"]
+        c = dict(r.get("counts", {}))
+        nbytes = c.pop("bytes", 0)
+        ops = sum(c.values())
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))
+        print(f"| {tool} | {n} | {len(good)}/{len(runs)} | {time_s} | {ops} | {ops / n:.1f} | {kinds} | "
+              f"{f'{nbytes / n / 1e6:.2f} MB' if nbytes else '—'} | {r.get('cpu_s', 0):.1f} | {r.get('server_cpu_s', 0):.1f} | {r.get('connect_s', 0):.2f} |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        from launcher.rendezvous.c10d import serve
+
+        server, sock = serve("127.0.0.1", 0)
+        print(sock.getsockname()[1], flush=True)
+        sys.stdin.read()  # until the parent closes the pipe or kills us
+    elif sys.argv[1:2] == ["--run"]:
+        tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
+        print(json.dumps(runner(tool, n, lo, hi, port, cap)), flush=True)
+        os._exit(0)  # torch's heartbeat threads, hundreds of open clients: no orderly teardown needed
+    else:
+        main()
