@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAUNCHER, ROOT, procs_with_token, wait_gone, worker
+from conftest import LAUNCHER, ROOT, network_hosts, procs_with_token, sh, wait_gone, worker
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
 needs_root = pytest.mark.skipif(not ROOTED, reason="needs root (network namespaces, mounts)")
@@ -67,8 +67,8 @@ class Agent:
     def stderr(self) -> str:
         return "\n".join(self.err)
 
-    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out") -> re.Match:
-        """Block until a line of stdout (or stderr) matches `pattern`; fail with the output so far."""
+    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out", count: int = 1) -> re.Match:
+        """Block until `count` lines of stdout (or stderr) match `pattern`; fail with the output so far."""
         lines, rx = (self.out if stream == "out" else self.err), re.compile(pattern)
         deadline, seen = time.monotonic() + timeout, 0
         while time.monotonic() < deadline:
@@ -76,7 +76,9 @@ class Agent:
                 m = rx.search(lines[seen])
                 seen += 1
                 if m:
-                    return m
+                    count -= 1
+                    if count == 0:
+                        return m
             if self.popen.poll() is not None and seen >= len(lines):
                 for t in self._readers:
                     t.join(2)
@@ -276,8 +278,8 @@ def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp
     host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host")
     others = [cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env,
                             name=f"node{i}") for i in (1, 2)]
-    for a in others:
-        a.wait_for(r"start rank=\d world=6")
+    for a in others:  # both workers of each: a line still in a killed agent's pipe is lost with it
+        a.wait_for(r"start rank=\d world=6", count=2)
     victim = others[1]
     victim_workers = victim.workers()
     assert len(victim_workers) == 2
@@ -336,35 +338,13 @@ def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(clu
 # ---------------------------------------------------------------------------- the network
 
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def two_hosts():
-    """Hosts a (10.78.0.1) and b (10.78.0.2), two network namespaces joined by a veth pair; yields
-    (a, b, b's link) so a test can cut b off with `ip -n b link set LINK down`."""
+    """Hosts a (10.78.0.1) and b (10.78.0.2); yields (a, b, b's link) so a test can cut b off."""
     if not ROOTED:
         pytest.skip("needs root and iproute2 for network namespaces")
-    tag = uuid.uuid4().hex[:6]
-    a, b, va, vb = f"lfa{tag}", f"lfb{tag}", f"fa{tag}", f"fb{tag}"
-    try:
-        sh("ip", "netns", "add", a)
-        sh("ip", "netns", "add", b)
-        sh("ip", "link", "add", va, "type", "veth", "peer", "name", vb)
-        sh("ip", "link", "set", va, "netns", a)
-        sh("ip", "link", "set", vb, "netns", b)
-        for ns, dev, addr in ((a, va, "10.78.0.1/24"), (b, vb, "10.78.0.2/24")):
-            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        pytest.skip(f"cannot create network namespaces here: {e}")
-    try:
-        yield a, b, vb
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with network_hosts("10.78.0") as hosts:
+        yield hosts
 
 
 def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, two_hosts):

@@ -6,44 +6,21 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 
 import pytest
 
-from conftest import ROOT, worker
+from conftest import ROOT, network_hosts, worker
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 to create network namespaces"
 )
 
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def two_hosts():
     """Hosts a (10.77.0.1) and b (10.77.0.2): private addresses that exist only in these namespaces."""
-    tag = uuid.uuid4().hex[:6]
-    a, b = f"lna{tag}", f"lnb{tag}"
-    try:
-        sh("ip", "netns", "add", a)
-        sh("ip", "netns", "add", b)
-        sh("ip", "link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}")
-        sh("ip", "link", "set", f"va{tag}", "netns", a)
-        sh("ip", "link", "set", f"vb{tag}", "netns", b)
-        for ns, dev, addr in ((a, f"va{tag}", "10.77.0.1/24"), (b, f"vb{tag}", "10.77.0.2/24")):
-            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        pytest.skip(f"cannot create network namespaces here: {e}")
-    try:
+    with network_hosts("10.77.0") as (a, b, _):
         yield a, b
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_c10d_across_two_network_hosts(launch, two_hosts):

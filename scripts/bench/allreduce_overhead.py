@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,15 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 DEFAULT = ["-b", "1K", "-e", "16M", "-f", "4", "-w", "5", "-n", "50"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

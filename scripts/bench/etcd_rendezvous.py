@@ -44,7 +44,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from benchlib import free_port, private_network
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -70,20 +71,6 @@ with open(path + ".tmp", "w") as f:
 os.rename(path + ".tmp", path)  # whole or absent: the bench polls these files
 time.sleep(float(sys.argv[2]))
 """
-
-
-def private_network() -> None:
-    """Re-run this script in a new network namespace holding only loopback (see the docstring)."""
-    if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
-        return
-    os.environ["BENCH_NETNS"] = "1"
-    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- etcd

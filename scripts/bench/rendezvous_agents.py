@@ -35,18 +35,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import os
 import re
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import free_port, private_network, revision
 
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
@@ -61,28 +60,6 @@ time.sleep(1.0)
 """
 
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
-
-
-def revision() -> str:
-    """The launcher's commit, and whether launcher/ has uncommitted changes (it moves under benchmarks)."""
-    git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    diff = subprocess.run([*git, "diff", "HEAD", "--", "../../launcher"], capture_output=True).stdout
-    return f"launcher at {head or '?'}" + (f" + uncommitted diff {hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
-
-
-def private_network() -> None:
-    """Re-run this script in a new network namespace holding only loopback (see the docstring)."""
-    if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
-        return
-    os.environ["BENCH_NETNS"] = "1"
-    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_cmd(tool: str, k: int, port: int, worker: str, out: str, importtime: bool = False) -> list[str]:

@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import hashlib
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,24 +40,10 @@ import threading
 import time
 import traceback
 
+from benchlib import private_network, revision
+
 HERE = os.path.abspath(__file__)
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
-
-
-def revision() -> str:
-    """The launcher's commit, and whether launcher/ has uncommitted changes (it moves under benchmarks)."""
-    git = ["git", "-C", os.path.dirname(HERE)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    diff = subprocess.run([*git, "diff", "HEAD", "--", "../../launcher"], capture_output=True).stdout
-    return f"launcher at {head or '?'}" + (f" + uncommitted diff {hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
-
-
-def private_network() -> None:
-    """Re-run this script in a new network namespace holding only loopback (see the docstring)."""
-    if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
-        return
-    os.environ["BENCH_NETNS"] = "1"
-    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
 
 
 class Counting:

@@ -32,13 +32,14 @@ import argparse
 import datetime
 import importlib.metadata
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import cpu_snapshot, other_load
 
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
@@ -68,20 +69,6 @@ time.sleep(60)  # stopped by the agent
 
 PROBE = 'import time\nT0 = time.time()\nimport sys\nopen(sys.argv[1], "w").write(repr(T0))\n'
 IDLE = 'import os, sys, time\nopen(os.path.join(sys.argv[1], os.environ["LOCAL_RANK"]), "w").close()\ntime.sleep(11)\n'
-
-
-def cpu_snapshot() -> tuple[float, float, float]:
-    """(now, host busy CPU seconds, CPU seconds of this script and its waited-for descendants)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.perf_counter(), busy, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def other_load(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
-    """Cores used on average between two snapshots by processes this script did not start."""
-    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
 
 
 def command(tool: str, *args: str) -> list[str]:
