@@ -20,16 +20,17 @@ SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))
 RUN_ID = "soak"
 
 
-def sample(pid: int, times: int = 8) -> dict:
-    """The agent's floor of fds and threads over ~1.5 s (a restart briefly holds its next workers'
-    pipes beside the last ones', so one sample can catch a few extra), and its RSS."""
+def sample(pid: int, seconds: float = 3.0) -> dict:
+    """The agent's fds and threads at their highest over `seconds` (a round or two: mid-round a
+    node holds its store connections and its workers' pipes; between rounds a few are closed and
+    reopened, so a single sample swings by half a dozen fds), and its RSS."""
     p = psutil.Process(pid)
-    fds, threads = [], []
-    for _ in range(times):
+    fds, threads, deadline = [], [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
         fds.append(p.num_fds())
         threads.append(p.num_threads())
-        time.sleep(0.2)
-    return {"fds": min(fds), "threads": min(threads), "rss": p.memory_info().rss}
+        time.sleep(0.1)
+    return {"fds": max(fds), "threads": max(threads), "rss": p.memory_info().rss}
 
 
 def current_round(agent) -> int:
@@ -75,7 +76,7 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         wait_round(host, 5, timeout=60)  # warm: torch imported, every thread and buffer made once
         first = {a.name: sample(a.pid) for a in agents}
         keys0, round0, _ = store_keys(port)
-        while time.time() < until - 5:
+        while time.time() < until - 6:
             assert host.popen.poll() is None, host.stderr[-3000:]
             time.sleep(0.5)
         last = {a.name: sample(a.pid) for a in agents}
@@ -88,7 +89,8 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         report = {n: {k: (first[n][k], last[n][k]) for k in first[n]} for n in first}
         print(f"\nsoak: rounds {round0}->{round1}, store keys {keys0}->{keys1}, agents {report}")
         for name in first:
-            assert last[name]["fds"] - first[name]["fds"] <= 2, report
+            # a leak grows with every round (tens of them here); the peaks drift by a socket or two at most
+            assert last[name]["fds"] - first[name]["fds"] <= 3, report
             assert last[name]["threads"] - first[name]["threads"] <= 2, report
             assert last[name]["rss"] - first[name]["rss"] <= 16 << 20, report  # allocator noise, not per round
         # The per-node keys of old rounds are deleted as the job moves on; each round leaves only its
