@@ -27,6 +27,13 @@ PYTHONPYCACHEPREFIX=<tmp>/launcher-bench-pycache: all read one warm cache, fille
 warm-up runs (--as-is keeps the inherited environment). Other work on the host inflates every
 figure: the CPU used meanwhile by processes this script did not start is printed.
 
+Installed, not editable: the editable install's finder (a .pth file) runs in every interpreter
+of .venv and costs ~20 ms of start-up each, agent and workers alike, which no user of a
+pip-installed package pays. So every process runs in a throwaway venv of the same interpreter
+whose one .pth file puts .venv's site-packages (torch, click, psutil, ...) and the repository
+(the launcher package) on sys.path, as an installed package would be; torchrun is .venv's
+script with that venv's python. --editable measures in .venv itself.
+
 Targets (shared/DESIGN.md): at N=8, launcher <= floor + 0.15 s and >= 10x faster than torchrun;
 agent peak RSS <= 30 MiB. The script reports; it asserts nothing.
 """
@@ -50,6 +57,23 @@ from benchlib import cpu_snapshot, other_load
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
 ENV = dict(os.environ)
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def installed_venv(folder: str) -> None:
+    """Point PY and TORCHRUN at a venv that sees .venv's packages and the launcher as installed ones."""
+    global PY, TORCHRUN
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", folder], check=True)
+    py = os.path.join(folder, "bin", "python")
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    Path(site, "bench-installed.pth").write_text(f"{ROOT}\n{ours}\n")  # path lines only: no .pth of theirs runs
+    script = Path(TORCHRUN).read_text().split("\n", 1)[1]
+    TORCHRUN = os.path.join(folder, "bin", "torchrun")
+    Path(TORCHRUN).write_text(f"#!{py}\n{script}")
+    os.chmod(TORCHRUN, 0o755)
+    PY = py
 MiB = 1024.0
 TOOLS = ("floor", "launcher", "torchrun")
 
@@ -133,6 +157,7 @@ def main() -> None:
     ap.add_argument("--rss-reps", type=int, default=1, help="wrapped runs per tool and N (RSS, CPU)")
     ap.add_argument("--nprocs", default="1,2,4,8")
     ap.add_argument("--as-is", action="store_true", help="keep the inherited bytecode settings")
+    ap.add_argument("--editable", action="store_true", help="run in .venv, editable finder and all")
     args = ap.parse_args()
     if not args.as_is:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -140,6 +165,8 @@ def main() -> None:
     nprocs = [int(x) for x in args.nprocs.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+        if not args.editable:
+            installed_venv(os.path.join(tmp, "venv"))
         noop = os.path.join(tmp, "noop.py")
         Path(noop).write_text("pass\n")
         Path(tmp, "wrapper.py").write_text(WRAPPER)
@@ -177,7 +204,8 @@ def main() -> None:
 
     print(f"# Launch overhead, {datetime.date.today()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"torch {importlib.metadata.version('torch')}")
-    cache = "inherited environment" if args.as_is else "warm bytecode cache"
+    cache = ("inherited environment" if args.as_is else "warm bytecode cache") + (
+        "; editable install (.venv)" if args.editable else "; as installed (a venv without the editable finder)")
     print(f"\nWall time, median (min); torchrun {args.reps} runs, floor and launcher {args.reps * args.pairs} "
           f"alternating pairs; {cache}. Other processes used "
           f"{other_load(before, after):.2f} of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n")
