@@ -15,7 +15,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import threading
 import time
 from unittest import mock
@@ -24,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import LAUNCHER, worker
+from conftest import worker
 from launcher import cli
 from launcher import config as cfg
 from launcher.errors import ConfigError, LauncherError, RendezvousError

@@ -1,5 +1,4 @@
 """A seed-style DDP script: init from env://, one DDP step, all_reduce check, print the result."""
-import os
 
 import torch
 import torch.distributed as dist
