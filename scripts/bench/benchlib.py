@@ -1,9 +1,10 @@
-"""Helpers every benchmark here shares: the launcher's revision, a private loopback network, a free
-port, and how busy the rest of the machine was meanwhile. Scripts import it as `benchlib` (their
-own folder is first on sys.path)."""
+"""Helpers the benchmarks here share: the launcher's revision, a private loopback network, a free
+port, how busy the rest of the machine was meanwhile, and the runner that releases many simulated
+nodes at once. Scripts import it as `benchlib` (their own folder is first on sys.path)."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import resource
@@ -11,7 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -50,3 +54,80 @@ def cpu_snapshot() -> tuple[float, float, float]:
 def other_load(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
     """Cores used on average between two snapshots by processes this script did not start."""
     return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
+
+
+class Counting:
+    """Forwards every call to `inner`, counting calls per method (and, with count_bytes, the bytes
+    that get and compare_set carry: torch's rendezvous moves its whole state through them)."""
+
+    def __init__(self, inner, counts: collections.Counter, count_bytes: bool = False):
+        self.inner, self.counts, self.count_bytes = inner, counts, count_bytes
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.counts[name] += 1
+            result = attr(*args, **kwargs)
+            if self.count_bytes and name in ("get", "compare_set"):
+                self.counts["bytes"] += len(result or b"") + sum(len(a) for a in args[1:])
+            return result
+
+        return call
+
+
+def release_together(m: int, prepare: Callable[[int], Callable[[], object]], nofile: int,
+                     give_up_after: float | None = None) -> dict:
+    """Simulated nodes as m threads of this runner process. prepare(j) builds node j (untimed) and
+    returns the call that joins a round; once all are built, print "ready", and on a line from
+    stdin start every join at once. -> t0, end, setup_s, cpu_s, done [(result, time)], errors.
+    With give_up_after, a runner still going that many seconds after t0 prints where its
+    threads are and exits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, nofile)), hard))
+    threading.stack_size(1 << 20)
+    ready, go = threading.Barrier(m + 1), threading.Event()
+    results: list = [None] * m
+
+    def node(j: int) -> None:
+        try:
+            join = prepare(j)
+        except Exception as e:
+            results[j], join = f"setup: {type(e).__name__}: {e}", None
+        ready.wait()
+        go.wait()
+        if join is not None:
+            try:
+                results[j] = (join(), time.time())
+            except Exception as e:
+                results[j] = f"{type(e).__name__}: {e}".strip()
+
+    t = time.monotonic()
+    threads = [threading.Thread(target=node, args=(j,), daemon=True) for j in range(m)]
+    for th in threads:
+        th.start()
+    ready.wait()
+    setup_s = time.monotonic() - t
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0, cpu0 = time.time(), time.process_time()
+    go.set()
+    if give_up_after is not None:
+        threading.Timer(give_up_after, _stuck, args=(threads,)).start()
+    for th in threads:
+        th.join()
+    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
+            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)]}
+
+
+def _stuck(threads: list[threading.Thread]) -> None:
+    """Past the join timeout: tell where the threads still running are (stderr), then hard exit."""
+    frames = sys._current_frames()
+    where = collections.Counter(
+        " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frames[t.ident])[:-5:-1])
+        for t in threads if t.is_alive() and t.ident in frames)
+    for stack, count in where.most_common(5):
+        print(f"    {count} threads still in {stack}", file=sys.stderr, flush=True)
+    os._exit(3)

@@ -41,7 +41,6 @@ import collections
 import datetime
 import json
 import os
-import resource
 import shutil
 import signal
 import statistics
@@ -52,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import free_port, private_network
+from benchlib import Counting, free_port, private_network, release_together
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -222,24 +221,6 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 # ---------------------------------------------------------------------------- part 2: scale
 
 
-class Counting:
-    """Forwards every call to `inner`, counting the calls per Store method."""
-
-    def __init__(self, inner, counts: collections.Counter):
-        self.inner, self.counts = inner, counts
-
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            self.counts[name] += 1
-            return attr(*args, **kwargs)
-
-        return call
-
-
 def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are built, start on a line from stdin."""
     from launcher.config import RendezvousSettings
@@ -247,9 +228,6 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
     from launcher.rendezvous.protocol import ElasticRendezvous, Node
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * n + 256)), hard))
-    threading.stack_size(1 << 20)
     host, port = endpoint.split(":")
     opts = EtcdOptions(endpoints=((host, int(port)),))
     settings = RendezvousSettings(join_timeout=cap)
@@ -258,47 +236,24 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     for c, lease in zip(shared, leases):
         lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
     m = hi - lo
-    ready, go = threading.Barrier(m + 1), threading.Event()
     counts = [collections.Counter() for _ in range(m)]
     stores: list = [None] * m
-    results: list = [None] * m
 
-    def thread(j: int) -> None:
+    def prepare(j: int):
         i = lo + j
-        try:
-            store = EtcdStore(opts, leases[j % clients], client=shared[j % clients])
-            stores[j] = store
-            node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
-            rdzv = ElasticRendezvous(Counting(store, counts[j]), run_id, node, settings, port_picker=lambda: 12345)
-        except Exception as e:
-            results[j], rdzv = f"setup: {type(e).__name__}: {e}", None
-        ready.wait()
-        go.wait()
-        if rdzv is not None:
-            try:
-                store.lease.hold(f"/launcher/{run_id}/agents/n{i}".encode(), b"1", store)  # signing in, as an agent does
-                r = rdzv.next_round(Cause.START)
-                results[j] = ((r.group_rank, r.world_size), time.time())
-            except Exception as e:
-                results[j] = f"{type(e).__name__}: {e}".strip()
+        store = stores[j] = EtcdStore(opts, leases[j % clients], client=shared[j % clients])
+        node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
+        rdzv = ElasticRendezvous(Counting(store, counts[j]), run_id, node, settings, port_picker=lambda: 12345)
 
-    t = time.monotonic()
-    threads = [threading.Thread(target=thread, args=(j,), daemon=True) for j in range(m)]
-    for th in threads:
-        th.start()
-    ready.wait()
-    setup_s = time.monotonic() - t
-    print("ready", flush=True)
-    sys.stdin.readline()
-    t0, cpu0 = time.time(), time.process_time()
-    go.set()
-    for th in threads:
-        th.join()
-    total = sum(counts, collections.Counter())
-    rpcs = sum(s.rpcs for s in stores if s is not None)
-    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
-            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)],
-            "counts": dict(total), "rpcs": rpcs}
+        def join():
+            store.lease.hold(f"/launcher/{run_id}/agents/n{i}".encode(), b"1", store)  # signing in, as an agent does
+            r = rdzv.next_round(Cause.START)
+            return r.group_rank, r.world_size
+
+        return join
+
+    out = release_together(m, prepare, nofile=4 * n + 256)
+    return {**out, "counts": dict(sum(counts, collections.Counter())), "rpcs": sum(s.rpcs for s in stores if s is not None)}
 
 
 def cpu_of(pid: int) -> float:

@@ -32,37 +32,15 @@ import collections
 import datetime
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import threading
-import time
-import traceback
 
-from benchlib import private_network, revision
+from benchlib import Counting, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
-
-
-class Counting:
-    """Forwards every call to `inner`, counting calls per method (and the bytes of get / compare_set)."""
-
-    def __init__(self, inner, counts: collections.Counter, count_bytes: bool = False):
-        self.inner, self.counts, self.count_bytes = inner, counts, count_bytes
-
-    def __getattr__(self, name):
-        fn = getattr(self.inner, name)
-
-        def call(*args, **kwargs):
-            self.counts[name] += 1
-            result = fn(*args, **kwargs)
-            if self.count_bytes and name in ("get", "compare_set"):
-                self.counts["bytes"] += len(result or b"") + sum(len(a) for a in args[1:])
-            return result
-
-        return call
 
 
 def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.Counter):
@@ -91,62 +69,24 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
 
 def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are connected, start on a line from stdin."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * n + 256)), hard))
-    threading.stack_size(1 << 20)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch: no bootstrap store server at rank 0
     from launcher.rendezvous.c10d import _torch_distributed
 
     _torch_distributed()  # import torch quietly, once
     m = hi - lo
-    ready, go = threading.Barrier(m + 1), threading.Event()
     counts = [collections.Counter() for _ in range(m)]
     setup = [collections.Counter() for _ in range(m)]  # ops before t0 (torch's backend: 1 compare_set)
-    results: list = [None] * m
 
-    def thread(j: int) -> None:
-        try:
-            join = make(tool, lo + j, n, port, cap, counts[j])
-        except Exception as e:
-            results[j], join = f"setup: {type(e).__name__}: {e}", None
+    def prepare(j: int):
+        join = make(tool, lo + j, n, port, cap, counts[j])
         setup[j] = counts[j].copy()
-        ready.wait()
-        go.wait()
-        if join is not None:
-            try:
-                results[j] = (join(), time.time())
-            except Exception as e:
-                results[j] = f"{type(e).__name__}: {e}".strip()
+        return join
 
-    t = time.monotonic()
-    threads = [threading.Thread(target=thread, args=(j,), daemon=True) for j in range(m)]
-    for th in threads:
-        th.start()
-    ready.wait()
-    connect_s = time.monotonic() - t
-    print("ready", flush=True)
-    sys.stdin.readline()
-    t0, cpu0 = time.time(), time.process_time()
-    go.set()
-    threading.Timer(cap + 10, stuck, args=(threads,)).start()
-    for th in threads:
-        th.join()
+    out = release_together(m, prepare, nofile=4 * n + 256, give_up_after=cap + 10)
     total = sum(counts, collections.Counter())
     total.subtract(sum(setup, collections.Counter()))
-    return {"t0": t0, "end": time.time(), "connect_s": connect_s, "cpu_s": time.process_time() - cpu0,
-            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)],
-            "counts": {k: v for k, v in total.items() if v}}
-
-
-def stuck(threads: list[threading.Thread]) -> None:
-    """Past the join timeout: tell where the threads still running are (stderr), then hard exit."""
-    frames = sys._current_frames()
-    where = collections.Counter(
-        " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frames[t.ident])[:-5:-1])
-        for t in threads if t.is_alive() and t.ident in frames)
-    for stack, count in where.most_common(5):
-        print(f"    {count} threads still in {stack}", file=sys.stderr, flush=True)
-    os._exit(3)
+    out["connect_s"] = out.pop("setup_s")
+    return {**out, "counts": {k: v for k, v in total.items() if v}}
 
 
 def cpu_of(pid: int) -> float:
