@@ -131,3 +131,23 @@ def _stuck(threads: list[threading.Thread]) -> None:
     for stack, count in where.most_common(5):
         print(f"    {count} threads still in {stack}", file=sys.stderr, flush=True)
     os._exit(3)
+
+
+def combine(outs: list[dict], n: int) -> dict:
+    """One run's figures from its runners' release_together() results (with their "counts"):
+    ok, counts, cpu_s, setup_s, and rdzv_s (t0 to the last node holding its round) or error;
+    n nodes must hold ranks 0..n-1 of a world of n."""
+    done = [d for o in outs for d in o["done"]]
+    errors = [e for o in outs for e in o["errors"]]
+    counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
+    t0 = min(o["t0"] for o in outs)
+    result = {"ok": not errors, "counts": dict(counts), "cpu_s": sum(o["cpu_s"] for o in outs),
+              "setup_s": max(o["setup_s"] for o in outs)}
+    if errors:
+        result["error"] = (f"did not complete in {max(o['end'] for o in outs) - t0:.0f} s: "
+                           f"{len(errors)}/{n} nodes failed ({errors[0][:80]})")
+    else:
+        result["rdzv_s"] = max(d[1] for d in done) - t0
+        if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):
+            result.update(ok=False, error="ranks or world size wrong")
+    return result

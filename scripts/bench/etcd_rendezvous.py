@@ -51,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Counting, free_port, private_network, release_together
+from benchlib import Counting, combine, free_port, private_network, release_together
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -286,19 +286,7 @@ def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
             p.wait()
     if None in outs:
         return {"ok": False, "error": f"runners killed after {cap + 30:.0f} s"}
-    done = [d for o in outs for d in o["done"]]
-    errors = [e for o in outs for e in o["errors"]]
-    counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
-    t0 = min(o["t0"] for o in outs)
-    result = {"ok": not errors, "setup_s": max(o["setup_s"] for o in outs), "counts": dict(counts),
-              "rpcs": sum(o["rpcs"] for o in outs), "cpu_s": sum(o["cpu_s"] for o in outs), "etcd_cpu_s": etcd_cpu}
-    if errors:
-        result["error"] = f"{len(errors)}/{n} nodes failed ({errors[0][:80]})"
-    else:
-        result["rdzv_s"] = max(d[1] for d in done) - t0
-        if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):
-            result.update(ok=False, error="ranks or world size wrong")
-    return result
+    return {**combine(outs, n), "rpcs": sum(o["rpcs"] for o in outs), "etcd_cpu_s": etcd_cpu}
 
 
 def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, cap: float) -> None:

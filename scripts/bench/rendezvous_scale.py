@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 
-from benchlib import Counting, private_network, release_together, revision
+from benchlib import Counting, combine, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
@@ -85,7 +85,6 @@ def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     out = release_together(m, prepare, nofile=4 * n + 256, give_up_after=cap + 10)
     total = sum(counts, collections.Counter())
     total.subtract(sum(setup, collections.Counter()))
-    out["connect_s"] = out.pop("setup_s")
     return {**out, "counts": {k: v for k, v in total.items() if v}}
 
 
@@ -124,19 +123,7 @@ def measure(tool: str, n: int, procs: int, cap: float) -> dict:
             p.wait()
     if None in outs:
         return {"ok": False, "error": f"hung: not done {cap + 10:.0f} s after t0 (stacks on stderr)"}
-    done = [d for o in outs for d in o["done"]]
-    errors = [e for o in outs for e in o["errors"]]
-    counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
-    t0 = min(o["t0"] for o in outs)
-    result = {"ok": not errors, "connect_s": max(o["connect_s"] for o in outs), "counts": dict(counts),
-              "cpu_s": sum(o["cpu_s"] for o in outs), "server_cpu_s": server_cpu}
-    if errors:
-        result["error"] = f"did not complete in {max(o['end'] for o in outs) - t0:.0f} s: {len(errors)}/{n} nodes failed ({errors[0][:60]})"
-    else:
-        result["rdzv_s"] = max(d[1] for d in done) - t0
-        if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):
-            result.update(ok=False, error="ranks or world size wrong")
-    return result
+    return {**combine(outs, n), "server_cpu_s": server_cpu}
 
 
 def main() -> None:
@@ -172,7 +159,7 @@ def main() -> None:
         ops = sum(c.values())
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))
         print(f"| {tool} | {n} | {len(good)}/{len(runs)} | {time_s} | {ops} | {ops / n:.1f} | {kinds} | "
-              f"{f'{nbytes / n / 1e6:.2f} MB' if nbytes else '—'} | {r.get('cpu_s', 0):.1f} | {r.get('server_cpu_s', 0):.1f} | {r.get('connect_s', 0):.2f} |")
+              f"{f'{nbytes / n / 1e6:.2f} MB' if nbytes else '—'} | {r.get('cpu_s', 0):.1f} | {r.get('server_cpu_s', 0):.1f} | {r.get('setup_s', 0):.2f} |")
 
 
 if __name__ == "__main__":
