@@ -21,7 +21,6 @@ from typing import IO, Iterable, Sequence
 
 from .spec import Exit
 
-PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -94,11 +93,26 @@ def spawn(argv: Sequence[str], env: dict[str, str], capture: bool = True) -> Wor
 # ---------------------------------------------------------------------------- sweeping
 
 
+def children() -> set[int] | None:
+    """Pids of this process's direct children, from /proc (None where the kernel does not say)."""
+    found: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                found.update(int(pid) for pid in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return found
+
+
 def descendants(exclude: Iterable[int] = ()) -> list:
     """psutil handles of every live process below this one, minus `exclude` pids."""
+    skip = set(exclude)
+    kids = children()
+    if kids is not None and kids <= skip:  # nothing below us: spare the psutil import and /proc scan
+        return []
     import psutil
 
-    skip = set(exclude)
     try:
         procs = psutil.Process().children(recursive=True)
     except psutil.Error:
@@ -118,20 +132,18 @@ def kill_procs(procs: Iterable, sig: int) -> None:
 
 def reap_adopted(owned: Iterable[int]) -> None:
     """Collect zombies the subreaper adopted; never touches pids a Popen owns."""
-    import psutil
+    kids = children()
+    if kids is None:  # no /proc children files: ask psutil
+        import psutil
 
-    mine = set(owned)
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        if child.pid in mine:
-            continue
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
+            kids = {p.pid for p in psutil.Process().children()}
+        except psutil.Error:
+            return
+    for pid in kids - set(owned):
+        try:
+            os.waitpid(pid, os.WNOHANG)  # a live child (the guard) is left alone
+        except ChildProcessError:
             pass
 
 
@@ -184,7 +196,11 @@ class Guard:
 def _guard_main(fd: int, agent_id: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # a terminal's Ctrl-C must not take the guard down
-    _prctl(PR_SET_NAME, b"launcher-guard")
+    try:
+        with open("/proc/self/comm", "w") as f:  # what PR_SET_NAME sets, without loading ctypes here
+            f.write("launcher-guard")
+    except OSError:
+        pass
     data = b""
     try:
         while chunk := os.read(fd, 4096):

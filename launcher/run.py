@@ -25,8 +25,8 @@ def run(config: LaunchConfig) -> int:
     tty = process.is_tty(sys.stderr)
     CONSOLE.quiet, CONSOLE.timestamps = config.quiet, not tty
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
+    process.become_subreaper()  # before the guard: the fork inherits ctypes, loaded once
     guard = process.Guard(agent_id).start()  # before any thread exists
-    process.become_subreaper()
     notifier = Notifier()
     try:
         rendezvous = create_rendezvous(config)
@@ -35,8 +35,11 @@ def run(config: LaunchConfig) -> int:
         CONSOLE.write_err(f"error: {e}")
         return e.exit_code
     run_dir, temporary = make_run_dir(config)
-    threading.Thread(target=_prewarm, daemon=True).start()
+    prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
+    prewarm.daemon = True
+    prewarm.start()
     with ExitStack() as cleanup:
+        cleanup.callback(prewarm.cancel)
         sinks: list = [notifier]
         if config.events_file:
             from .events import EventsFile
@@ -126,8 +129,11 @@ def _has_logs(run_dir: str) -> bool:
     return False
 
 
+PREWARM_AFTER = 0.25  # seconds
+
+
 def _prewarm() -> None:
-    """Import psutil off the critical path; the stop and sweep paths need it."""
+    """Import psutil off the critical path, once the workers have started; the stop path needs it."""
     try:
         import psutil  # noqa: F401
     except ImportError:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from .logs import CONSOLE, CONSOLE_LOCK
 from .spec import Failure, RunResult
 
@@ -12,6 +10,8 @@ def read_error_file(path: str | None) -> tuple[str, str]:
     """(message, traceback) from a torch `@record` / `launcher.record` error file; empty if none."""
     if not path:
         return "", ""
+    import json  # only a failure gets here
+
     try:
         with open(path) as f:
             data = json.load(f)
