@@ -24,7 +24,6 @@ Keys, under `<prefix>/<run_id>/`:
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 import time
@@ -362,8 +361,11 @@ class ElasticRendezvous:
 
     def _check_token(self) -> None:
         """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
-        token = self.node.token
-        mine = hmac.new(token.encode(), f"launcher-join:{self.run_id}".encode(), "sha256").hexdigest().encode() if token else b"none"
+        token, mine = self.node.token, b"none"
+        if token:
+            import hmac  # loads OpenSSL: only for a job with a token
+
+            mine = hmac.new(token.encode(), f"launcher-join:{self.run_id}".encode(), "sha256").hexdigest().encode()
         theirs = self.store.compare_set(self._k("token"), b"", mine)
         if theirs == mine:
             return
