@@ -193,17 +193,15 @@ def store_port():
     from launcher.process import free_port
     from launcher.rendezvous.c10d import serve
 
-    port = free_port("127.0.0.1")
-    server, sock = serve("127.0.0.1", port)
-    yield port
-    del server  # it closed the listening socket, which it owned
-    sock.detach()
+    server = serve("127.0.0.1", free_port("127.0.0.1"))
+    yield server.port
+    server.close()
 
 
 def client(port: int):
     from launcher.rendezvous.c10d import TCPStoreAdapter
 
-    return TCPStoreAdapter("127.0.0.1", port, SETTINGS.read_timeout, connect_timeout=20)  # a slow resolver: 5 s
+    return TCPStoreAdapter("127.0.0.1", port, SETTINGS.read_timeout, connect_timeout=20)
 
 
 def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list[ElasticRendezvous]:

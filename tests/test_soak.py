@@ -49,7 +49,7 @@ def store_keys(port: int, old_round: int = -1) -> tuple[int, int, list[str]]:
     st = TCPStoreAdapter("127.0.0.1", port, 10, connect_timeout=10)
     try:
         left = [k for k in PER_NODE if old_round >= 0 and st.get(f"{RUN_ID}/r{old_round}/{k}") is not None]
-        return st._store.num_keys(), int(st.get(f"{RUN_ID}/round") or 0), left
+        return st.client.num_keys(), int(st.get(f"{RUN_ID}/round") or 0), left
     finally:
         st.close()
 
@@ -73,7 +73,7 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         other = cluster.start(*args("false"), worker("steps.py"), env=env, name="other")
         agents = (host, other)
 
-        wait_round(host, 5, timeout=60)  # warm: torch imported, every thread and buffer made once
+        wait_round(host, 5, timeout=60)  # warm: every thread and buffer made once
         first = {a.name: sample(a.pid) for a in agents}
         keys0, round0, _ = store_keys(port)
         while time.time() < until - 6:

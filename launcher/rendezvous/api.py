@@ -41,7 +41,7 @@ class RendezvousHandler(Protocol):
 
 
 def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
-    """The handler for `config.rdzv_backend`; backends import torch or etcd only inside."""
+    """The handler for `config.rdzv_backend`; a backend loads its store client only inside (none imports torch)."""
     if config.rdzv_backend == "c10d":
         from .c10d import C10dRendezvous
 

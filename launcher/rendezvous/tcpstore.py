@@ -1,0 +1,686 @@
+"""torch's TCPStore wire protocol in pure Python: a client and a one-thread server, standard library only.
+
+Wire-compatible with `torch.distributed.TCPStore` (checked against torch 2.13, both its libuv and
+its legacy server): torch's client works against `StoreServer`, and `StoreClient` against torch's
+server. It lets the agent meet the other nodes without importing torch.
+
+Framing. Every integer is little-endian (torch writes its native byte order; x86 and ARM alike):
+    request = op:u8 then the op's fields, back to back, no length prefix for the whole frame
+    str     = len:u64 then len bytes              (keys and values alike)
+    strs    = count:u64 then count x str
+A connection begins with VALIDATE; torch's client then sends PING and checks the nonce comes back.
+Its client puts "/" before every key (KEY_PREFIX), and so does ours: both see the same keys.
+
+Ops (request fields -> reply; "-" is no reply):
+    0  VALIDATE     magic:u32                -> -      the first frame; anything else closes the connection
+    1  SET          key value                -> -
+    2  COMPARE_SET  key expected desired     -> str    the value now (see StoreServer._compare_set)
+    3  GET          key                      -> str    empty when absent (torch's client waits first)
+    4  ADD          key delta:i64            -> i64    the sum, stored as decimal text
+    5  CHECK        strs                     -> u8     0 every key exists, 1 not
+    6  WAIT         strs                     -> u8     0 once every key exists, however much later
+    7  GETNUMKEYS   -                        -> i64
+    8  DELETE_KEY   key                      -> i64    keys deleted, 0 or 1
+    9  APPEND       key value                -> -
+    10 MULTI_GET    strs                     -> str per key
+    11 MULTI_SET    count:u64 (key value)*   -> -
+    12 CANCEL_WAIT  -                        -> u8     1; a WAIT's 0 may come just before it
+    13 PING         nonce:u32                -> u32    the same nonce
+    14 QUEUE_PUSH   key value                -> -
+    15 QUEUE_POP    key                      -> i64 length, then str when length > 0
+    16 QUEUE_LEN    key                      -> i64
+    17 LIST_KEYS    -                        -> i64 count, then count x str
+    18 BARRIER      key world:i64            -> u8     0 once `world` clients arrived at `key`
+Limits are torch's libuv server's (a key <= 8 KiB, a value <= 8 MiB, <= 128 Ki keys a frame) plus
+one of ours: no request or reply frame over 64 MiB. A frame past them closes that connection only.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import Sequence
+
+(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
+ CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
+MAGIC = 0x3C85F7CE  # VALIDATE's number: tells a store client from a stray connection
+READY, NOT_READY = 0, 1  # CHECK's answer
+STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT's (and BARRIER's) answer, then CANCEL_WAIT's
+KEY_PREFIX = b"/"
+
+MAX_KEY = 8 << 10
+MAX_VALUE = 8 << 20
+MAX_KEYS = 128 << 10
+MAX_FRAME = 64 << 20
+
+U8, U32, I64, U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
+
+# Each op's request fields: k key, v value, q i64, I u32, K strs of keys, P count and key/value pairs.
+REQUEST = {
+    VALIDATE: "I", SET: "kv", COMPARE_SET: "kvv", GET: "k", ADD: "kq", CHECK: "K", WAIT: "K",
+    GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kv", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
+    PING: "I", QUEUE_PUSH: "kv", QUEUE_POP: "k", QUEUE_LEN: "k", LIST_KEYS: "", BARRIER: "kq",
+}
+
+
+class StoreError(Exception):
+    """The store is gone, unreachable, or said something outside the protocol; the client is closed."""
+
+
+class StoreTimeout(StoreError):
+    """A key did not appear in time (the connection is fine)."""
+
+
+def _str(data: bytes) -> bytes:
+    return U64.pack(len(data)) + data
+
+
+def _strs(items: Sequence[bytes]) -> bytes:
+    return U64.pack(len(items)) + b"".join(U64.pack(len(b)) + b for b in items)
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+
+class StoreClient:
+    """One connection to a TCPStore server (ours or torch's), thread-safe, every answer bounded in time.
+
+    `timeout` bounds every answer and is the default wait; `connect_timeout` (default: `timeout`)
+    is how long to keep retrying a refused connection, as torch's client does.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float = 300.0, connect_timeout: float | None = None):
+        self.host, self.port, self.timeout = host, port, timeout
+        self._lock = threading.Lock()
+        self._buf = bytearray()  # bytes received, not yet read
+        self._broken = ""
+        self._sock = self._connect(timeout if connect_timeout is None else connect_timeout)
+
+    def _connect(self, connect_timeout: float) -> socket.socket:
+        deadline, delay = time.monotonic() + connect_timeout, 0.02
+        nonce = os.getpid() & 0xFFFFFFFF
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.001, min(self.timeout, left)))
+            except OSError as e:  # refused or unreachable: not up yet, maybe
+                why = e.strerror or str(e) or type(e).__name__
+            else:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.settimeout(self.timeout)
+                    sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(PING) + U32.pack(nonce))
+                    self._sock = sock
+                    if U32.unpack(self._read(4))[0] == nonce:
+                        return sock
+                    _close(sock)
+                    raise StoreError("wrong answer to the handshake (another program on that port? "
+                                     "it does not speak the c10d store protocol)")
+                except socket.timeout:
+                    _close(sock)
+                    raise StoreError(f"accepted the connection but never answered within {self.timeout:g} s "
+                                     "(another program on that port, or a frozen store?)") from None
+                except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
+                    _close(sock)
+                    self._buf.clear()
+                    why = "it closed the connection" if isinstance(e, EOFError) else (e.strerror or str(e))
+                    why += " (another program on that port? it does not speak the c10d store protocol)"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreError(f"cannot connect: {why}")
+            time.sleep(min(delay, left))
+            delay = min(2 * delay, 1.0)
+
+    # -- the ops (keys are str, values bytes; `KEY_PREFIX` goes before every key on the wire)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._call(U8.pack(SET) + _key(key) + _str(value), None)
+
+    def get(self, key: str, wait: bool = True) -> bytes:
+        """The value; with `wait`, first wait up to `timeout` for the key, as torch's client does
+        (without it an absent key reads empty from torch's libuv server and ours, and closes the
+        connection on its legacy server)."""
+        if wait and not self.wait([key]):
+            raise StoreTimeout(f"key {key!r} did not appear within {self.timeout:g} s")
+        return self._call(U8.pack(GET) + _key(key), self._value)
+
+    def add(self, key: str, delta: int) -> int:
+        return self._call(U8.pack(ADD) + _key(key) + I64.pack(delta), self._i64)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self._call(U8.pack(COMPARE_SET) + _key(key) + _str(expected) + _str(desired), self._value)
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return self._call(U8.pack(CHECK) + _keys(keys), self._u8) == READY
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> bool:
+        """True once every key exists, False when `timeout` (default: the client's) passes first."""
+        limit = min(max(self.timeout if timeout is None else timeout, 0.001), 1e6)
+
+        def answer() -> bool:
+            self._sock.settimeout(limit)
+            try:
+                first = self._u8()
+            except socket.timeout:  # nothing was read: the stream is still in step
+                first = None
+            finally:
+                self._sock.settimeout(self.timeout)
+            if first is None:
+                self._sock.sendall(U8.pack(CANCEL_WAIT))
+                first = self._u8()
+                if first == WAIT_CANCELED:
+                    return False
+                self._expect(self._u8(), WAIT_CANCELED)  # the keys came just before the cancel
+            self._expect(first, STOP_WAITING)
+            return True
+
+        return self._call(U8.pack(WAIT) + _keys(keys), answer)
+
+    def multi_get(self, keys: Sequence[str], wait: bool = True) -> list[bytes]:
+        """The values, in order; with `wait`, first wait for the keys as `get` does."""
+        if wait and not self.wait(keys):
+            raise StoreTimeout(f"keys did not appear within {self.timeout:g} s")
+        return self._call(U8.pack(MULTI_GET) + _keys(keys), lambda: [self._value() for _ in keys])
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError("multi_set needs as many values as keys")
+        body = b"".join(_key(k) + _str(v) for k, v in zip(keys, values))
+        self._call(U8.pack(MULTI_SET) + U64.pack(len(keys)) + body, None)
+
+    def delete_key(self, key: str) -> bool:
+        return self._call(U8.pack(DELETE_KEY) + _key(key), self._i64) == 1
+
+    def num_keys(self) -> int:
+        return self._call(U8.pack(GETNUMKEYS), self._i64)
+
+    def append(self, key: str, value: bytes) -> None:
+        self._call(U8.pack(APPEND) + _key(key) + _str(value), None)
+
+    def close(self) -> None:
+        """Close the connection; a call blocked on it in another thread fails at once."""
+        self._broken = self._broken or "closed"
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # close() alone does not wake a blocked recv
+        except OSError:
+            pass
+        _close(self._sock)
+
+    # -- one exchange at a time; any failure closes the connection (it may be out of step)
+
+    def _call(self, frame: bytes, answer):
+        with self._lock:
+            if self._broken:
+                raise StoreError(self._broken)
+            try:
+                self._sock.sendall(frame)
+                return answer() if answer else None
+            except socket.timeout:
+                self._fail(f"no answer within {self.timeout:g} s")
+            except EOFError:
+                self._fail("the store closed the connection")
+            except OSError as e:
+                self._fail(e.strerror or str(e) or type(e).__name__)
+            except StoreError as e:
+                self._fail(str(e))
+
+    def _fail(self, why: str):
+        self._broken = why
+        _close(self._sock)
+        raise StoreError(why) from None
+
+    def _read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            chunk = self._sock.recv(max(n - len(self._buf), 1 << 16))
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    def _u8(self) -> int:
+        return self._read(1)[0]
+
+    def _i64(self) -> int:
+        return I64.unpack(self._read(8))[0]
+
+    def _value(self) -> bytes:
+        n = U64.unpack(self._read(8))[0]
+        if n > MAX_FRAME:
+            raise StoreError(f"the store sent a value of {n} bytes (over {MAX_FRAME})")
+        return self._read(n)
+
+    @staticmethod
+    def _expect(got: int, want: int) -> None:
+        if got != want:
+            raise StoreError(f"the store answered {got}, not {want} (outside the protocol)")
+
+
+def _key(key: str) -> bytes:
+    return _str(KEY_PREFIX + key.encode())
+
+
+def _keys(keys: Sequence[str]) -> bytes:
+    return _strs([KEY_PREFIX + k.encode() for k in keys])
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+class _Incomplete(Exception):
+    """The frame needs more bytes than have arrived: `need` bytes from its start, at least."""
+
+    def __init__(self, need: int):
+        self.need = need
+
+
+class _Malformed(Exception):
+    """A frame outside the protocol or its limits: its connection is closed."""
+
+
+def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
+    """The frame at buf[pos:] -> (op, its fields, where it ends); raises _Incomplete or _Malformed."""
+    end = len(buf)
+
+    def take(n: int) -> int:
+        nonlocal pos
+        start, pos = pos, pos + n
+        if pos > end:
+            raise _Incomplete(pos)
+        return start
+
+    def count(cap: int, what: str) -> int:
+        n = U64.unpack_from(buf, take(8))[0]
+        if n > cap:
+            raise _Malformed(f"{what} of {n} (over {cap})")
+        return n
+
+    def blob(cap: int, what: str) -> bytes:
+        n = count(cap, what)
+        at = take(n)
+        return bytes(buf[at:at + n])
+
+    op = buf[take(1)]
+    shape = REQUEST.get(op)
+    if shape is None:
+        raise _Malformed(f"unknown op {op}")
+    fields: list = []
+    for f in shape:
+        if f == "k":
+            fields.append(blob(MAX_KEY, "a key"))
+        elif f == "v":
+            fields.append(blob(MAX_VALUE, "a value"))
+        elif f == "q":
+            fields.append(I64.unpack_from(buf, take(8))[0])
+        elif f == "I":
+            fields.append(U32.unpack_from(buf, take(4))[0])
+        elif f == "K":
+            fields.append([blob(MAX_KEY, "a key") for _ in range(count(MAX_KEYS, "a key count"))])
+        else:  # "P"
+            fields.append([(blob(MAX_KEY, "a key"), blob(MAX_VALUE, "a value")) for _ in range(count(MAX_KEYS, "a key count"))])
+    return op, fields, pos
+
+
+class _Conn:
+    """One client connection: bytes in, replies out, and what it waits for."""
+
+    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "closed")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.inbuf, self.need = bytearray(), 0  # need: bytes inbuf must hold before parsing is worth it
+        self.out, self.sent = bytearray(), 0
+        self.events = selectors.EVENT_READ
+        self.valid = False  # VALIDATE seen
+        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER)
+        self.closed = False
+
+
+OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
+
+
+class StoreServer:
+    """A TCPStore server on exactly `host:port` (0: any free port), run by one thread with epoll.
+
+    Serves torch's clients and ours alike; a client that breaks the protocol loses its own
+    connection and nothing else. `close()` stops it.
+    """
+
+    def __init__(self, host: str, port: int, backlog: int = 16384):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart on a port in TIME_WAIT
+            self._listener.bind((host, port))
+            self._listener.listen(backlog)
+            self._listener.setblocking(False)
+        except BaseException:
+            self._listener.close()
+            raise
+        self.host, self.port = host, self._listener.getsockname()[1]
+        self.data: dict[bytes, bytes] = {}
+        self.queues: dict[bytes, collections.deque] = {}
+        self._waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it, in order
+        self._conns: set[_Conn] = set()
+        self._dirty: set[_Conn] = set()  # replies queued this turn, sent at its end
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "stop")
+        self._accept_again = 0.0  # out of file descriptors: accept again after this time
+        self._stop = False
+        self._handlers = {
+            VALIDATE: self._validate, SET: self._set, COMPARE_SET: self._compare_set, GET: self._get, ADD: self._add,
+            CHECK: self._check, WAIT: self._wait, GETNUMKEYS: self._num_keys, DELETE_KEY: self._delete,
+            APPEND: self._append, MULTI_GET: self._multi_get, MULTI_SET: self._multi_set,
+            CANCEL_WAIT: self._cancel_wait, PING: self._ping, QUEUE_PUSH: self._queue_push,
+            QUEUE_POP: self._queue_pop, QUEUE_LEN: self._queue_len, LIST_KEYS: self._list_keys, BARRIER: self._barrier,
+        }
+        self._thread = threading.Thread(target=self._loop, name="launcher-store", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving: every connection and the listening socket are closed."""
+        if not self._stop:
+            self._stop = True
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5)
+
+    # -- the event loop
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                timeout = None
+                if self._accept_again:
+                    timeout = max(0.0, self._accept_again - time.monotonic())
+                    if timeout == 0.0:
+                        self._accept_again = 0.0
+                        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+                        timeout = None
+                for key, events in self._sel.select(timeout):
+                    if key.data == "accept":
+                        self._accept()
+                    elif isinstance(key.data, _Conn):
+                        self._serve(key.data, events)
+                while self._dirty:
+                    self._flush(self._dirty.pop())
+        finally:
+            for c in list(self._conns):
+                self._drop(c)
+            self._sel.close()
+            for s in (self._listener, self._wake_r, self._wake_w):
+                s.close()
+
+    def _accept(self) -> None:
+        for _ in range(512):  # a burst of agents: many per turn, but let the others speak too
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError:  # out of file descriptors or memory: pause, instead of spinning on the listener
+                self._sel.unregister(self._listener)
+                self._accept_again = time.monotonic() + 0.1
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = _Conn(sock)
+            self._conns.add(c)
+            self._sel.register(sock, c.events, c)
+
+    def _serve(self, c: _Conn, events: int) -> None:
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._flush(c)
+            if events & selectors.EVENT_READ and not c.closed:
+                chunk = c.sock.recv(1 << 18)
+                if not chunk:
+                    return self._drop(c)
+                c.inbuf += chunk
+            if not c.closed:
+                self._process(c)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except Exception:  # the peer went away, broke the protocol, or hit a bug of ours: only it goes
+            self._drop(c)
+
+    def _process(self, c: _Conn) -> None:
+        """Run every whole frame that has arrived, while the client keeps reading its replies."""
+        buf, pos = c.inbuf, 0
+        if len(buf) < c.need:
+            return
+        c.need = 0
+        while pos < len(buf) and len(c.out) - c.sent <= OUT_PAUSE:
+            try:
+                op, fields, end = parse(buf, pos)
+            except _Incomplete as e:
+                c.need = e.need - pos
+                if c.need > MAX_FRAME:
+                    raise _Malformed(f"a frame of {c.need} bytes or more") from None
+                break
+            if not c.valid and op != VALIDATE:
+                raise _Malformed("the first frame must be VALIDATE")
+            self._handlers[op](c, *fields)
+            pos = end
+        del buf[:pos]
+
+    def _reply(self, c: _Conn, data: bytes) -> None:
+        if len(data) > MAX_FRAME:
+            raise _Malformed(f"a reply of {len(data)} bytes")
+        c.out += data
+        self._dirty.add(c)
+
+    def _flush(self, c: _Conn) -> None:
+        if c.closed:
+            return
+        if c.sent < len(c.out):
+            try:
+                with memoryview(c.out) as view, view[c.sent:] as rest:
+                    c.sent += c.sock.send(rest)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                return self._drop(c)
+        if c.sent == len(c.out):
+            c.out.clear()
+            c.sent = 0
+        elif c.sent > 1 << 20:
+            del c.out[:c.sent]
+            c.sent = 0
+        pending = len(c.out) - c.sent
+        events = (selectors.EVENT_READ if pending <= OUT_PAUSE else 0) | (selectors.EVENT_WRITE if pending else 0)
+        if events != c.events:
+            c.events = events
+            self._sel.modify(c.sock, events, c)
+        if pending <= OUT_PAUSE and len(c.inbuf) >= max(c.need, 1):
+            try:
+                self._process(c)  # requests held back while its replies piled up
+            except Exception:
+                self._drop(c)
+
+    def _drop(self, c: _Conn) -> None:
+        if c.closed:
+            return
+        c.closed = True
+        self._unwait(c)
+        self._conns.discard(c)
+        self._dirty.discard(c)
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        _close(c.sock)
+
+    # -- waiting
+
+    def _has(self, key: bytes) -> bool:
+        return key in self.data or bool(self.queues.get(key))
+
+    def _await(self, c: _Conn, keys) -> None:
+        self._unwait(c)
+        c.awaited = set(keys)
+        for k in c.awaited:
+            self._waiters.setdefault(k, {})[c] = None
+
+    def _unwait(self, c: _Conn) -> None:
+        for k in c.awaited:
+            conns = self._waiters.get(k)
+            if conns is not None:
+                conns.pop(c, None)
+                if not conns:
+                    del self._waiters[k]
+        c.awaited = set()
+
+    def _wake(self, key: bytes, one: bool = False) -> None:
+        """Tell the clients waiting on `key` whose every key is now there (with `one`: the first such)."""
+        conns = self._waiters.pop(key, None)
+        while conns:
+            c = next(iter(conns))
+            del conns[c]
+            c.awaited.discard(key)
+            if not c.awaited:
+                self._reply(c, U8.pack(STOP_WAITING))
+                if one:
+                    break
+        if conns:
+            self._waiters[key] = conns
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+        self._wake(key)
+
+    # -- the ops, in the order of the table above
+
+    def _validate(self, c: _Conn, magic: int) -> None:
+        if magic != MAGIC:
+            raise _Malformed("VALIDATE with the wrong magic number")
+        c.valid = True
+
+    def _set(self, c: _Conn, key: bytes, value: bytes) -> None:
+        self._put(key, value)
+
+    def _compare_set(self, c: _Conn, key: bytes, expected: bytes, desired: bytes) -> None:
+        """As torch's server: an absent key is created only when `expected` is empty; otherwise the
+        answer is `expected` itself and nothing is stored (torch's own comment calls that lying)."""
+        now = self.data.get(key)
+        if now is None:
+            if expected:
+                return self._reply(c, _str(expected))
+            self._put(key, desired)
+            now = desired
+        elif now == expected:
+            self._put(key, desired)
+            now = desired
+        self._reply(c, _str(now))
+
+    def _get(self, c: _Conn, key: bytes) -> None:
+        self._reply(c, _str(self.data.get(key, b"")))
+
+    def _add(self, c: _Conn, key: bytes, delta: int) -> None:
+        old = self.data.get(key)
+        total = _wrap64(delta + (_stoll(old) if old is not None else 0))
+        self._put(key, str(total).encode())
+        self._reply(c, I64.pack(total))
+
+    def _check(self, c: _Conn, keys: list[bytes]) -> None:
+        self._reply(c, U8.pack(READY if all(self._has(k) for k in keys) else NOT_READY))
+
+    def _wait(self, c: _Conn, keys: list[bytes]) -> None:
+        missing = [k for k in keys if not self._has(k)]
+        if missing:
+            self._await(c, missing)
+        else:
+            self._reply(c, U8.pack(STOP_WAITING))
+
+    def _num_keys(self, c: _Conn) -> None:
+        self._reply(c, I64.pack(len(self.data)))
+
+    def _delete(self, c: _Conn, key: bytes) -> None:
+        self._reply(c, I64.pack(0 if self.data.pop(key, None) is None else 1))
+
+    def _append(self, c: _Conn, key: bytes, value: bytes) -> None:
+        new = self.data.get(key, b"") + value
+        if len(new) > MAX_VALUE:
+            raise _Malformed(f"an append that makes a value of {len(new)} bytes")
+        self._put(key, new)
+
+    def _multi_get(self, c: _Conn, keys: list[bytes]) -> None:
+        self._reply(c, b"".join(_str(self.data.get(k, b"")) for k in keys))
+
+    def _multi_set(self, c: _Conn, pairs: list[tuple[bytes, bytes]]) -> None:
+        for key, value in pairs:
+            self._put(key, value)
+
+    def _cancel_wait(self, c: _Conn) -> None:
+        self._unwait(c)
+        self._reply(c, U8.pack(WAIT_CANCELED))
+
+    def _ping(self, c: _Conn, nonce: int) -> None:
+        self._reply(c, U32.pack(nonce))
+
+    def _queue_push(self, c: _Conn, key: bytes, value: bytes) -> None:
+        self.queues.setdefault(key, collections.deque()).append(value)
+        self._wake(key, one=True)
+
+    def _queue_pop(self, c: _Conn, key: bytes) -> None:
+        queue = self.queues.get(key)
+        if not queue:
+            return self._reply(c, I64.pack(0))
+        self._reply(c, I64.pack(len(queue)) + _str(queue.popleft()))
+
+    def _queue_len(self, c: _Conn, key: bytes) -> None:
+        self._reply(c, I64.pack(len(self.queues.get(key, ()))))
+
+    def _list_keys(self, c: _Conn) -> None:
+        self._reply(c, I64.pack(len(self.data)) + b"".join(_str(k) for k in self.data))
+
+    def _barrier(self, c: _Conn, key: bytes, world: int) -> None:
+        """Count this client in at `key`; all go on together once `world` have come."""
+        old = self.data.get(key)
+        count = _wrap64(_stoll(old) + 1) if old is not None else 1
+        self.data[key] = str(count).encode()  # not _put: an arrival wakes nobody
+        if count >= world:
+            self._wake(key)
+            self._reply(c, U8.pack(STOP_WAITING))
+        else:
+            self._await(c, [key])
+
+
+def _stoll(value: bytes) -> int:
+    """The number at the start of `value`, read as C's stoll does (torch's ADD): leading white
+    space, a sign, digits, anything after ignored; no digits or past int64 is an error."""
+    text = value.lstrip(b" \t\n\v\f\r")
+    digits = 1 if text[:1] in (b"+", b"-") else 0
+    while digits < len(text) and 48 <= text[digits] <= 57:
+        digits += 1
+    if digits == 0 or not text[digits - 1:digits].isdigit():
+        raise _Malformed("ADD on a value that is not a number")
+    n = int(text[:digits])
+    if not -(1 << 63) <= n < 1 << 63:
+        raise _Malformed("ADD on a number past int64")
+    return n
+
+
+def _wrap64(n: int) -> int:
+    """int64 arithmetic as torch's server does it: overflow wraps around."""
+    return (n + (1 << 63)) % (1 << 64) - (1 << 63)
