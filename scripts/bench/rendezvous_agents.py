@@ -10,15 +10,17 @@ Metric: max(worker start time) - time.time() just before the first agent was spa
 has a 90 s cap; its agents are started in their own process groups, which are killed afterwards.
 The tools alternate inside each repetition (order rotated) so drift hits both; reported: median.
 
-Both tools import torch in the agent for c10d (the TCPStore), which costs seconds on this 2-core
-VM when K interpreters import it at once. Extra figures show how much of the time that is:
-- floor: K bare `python -c "import torch.distributed"` started together, until the last has
-  imported it (then os._exit: torch's interpreter teardown takes ~1 s more), in the rotation
-  with the two tools: what any c10d agent pays before it can do anything;
+torchrun imports torch in its agent for c10d (the TCPStore), which costs seconds on this 2-core VM
+when K interpreters import it at once; the launcher's agent speaks the TCPStore protocol itself
+(launcher/rendezvous/tcpstore.py) and imports no torch. Extra figures, in the rotation with the tools:
+- floor: K bare `python -c "import launcher.run, launcher.rendezvous.c10d"` started together,
+  until the last has imported them: what a launcher c10d agent pays before it can do anything;
+- torch floor: K bare `python -c "import torch.distributed"` likewise (then os._exit: torch's
+  interpreter teardown takes ~1 s more): what torchrun's agent pays before it can do anything;
 - CPU s: user+system seconds of the K agents (each with the worker it waited for), from wait4;
   less sensitive than wall time to other jobs on the machine (printed: load average);
 - torch import in each launcher agent: one extra launcher run per K with `-X importtime` on every
-  agent, summing its top-level torch imports (median over agents; the flag adds a little).
+  agent, summing its top-level torch imports (median over agents): 0, the check that it has none.
 Bytecode: this VM sets PYTHONDONTWRITEBYTECODE=1 and the launcher is an editable install, so every
 process gets PYTHONPYCACHEPREFIX=<tmp>/launcher-bench-pycache with bytecode writing on, filled by
 an untimed warm-up run of each tool (as scripts/bench/launch_overhead.py does).
@@ -27,8 +29,8 @@ loopback (`unshare --net`, root only; `--host-net` opts out). torch's TCPStore a
 resolver for the name of every peer address (PTR 1.0.0.127.in-addr.arpa, on both ends of each
 connection); this VM's resolver is off-host and loses about one query in 25, which costs a 5 s
 resolver timeout. In the namespace those lookups fail at once, and no packet leaves the machine.
-Target (shared/DESIGN.md): 4 agents <= 0.5 s with etcd (torchrun ~4.4 s with c10d); with c10d,
-the torch import included, <= 1 s. The script asserts nothing.
+Target (shared/DESIGN.md, issue 4): 4 agents <= 1 s with c10d (torchrun ~4.4-5.7 s); <= 0.5 s
+with etcd. The script asserts nothing.
 """
 
 from __future__ import annotations
@@ -126,9 +128,12 @@ def torch_import_s(log: str) -> float:
     return total / 1e6
 
 
-def torch_floor(k: int, tmp: str) -> tuple[float, float]:
-    """K bare `import torch.distributed` started together: seconds until all have imported, CPU s."""
-    code = "import os, time, torch.distributed; print(repr(time.time()), flush=True); os._exit(0)"
+FLOORS = {"floor": "launcher.run, launcher.rendezvous.c10d", "torch floor": "torch.distributed"}
+
+
+def import_floor(k: int, tmp: str, modules: str) -> tuple[float, float]:
+    """K bare `import MODULES` started together: seconds until all have imported, CPU s."""
+    code = f"import os, time, {modules}; print(repr(time.time()), flush=True); os._exit(0)"
     logs = [os.path.join(tmp, f"floor{i}.log") for i in range(k)]
     t0, _, cpu = run_group([[PY, "-c", code]] * k, logs)
     return max(float(Path(p).read_text().split()[-1]) for p in logs) - t0, cpu
@@ -146,7 +151,7 @@ def main() -> None:
     args = ap.parse_args()
     private_network()
     ks = [int(x) for x in args.agents.split(",")]
-    tools = ["launcher", "torchrun", "floor"]
+    tools = ["launcher", "torchrun", *FLOORS]
     rev = revision()
     print(f"# {datetime.date.today()}  load average before: {os.getloadavg()}; {rev}", file=sys.stderr)
     runs: dict[tuple[str, int], list[tuple[float, float]]] = {(t, k): [] for t in tools for k in ks}
@@ -157,8 +162,8 @@ def main() -> None:
             one_run(tool, 2, worker, tmp)
         for rep in range(args.reps):
             for k in ks:
-                for tool in tools[rep % 3:] + tools[:rep % 3]:  # rotate the order
-                    secs, cpu = torch_floor(k, tmp) if tool == "floor" else one_run(tool, k, worker, tmp)[:2]
+                for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:  # rotate the order
+                    secs, cpu = import_floor(k, tmp, FLOORS[tool]) if tool in FLOORS else one_run(tool, k, worker, tmp)[:2]
                     if secs is not None:
                         runs[tool, k].append((secs, cpu))
                     print(f"  rep {rep} K={k} {tool}: {fmt(secs)} s, CPU {cpu:.2f} s", file=sys.stderr)
@@ -170,17 +175,18 @@ def main() -> None:
 
     print(f"\nAgents on one host, c10d: spawn -> every worker running, median of {args.reps} "
           f"(2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
-    print("| agents | launcher s | torchrun s | torchrun / launcher | floor s | launcher CPU s | torchrun CPU s | floor CPU s "
-          "| torch import in each launcher agent s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| agents | launcher s | torchrun s | torchrun / launcher | floor s | torch floor s | launcher CPU s | torchrun CPU s "
+          "| floor CPU s | torch floor CPU s | torch import in each launcher agent s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k in ks:
         lo, tr = med("launcher", k, 0), med("torchrun", k, 0)
         ratio = f"{tr / lo:.1f}×" if lo and tr else "n/a"
         imp = f"{statistics.median(imports[k]):.2f}" if imports[k] else "n/a"
-        cells = [fmt(lo), fmt(tr), ratio, fmt(med("floor", k, 0)), *(fmt(med(t, k, 1)) for t in tools), imp]
+        cells = [fmt(lo), fmt(tr), ratio, *(fmt(med(t, k, 0)) for t in FLOORS), *(fmt(med(t, k, 1)) for t in tools), imp]
         print(f"| {k} | " + " | ".join(cells) + " |")
-    print("\nfloor: K bare `python -c 'import torch.distributed'` in parallel, until all imported. CPU: user+system of the K agents "
-          "(with their workers) or K importers, summed.")
+    print("\nfloor: K bare `python -c 'import launcher.run, launcher.rendezvous.c10d'` in parallel, until all imported; "
+          "torch floor: the same with `import torch.distributed`. CPU: user+system of the K agents (with their workers) "
+          "or K importers, summed.")
     print("all runs (s): " + "; ".join(f"{t} K={k}: " + ", ".join(f"{x:.2f}" for x, _ in v) for (t, k), v in runs.items()))
 
 if __name__ == "__main__":

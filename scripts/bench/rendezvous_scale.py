@@ -1,14 +1,17 @@
 """Rendezvous of N simulated nodes (threads) against one TCPStore: the launcher vs torch's own.
 
 Run:  .venv/bin/python scripts/bench/rendezvous_scale.py [--ours 64,256,1024] [--torch 64,128,256]
-                                                        [--reps 3] [--procs 2] [--cap 45]
+                                                        [--reps 3] [--procs 2] [--cap 45] [--server ours|torch]
 
-Per run: one store server (`launcher.rendezvous.c10d.serve`, a libuv TCPStore on 127.0.0.1, the
-same for both tools) and --procs runner processes sharing N threads (DESIGN.md's torch figures:
-threads in 2 processes). Each thread opens its own TCPStore client and builds its handler, untimed
+Per run: one store server on 127.0.0.1 in a process of its own, and --procs runner processes
+sharing N threads (DESIGN.md's torch figures: threads in 2 processes). The launcher's rows use its
+own pure-Python server (`launcher.rendezvous.c10d.serve`), or torch's libuv TCPStore server with
+`--server torch` (the same wire protocol: a comparison of the servers); torch's rows always use
+torch's server and client. Each thread opens its own store client and builds its handler, untimed
 ("connect s"); then all threads are released together (t0) and each asks for one round:
 - launcher: `ElasticRendezvous(TCPStoreAdapter(..), run_id, Node(min=max=N), RendezvousSettings(
-  join_timeout=cap)).next_round(Cause.START)`; a proxy counts calls at the Store interface;
+  join_timeout=cap)).next_round(Cause.START)` (our pure-Python client); a proxy counts calls at the
+  Store interface;
 - torch: `DynamicRendezvousHandler.from_backend(run_id, store, C10dRendezvousBackend(store, run_id),
   min_nodes=N, max_nodes=N, timeout=RendezvousTimeout(join=cap)).next_rendezvous()`, torch 2.13
   defaults otherwise; a proxy on the backend's store counts its get / compare_set calls and the
@@ -32,14 +35,17 @@ import collections
 import datetime
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import threading
+import warnings
 
 from benchlib import Counting, combine, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
+SERVERS = {"ours": "the launcher's pure-Python server", "torch": "torch's libuv server"}
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
 
 
@@ -69,10 +75,9 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
 
 def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are connected, start on a line from stdin."""
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch: no bootstrap store server at rank 0
-    from launcher.rendezvous.c10d import _torch_distributed
-
-    _torch_distributed()  # import torch quietly, once
+    if tool == "torch":
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # no bootstrap store server at rank 0
+        quiet_torch()  # once, before the threads
     m = hi - lo
     counts = [collections.Counter() for _ in range(m)]
     setup = [collections.Counter() for _ in range(m)]  # ops before t0 (torch's backend: 1 compare_set)
@@ -88,15 +93,41 @@ def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     return {**out, "counts": {k: v for k, v in total.items() if v}}
 
 
+def quiet_torch() -> None:
+    """Import torch.distributed without its NumPy warning or a C++ log line per store wait timeout."""
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch.distributed  # noqa: F401
+
+
+def serve(kind: str) -> None:
+    """The store server process: print its port, serve until stdin closes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # two connections per simulated node
+    if kind == "torch":
+        quiet_torch()
+        from torch.distributed import TCPStore
+
+        server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    else:
+        from launcher.rendezvous.c10d import serve
+
+        server = serve("127.0.0.1", 0)
+    print(server.port, flush=True)
+    sys.stdin.read()  # until the parent closes the pipe or kills us
+
+
 def cpu_of(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(tool: str, n: int, procs: int, cap: float) -> dict:
+def measure(tool: str, n: int, procs: int, cap: float, server_kind: str) -> dict:
     """One store server, `procs` runners; all killed at the end whatever happens."""
-    server = subprocess.Popen([sys.executable, HERE, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, HERE, "--serve", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     runs: list[subprocess.Popen] = []
     killer = threading.Timer(120, lambda: [p.kill() for p in runs])  # connecting: 120 s at most
     try:
@@ -133,6 +164,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="runs per N for the launcher (torch: 1)")
     ap.add_argument("--procs", type=int, default=2, help="runner processes sharing the N threads")
     ap.add_argument("--cap", type=float, default=45.0, help="join timeout, s")
+    ap.add_argument("--server", choices=["ours", "torch"], default="ours", help="the store server of the launcher's rows")
     ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = ap.parse_args()
     private_network()
@@ -141,13 +173,13 @@ def main() -> None:
     rows = []
     for tool, sizes, reps in (("launcher", args.ours, args.reps), ("torch", args.torch, 1)):
         for n in (int(x) for x in sizes.split(",") if x):
-            runs = [measure(tool, n, args.procs, args.cap) for _ in range(reps)]
+            runs = [measure(tool, n, args.procs, args.cap, args.server if tool == "launcher" else "torch") for _ in range(reps)]
             for r in runs:
                 print(f"  {tool} N={n}: {json.dumps(r)}", file=sys.stderr)
             rows.append((tool, n, runs))
     print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
     print(f"\nRendezvous of N simulated nodes (threads in {args.procs} processes) against one TCPStore server "
-          f"(2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
+          f"(launcher rows: {SERVERS[args.server]}; torch rows: torch's libuv server; 2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
     print("| tool | N | ok runs | rdzv s (median) | store ops / round | ops / node | ops by kind | state bytes / node | runner CPU s | server CPU s | connect s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for tool, n, runs in rows:
@@ -164,11 +196,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        from launcher.rendezvous.c10d import serve
-
-        server, sock = serve("127.0.0.1", 0)
-        print(sock.getsockname()[1], flush=True)
-        sys.stdin.read()  # until the parent closes the pipe or kills us
+        serve(sys.argv[2])
     elif sys.argv[1:2] == ["--run"]:
         tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
         print(json.dumps(runner(tool, n, lo, hi, port, cap)), flush=True)
