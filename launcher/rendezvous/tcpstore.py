@@ -69,7 +69,8 @@ REQUEST = {
 
 
 class StoreError(Exception):
-    """The store is gone, unreachable, or said something outside the protocol; the client is closed."""
+    """The store is gone, unreachable, or said something outside the protocol: the client is closed
+    (but for a StoreTimeout)."""
 
 
 class StoreTimeout(StoreError):
@@ -132,7 +133,7 @@ class StoreClient:
                     why += " (another program on that port? it does not speak the c10d store protocol)"
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StoreError(f"cannot connect: {why}")
+                raise StoreError(f"{why}, retried for {connect_timeout:g} s")
             time.sleep(min(delay, left))
             delay = min(2 * delay, 1.0)
 
