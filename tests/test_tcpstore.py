@@ -1,7 +1,8 @@
 """The pure-Python TCPStore (launcher/rendezvous/tcpstore.py) against itself and against torch's:
 op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
 client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
-binding, many connections, and the c10d agent that no longer imports torch.
+binding, many connections, the c10d agent that no longer imports torch, and agents meeting on a
+store that torch hosts.
 
 torch runs only in subprocesses: its client's list_keys/queue_len keep the GIL while they block,
 which would starve a server thread in the same interpreter.
@@ -560,3 +561,14 @@ def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
     imported = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
     assert "launcher.rendezvous.tcpstore" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+
+
+def test_agents_meet_on_a_store_hosted_by_torch(launch, torch_libuv):
+    port = torch_libuv[1]
+    args = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+            "--rdzv_id", fresh().rstrip("/"), "--rdzv_conf", "is_host=false", worker("node_info.py")]
+    procs = [launch.start(*args, env={"SLEEP": "0.2"}) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    ranks = sorted(line.split("rank=")[1].split()[0] for out, _ in outs for line in out.splitlines() if " info " in line)
+    assert ranks == ["0", "1"], outs
