@@ -265,11 +265,30 @@ cfg = from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_
 r = create_rendezvous(cfg)
 rnd = r.next_round(Cause.START)
 r.shutdown(True)
-print(rnd.world_size, "pyetcd" in sys.modules, "torch" in sys.modules)
+print(rnd.world_size, "torch" in sys.modules)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.stdout.split() == ["1", "True", "False"], r.stderr
+    assert r.stdout.split() == ["1", "False"], r.stderr
     assert keys_of(etcd, "imports") == []  # the last agent out deleted the run's keys
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_agent_on_etcd_speaks_the_gateway_without_grpc(etcd):
+    code = f"""
+import sys
+from launcher.config import from_flags
+from launcher.rendezvous import create_rendezvous, Cause
+cfg = from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_endpoint="{etcd.endpoint}",
+                 rdzv_id="nogrpc", rdzv_conf="last_call_timeout=0.1")
+r = create_rendezvous(cfg)
+rnd = r.next_round(Cause.START)
+r.shutdown(True)
+print(rnd.world_size, sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "pyetcd") or m.startswith("google.protobuf")))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.stdout.split() == ["1", "[]"], (r.stdout, r.stderr)
+    assert keys_of(etcd, "nogrpc") == []
 
 
 # ---------------------------------------------------------------------------- rounds
@@ -441,18 +460,21 @@ def _leader(members: list[Member]) -> Member:
 
 
 def make_certs(folder: Path) -> dict:
-    """A throwaway CA, a server certificate for 127.0.0.1, and a client certificate (CN train)."""
+    """A throwaway CA, a server certificate for 127.0.0.1, a client certificate with a Common Name
+    (CN train: etcd refuses it on its JSON gateway once auth is on) and one without (O only)."""
     def ssl(*a: str) -> None:
         subprocess.run(["openssl", *a], cwd=folder, check=True, capture_output=True, timeout=30)
 
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=launcher-test-ca")
-    for name, cn, usage in (("server", "etcd", "serverAuth,clientAuth"), ("client", "train", "clientAuth")):
-        ssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+    for name, subject, usage in (("server", "/CN=etcd", "serverAuth,clientAuth"), ("client", "/CN=train", "clientAuth"),
+                                 ("nocn", "/O=launcher-test", "clientAuth")):
+        ssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
         (folder / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
         ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
             "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
-    return {f: str(folder / f) for f in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+    names = ("ca.crt", "server.crt", "server.key", "client.crt", "client.key", "nocn.crt", "nocn.key")
+    return {f: str(folder / f) for f in names}
 
 
 def enable_auth(member: Member) -> None:
@@ -478,20 +500,22 @@ SH_WORKER = ("--no_python", "sh", "-c",
              'env > "$DUMP_DIR/$RANK.env"; echo "info rank=$RANK world=$WORLD_SIZE round=$LAUNCHER_ROUND"; sleep "$SLEEP"')
 
 
-@needs_etcd
-@pytest.mark.timeout(90)
-def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
-    certs = make_certs(tmp_path)
-    (member,) = etcd_factory(tls=certs)
-    enable_auth(member)
-    tls = f"cacert={certs['ca.crt']},cert={certs['client.crt']},key={certs['client.key']}"
+FALLBACK = "speaking gRPC instead"
+
+
+def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str) -> tuple[list, list[str]]:
+    """Two agents logged in as train (the password from the environment, and from a file) with the
+    client certificate `cert`, a third with a wrong password and a fourth whose role cannot touch
+    /launcher/; etcd is killed and restarted under the first two (it forgets their tokens).
+    -> (the two agents' results, every agent's stderr)."""
+    tls = f"cacert={certs['ca.crt']},cert={certs[cert + '.crt']},key={certs[cert + '.key']}"
     password_file = tmp_path / "password"
     password_file.write_text("s3cret-pw\n")
     password_file.chmod(0o600)
     dump = tmp_path / "dump"
     dump.mkdir()
     run = {"DUMP_DIR": str(dump), "SLEEP": "6"}
-    procs = [  # the password from the environment, and from a file
+    procs = [
         launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), *SH_WORKER,
                      env={**run, "LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"}),
         launch.start(*args(member.endpoint, "2", run_id="secure", conf=f"{tls},user=train,password_file={password_file}"),
@@ -517,3 +541,42 @@ def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
     for text in (err_wrong, err_denied, out_wrong, *[e for _, _, e in results]):
         assert "s3cret-pw" not in text and "not-the-password" not in text and "Traceback" not in text
     assert keys_of(member, "secure", user="root", password="rootpw") == []
+    return results, [err_wrong, err_denied, *[e for _, _, e in results]]
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
+    """A client certificate with a Common Name: the gateway refuses it, every agent speaks gRPC (and says so once)."""
+    certs = make_certs(tmp_path)
+    (member,) = etcd_factory(tls=certs)
+    enable_auth(member)
+    _, errs = secure_run(launch, member, certs, tmp_path, "client")
+    for err in errs:
+        assert err.count(FALLBACK) == 1, err
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_tls_certificate_without_common_name_and_password_on_the_gateway(launch, etcd_factory, tmp_path):
+    """A client certificate without a Common Name, server TLS and a password: the gateway serves it all."""
+    certs = make_certs(tmp_path)
+    (member,) = etcd_factory(tls=certs)
+    enable_auth(member)
+    _, errs = secure_run(launch, member, certs, tmp_path, "nocn")
+    for err in errs:
+        assert FALLBACK not in err, err
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_tls_mismatch_is_a_clear_error(launch, etcd, etcd_factory, tmp_path):
+    certs = make_certs(tmp_path)
+    # TLS spoken to a plain etcd: refused at once
+    r = launch.run(*args(etcd.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 1 and "does not speak TLS" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    # plain HTTP spoken to a TLS etcd: it closes the connection; after the join timeout, a hint
+    (member,) = etcd_factory(tls=certs)
+    r = launch.run(*args(member.endpoint, "2", conf="join_timeout=2"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 1 and f"cannot reach etcd at {member.endpoint}" in r.stderr, r.stderr
+    assert "if etcd serves TLS, pass --rdzv_conf cacert=PATH" in r.stderr and "Traceback" not in r.stderr, r.stderr

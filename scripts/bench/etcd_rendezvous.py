@@ -1,7 +1,9 @@
-"""The etcd rendezvous: 4 agents start -> all workers running, 1,024 simulated nodes, a node's death.
+"""The etcd rendezvous: 4 agents start -> all workers running, 1,024 simulated nodes, a node's death,
+an agent's peak memory.
 
-Run:  .venv/bin/python scripts/bench/etcd_rendezvous.py [--parts agents,scale,death] [--reps 5]
+Run:  .venv/bin/python scripts/bench/etcd_rendezvous.py [--parts agents,scale,death,rss] [--reps 5]
                                                         [--nodes 64,256,1024] [--procs 2] [--clients 8]
+                                                        [--engine gateway|grpc]
 
 The script starts its own etcd (Debian's etcd-server, etcd's default timings, a throwaway data
 folder, loopback ports) and stops it at the end. Three parts, each printed as a markdown table:
@@ -10,23 +12,30 @@ folder, loopback ports) and stops it at the end. Three parts, each printed as a 
   `--nnodes 4 --nproc_per_node 1 --rdzv_backend etcd --rdzv_endpoint 127.0.0.1:PORT --rdzv_id <fresh>`;
   the worker writes time.time() as its first statement. Metric: max(worker start) - time.time()
   just before the first Popen. Beside it, torchrun 2.13 with c10d (torchrun's etcd backends need
-  etcd's v2 API, off since etcd 3.4) and the floor: K bare `python -c "import launcher.run, pyetcd"`
-  started together until all exit. Bytecode caching on for every process (PYTHONPYCACHEPREFIX),
+  etcd's v2 API, off since etcd 3.4) and the floor: K bare `python -c "import <what the agent
+  imports>"` started together until all exit (launcher.run and the etcd backend with its engine:
+  the JSON gateway's by default, pyetcd with --engine grpc). Bytecode caching on for every process (PYTHONPYCACHEPREFIX),
   filled by an untimed warm-up run. Target (shared/DESIGN.md): <= 0.5 s.
 - scale: N simulated nodes = threads in --procs runner processes; each thread builds
   `ElasticRendezvous(EtcdStore(..), run_id, Node(min=max=N), RendezvousSettings(join_timeout=cap))`
   untimed, then all are released together and each calls `next_round(Cause.START)` once.
-  The threads of a runner share --clients pyetcd connections (round robin) and each connection's
-  lease: a connection is a gRPC channel with its own threads, and 1,024 of them in two Python
-  processes would measure gRPC's thread overhead, not the protocol. Every simulated node still has
-  its own EtcdStore (its own watches) and signs in (`agents/<node>`) and holds its alive key as an
-  agent does. Counted: calls at the Store interface and requests sent to etcd, per node.
+  The threads of a runner share --clients etcd clients (round robin) and each client's lease, as
+  the gRPC engine needed (a gRPC channel has its own threads, and 1,024 of them in two Python
+  processes would measure gRPC's thread overhead, not the protocol). --engine picks the engine:
+  gateway (the default; a client is a pool of keep-alive HTTP connections, each watch a stream of
+  its own, read by the waiting thread) or grpc (pyetcd). Every simulated node still has its own
+  EtcdStore (its own watches) and signs in (`agents/<node>`) and holds its alive key as an agent
+  does. Counted: calls at the Store interface and requests sent to etcd, per node.
   "rdzv s": release to the last node holding its round (ranks 0..N-1 unique, world size N checked).
   Target: 1,024 nodes in <= 10 s on this 2-core VM, O(N) operations per round.
 - death: 3 agents, `--nnodes 2:3` (default settings otherwise: keep_alive_interval 0.5 s x 4
   attempts, so a 2 s lease), each in its own session. Once the 3 workers of round 0 run, one
   agent's whole session (agent, guard and worker: a host going away) is SIGKILLed. Metric: kill ->
   both survivors' round-1 workers running (their first statement's time.time()). Target: <= 3 s.
+- rss: 2 agents (`--nnodes 2`) on etcd, each run through a tiny wrapper whose atexit hook reads the
+  agent's VmHWM (peak resident memory, all threads, no children) and CPU time (user + system) from
+  /proc/self, as launch_overhead.py does. Largest RSS, smallest CPU over --reps x 2 agents.
+  Target: <= 30 MiB.
 
 Median of --reps. Every process group the script starts is SIGKILLed at the end of its run, every
 wait is capped. By default the script re-runs itself in a private network namespace holding only
@@ -51,7 +60,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Counting, combine, free_port, private_network, release_together
+from benchlib import Counting, combine, free_port, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -62,6 +71,17 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
 ENV["PYTHONPATH"] = ROOT
 CAP = 60.0
+# An agent held to the gRPC engine (--engine grpc), for a side-by-side with the old client.
+GRPC_AGENT = """import runpy, sys
+import launcher.rendezvous.etcd as etcd
+init = etcd._Choice.__init__
+def held_to_grpc(self):
+    init(self)
+    self.grpc = True
+etcd._Choice.__init__ = held_to_grpc
+sys.argv[0] = "launcher"
+runpy.run_module("launcher", run_name="__main__", alter_sys=True)
+"""
 WORKER = """import os, sys, time
 t = time.time()
 path = os.path.join(sys.argv[1], f"{os.getpid()}.start")
@@ -153,7 +173,7 @@ def agent_cmd(tool: str, k: int, endpoint: str, run_id: str, worker: str, out: s
         head = [TORCHRUN]
     else:
         rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id]
-        head = [PY, "-m", "launcher"]
+        head = [PY, "-c", GRPC_AGENT] if ENGINE == "grpc" else [PY, "-m", "launcher"]
     return head + ["--nnodes", nnodes or str(k), "--nproc_per_node", "1", *rdzv, worker, out, str(sleep)]
 
 
@@ -188,9 +208,18 @@ def agents_run(tool: str, k: int, etcd: Etcd, worker: str, tmp: str) -> float | 
     return max(t for t, _ in seen) - t0
 
 
+ENGINE = "gateway"  # --engine
+
+
+def agent_imports() -> str:
+    """What an etcd agent imports beyond the interpreter: the launcher, the backend, its engine."""
+    engine = "launcher.rendezvous.etcd_grpc" if ENGINE == "grpc" else "launcher.rendezvous.etcd_gateway"
+    return f"launcher.run, launcher.rendezvous.etcd, {engine}"
+
+
 def import_floor(k: int) -> float:
     t = time.perf_counter()
-    procs = [subprocess.Popen([PY, "-c", "import launcher.run, pyetcd"], env=ENV) for _ in range(k)]
+    procs = [subprocess.Popen([PY, "-c", f"import {agent_imports()}"], env=ENV) for _ in range(k)]
     for p in procs:
         p.wait(CAP)
     return time.perf_counter() - t
@@ -211,7 +240,7 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
         floors.append(import_floor(k))
     lo, tr = med(times["launcher"]), med(times["torchrun"])
     print(f"\n4 agents on one host, start -> all workers running (median of {reps}; network: {NET})\n")
-    print("| agents | launcher, etcd s | torchrun 2.13, c10d s | torchrun / launcher | floor s (4 × `import launcher.run, pyetcd` in parallel) | target |")
+    print(f"| agents | launcher, etcd s | torchrun 2.13, c10d s | torchrun / launcher | floor s (4 × `import {agent_imports()}` in parallel) | target |")
     print("|---|---|---|---|---|---|")
     ratio = f"{tr / lo:.1f}×" if lo and tr else "n/a"
     print(f"| {k} | {fmt(lo)} | {fmt(tr)} | {ratio} | {med(floors):.2f} | ≤ 0.5 s |")
@@ -221,7 +250,7 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 # ---------------------------------------------------------------------------- part 2: scale
 
 
-def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str) -> dict:
+def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str, engine: str) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are built, start on a line from stdin."""
     from launcher.config import RendezvousSettings
     from launcher.rendezvous.api import Cause
@@ -232,6 +261,8 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     opts = EtcdOptions(endpoints=((host, int(port)),))
     settings = RendezvousSettings(join_timeout=cap)
     shared = [_Client(opts) for _ in range(clients)]
+    for c in shared:
+        c.choice.grpc = engine == "grpc"
     leases = [Lease(opts, 2, 0.5) for _ in range(clients)]
     for c, lease in zip(shared, leases):
         lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
@@ -268,7 +299,7 @@ def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
     killer = threading.Timer(cap + 30, lambda: [p.kill() for p in runs])
     try:
         bounds = [n * k // procs for k in range(procs + 1)]
-        runs += [subprocess.Popen([PY, HERE, "--run", etcd.endpoint, str(n), str(a), str(b), str(clients), str(cap), run_id],
+        runs += [subprocess.Popen([PY, HERE, "--run", etcd.endpoint, str(n), str(a), str(b), str(clients), str(cap), run_id, ENGINE],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV) for a, b in zip(bounds, bounds[1:])]
         killer.start()
         if any(p.stdout.readline().strip() != "ready" for p in runs):
@@ -299,7 +330,7 @@ def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, c
             print(f"  scale N={n} rep {rep}: " + (f"{r['rdzv_s']:.2f} s" if r["ok"] else r["error"]), file=sys.stderr)
         good = [r for r in runs if r["ok"]]
         rows.append((n, good, runs))
-    print(f"\nRendezvous of N simulated nodes on etcd (threads in {procs} processes, {clients} connections each; "
+    print(f"\nRendezvous of N simulated nodes on etcd ({ENGINE} engine; threads in {procs} processes, {clients} clients each; "
           f"median of {reps}; network: {NET})\n")
     print("| nodes | rdzv s | Store calls / node | etcd requests / node | runners CPU s | etcd CPU s | build s (untimed) | completed |")
     print("|---|---|---|---|---|---|---|---|")
@@ -357,6 +388,70 @@ def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
     print("\nall runs (s): " + ", ".join(f"{x:.2f}" for x in times))
 
 
+# ---------------------------------------------------------------------------- part 4: rss
+
+
+RSS_WRAPPER = r"""
+import atexit, json, os, sys
+out, engine = sys.argv.pop(1), sys.argv.pop(1)
+
+def dump():
+    rss = sum(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    mods = sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "pyetcd", "google", "torch"))
+    json.dump({"rss_kib": rss, "cpu_s": os.times().user + os.times().system, "heavy": mods[:5]}, open(out, "w"))
+
+atexit.register(dump)  # registered first, so it runs last: at the agent's exit
+import runpy
+if engine == "grpc":
+    import launcher.rendezvous.etcd as etcd
+    init = etcd._Choice.__init__
+    def held_to_grpc(self):
+        init(self)
+        self.grpc = True
+    etcd._Choice.__init__ = held_to_grpc
+sys.argv[0] = "launcher"
+runpy.run_module("launcher", run_name="__main__", alter_sys=True)
+"""
+
+
+def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
+    out = tempfile.mkdtemp(dir=tmp, prefix="rss-")
+    run_id = os.path.basename(out)
+    logs = [os.path.join(out, f"agent{i}.log") for i in range(2)]
+    stats = [os.path.join(out, f"agent{i}.json") for i in range(2)]
+    rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "etcd", "--rdzv_endpoint", etcd.endpoint,
+            "--rdzv_id", run_id, worker, out, "0.5"]
+    procs = [start([PY, wrapper, st, ENGINE, *rdzv], log) for st, log in zip(stats, logs)]
+    try:
+        for p in procs:
+            p.wait(CAP)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill_all(procs)
+    if any(p.returncode != 0 for p in procs) or not all(os.path.exists(st) for st in stats):
+        print(f"  rss: FAILED{tail(logs)}", file=sys.stderr)
+        return None
+    return [json.loads(Path(st).read_text()) for st in stats]
+
+
+def part_rss(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+    wrapper = os.path.join(tmp, "rss_wrapper.py")
+    Path(wrapper).write_text(RSS_WRAPPER)
+    rss_run(etcd, worker, tmp, wrapper)  # warm-up: the bytecode cache
+    runs = [a for _ in range(reps) for a in (rss_run(etcd, worker, tmp, wrapper) or [])]
+    print(f"\nAgent peak RSS on etcd ({ENGINE} engine; 2 agents, --nnodes 2, {len(runs)} agent runs; VmHWM of the agent "
+          f"process at its exit, all threads, no children)\n")
+    print("| agent peak RSS MiB (largest) | agent CPU s (smallest) | grpc/protobuf/torch loaded | target |")
+    print("|---|---|---|---|")
+    if not runs:
+        print("| failed | | | ≤ 30 MiB |")
+        return
+    heavy = sorted({m for r in runs for m in r["heavy"]})
+    print(f"| {max(r['rss_kib'] for r in runs) / 1024:.1f} | {min(r['cpu_s'] for r in runs):.3f} | "
+          f"{', '.join(heavy) or 'none'} | ≤ 30 MiB |")
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -370,11 +465,13 @@ def fmt(x: float | None) -> str:
 
 def main() -> None:
     if sys.argv[1:2] == ["--run"]:
-        endpoint, n, lo, hi, clients, cap, run_id = sys.argv[2:9]
-        print(json.dumps(runner(endpoint, int(n), int(lo), int(hi), int(clients), float(cap), run_id)), flush=True)
+        endpoint, n, lo, hi, clients, cap, run_id, engine = sys.argv[2:10]
+        print(json.dumps(runner(endpoint, int(n), int(lo), int(hi), int(clients), float(cap), run_id, engine)), flush=True)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="agents,scale,death")
+    ap.add_argument("--parts", default="agents,scale,death,rss")
+    ap.add_argument("--engine", choices=("gateway", "grpc"), default="gateway",
+                    help="the etcd engine the agents and simulated nodes use (grpc: the fallback, pyetcd)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nodes", default="64,256,1024", help="scale: simulated node counts")
     ap.add_argument("--scale-reps", type=int, default=3)
@@ -383,11 +480,14 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=60.0, help="scale: join timeout, s")
     ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = ap.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     if not shutil.which("etcd"):
         raise SystemExit("no etcd binary on PATH (Debian: apt-get install etcd-server)")
     private_network()
     parts = args.parts.split(",")
-    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  load average before: {os.getloadavg()}", file=sys.stderr)
+    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  {revision()}, {ENGINE} engine; load average before: {os.getloadavg()}",
+          file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
         worker = os.path.join(tmp, "worker.py")
         Path(worker).write_text(WORKER)
@@ -399,6 +499,8 @@ def main() -> None:
                 part_scale(etcd, [int(x) for x in args.nodes.split(",")], args.scale_reps, args.procs, args.clients, args.cap)
             if "death" in parts:
                 part_death(etcd, args.reps, tmp, worker)
+            if "rss" in parts:
+                part_rss(etcd, args.reps, tmp, worker)
         finally:
             etcd.stop()
     print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
