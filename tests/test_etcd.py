@@ -575,8 +575,12 @@ def test_tls_mismatch_is_a_clear_error(launch, etcd, etcd_factory, tmp_path):
     # TLS spoken to a plain etcd: refused at once
     r = launch.run(*args(etcd.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30)
     assert r.returncode == 1 and "does not speak TLS" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
-    # plain HTTP spoken to a TLS etcd: it closes the connection; after the join timeout, a hint
     (member,) = etcd_factory(tls=certs)
+    # no client certificate for an etcd that requires one: refused at once
+    r = launch.run(*args(member.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30)
+    assert r.returncode == 1 and f"TLS with etcd at {member.endpoint} failed" in r.stderr, r.stderr
+    assert "etcd wants a client certificate" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    # plain HTTP spoken to a TLS etcd: it closes the connection; after the join timeout, a hint
     r = launch.run(*args(member.endpoint, "2", conf="join_timeout=2"), worker("node_info.py"), timeout=30)
     assert r.returncode == 1 and f"cannot reach etcd at {member.endpoint}" in r.stderr, r.stderr
     assert "if etcd serves TLS, pass --rdzv_conf cacert=PATH" in r.stderr and "Traceback" not in r.stderr, r.stderr

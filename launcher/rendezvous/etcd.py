@@ -91,6 +91,7 @@ class _Client:
     def __init__(self, opts: EtcdOptions, timeout: float | None = None, *, choice: _Choice | None = None):
         self.opts = opts
         self.timeout = timeout or opts.timeout
+        self.owner = choice is None  # the agent's first client: it owns the gateway's shared connections
         self.choice = choice or _Choice()
         self._engine: Engine | None = None
         self._lock = threading.Lock()
@@ -114,19 +115,19 @@ class _Client:
         with self.choice.lock:
             if self.choice.session is None:
                 self.choice.session = Session(self.opts)
-            return Gateway(self.opts, self.timeout, self.choice.session)
+            return Gateway(self.opts, self.timeout, self.choice.session, owner=self.owner)
 
     def sibling(self, timeout: float | None = None) -> "_Client":
         return _Client(self.opts, timeout or self.timeout, choice=self.choice)
 
-    def fall_back(self, why: str) -> None:
-        """The gateway refused this client: every client of the agent speaks gRPC from now on."""
+    def fall_back(self) -> None:
+        """The gateway refused this client: every client of the agent speaks gRPC from now on (said once)."""
         with self.choice.lock:
             if self.choice.grpc:
                 return
             self.choice.grpc = True
-        say(f"etcd at {self.opts.where} refuses its JSON gateway to a client certificate with a Common Name "
-            f"(--client-cert-auth with auth enabled: {why}); speaking gRPC instead")
+        say(f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate with a Common Name "
+            f"(--client-cert-auth with auth enabled); speaking gRPC instead")
 
     def close(self) -> None:
         with self._lock:
@@ -138,7 +139,7 @@ class _Client:
 def _hint(why: str, opts: EtcdOptions) -> str:
     """What a user can check when the cluster never answered."""
     low = why.lower()
-    if not opts.tls and ("closed" in low or "socket closed" in low):
+    if not opts.tls and "closed" in low:  # a TLS listener hangs up on plain HTTP (and gRPC: "Socket closed")
         return "; if etcd serves TLS, pass --rdzv_conf cacert=PATH"
     if "handshake" in low and opts.tls:
         return "; does etcd serve TLS at that address?"
@@ -287,7 +288,7 @@ class EtcdStore:
                 if e.kind == "lease":
                     raise _LeaseLost(e.why) from None
                 if e.kind == "no-gateway":
-                    self.client.fall_back(e.why)  # refused, not applied: resend over gRPC at once
+                    self.client.fall_back()  # refused, not applied: resend over gRPC at once
                     continue
                 if not idempotent and not e.unsent:
                     raise RendezvousConnectionError(f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off") from None
@@ -315,7 +316,7 @@ class EtcdStore:
                 if e.kind == "fatal":
                     raise RendezvousError(e.why) from None
                 if e.kind == "no-gateway":
-                    self.client.fall_back(e.why)
+                    self.client.fall_back()
                     continue
             except Exception as e:  # a client bug, not an etcd answer
                 self._drop_follow()
@@ -482,7 +483,7 @@ class Lease:
             except Exception as e:
                 why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
                 if isinstance(e, EtcdError) and e.kind == "no-gateway":
-                    self.store.client.fall_back(e.why)
+                    self.store.client.fall_back()
                 lost_at = lost_at or time.monotonic()
                 if not told and time.monotonic() - lost_at >= 1.0:
                     told = True

@@ -32,7 +32,6 @@ from .etcd_engine import (
     ENDPOINT_RETRY_S,
     KV,
     Compare,
-    Delete,
     EtcdError,
     EtcdOptions,
     Event,
@@ -133,6 +132,9 @@ class Session:
         """The token to send: logs in first when a user is given and nobody has yet."""
         if not self.opts.user or self.auth_off:
             return None
+        token = self.token
+        if token is not None:
+            return token
         with self._login:
             if self.token is None and not self.auth_off:
                 doc = engine._post("/v3/auth/authenticate", {"name": self.opts.user, "password": self.opts.password or ""},
@@ -157,10 +159,11 @@ class Gateway:
 
     name = "gateway"
 
-    def __init__(self, opts: EtcdOptions, timeout: float | None = None, session: Session | None = None):
+    def __init__(self, opts: EtcdOptions, timeout: float | None = None, session: Session | None = None, *, owner: bool | None = None):
         self.opts = opts
         self.timeout = timeout or opts.timeout
         self.session = session or Session(opts)
+        self.owner = session is None if owner is None else owner  # closing closes the session's connections
 
     # ------------------------------------------------------------------ KV
 
@@ -229,7 +232,8 @@ class Gateway:
         return watch
 
     def close(self) -> None:
-        self.session.close()
+        if self.owner:
+            self.session.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -327,11 +331,14 @@ class Gateway:
             return EtcdError("no-gateway", data.decode(errors="replace").strip())
         try:
             doc = json.loads(data)
-            error = doc["error"]
+            error = doc.get("error")
             if isinstance(error, dict):  # a stream's error
                 return _stream_error(error, self.opts)
+            if error is None and "message" not in doc:
+                raise KeyError("error")
+            # {"error", "message", "code"} (etcd 3.4, 3.5); newer grpc-gateways drop "error"
             return classify(int(doc.get("code") or 2), str(doc.get("message") or error), self.opts)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return self._not_gateway(status, data)
 
     def _not_gateway(self, status: int, data: bytes) -> EtcdError:
@@ -361,7 +368,10 @@ class Gateway:
             where = f"{ep[0]}:{ep[1]}" if ep else self.opts.where
             raise EtcdError("fatal", f"etcd at {where} does not speak TLS (it answers plain HTTP); "
                                      f"use http:// endpoints without cacert=, cert=, key=") from None
-        raise tls_failed(self.opts, str(getattr(e, "reason", None) or e).replace("_", " ").lower()) from None
+        detail = str(getattr(e, "reason", None) or e).replace("_", " ").lower()
+        if "alert" in detail and "certificate" in detail and not self.opts.cert:
+            detail += ": etcd wants a client certificate"
+        raise tls_failed(self.opts, detail) from None
 
 
 class GatewayWatch:
@@ -434,8 +444,9 @@ def _watch_message(line: bytes, opts: EtcdOptions) -> tuple[int, list[Event]]:
 
 
 def _stream_error(error, opts: EtcdOptions) -> EtcdError:
+    """A stream's {"error": {"grpc_code" (or "code"), "message", ...}}."""
     if isinstance(error, dict):
-        return classify(int(error.get("grpc_code") or 2), str(error.get("message") or ""), opts)
+        return classify(int(error.get("grpc_code") or error.get("code") or 2), str(error.get("message") or ""), opts)
     return classify(2, str(error), opts)
 
 
