@@ -6,7 +6,7 @@ Run:  .venv/bin/python scripts/bench/etcd_rendezvous.py [--parts agents,scale,de
                                                         [--engine gateway|grpc]
 
 The script starts its own etcd (Debian's etcd-server, etcd's default timings, a throwaway data
-folder, loopback ports) and stops it at the end. Three parts, each printed as a markdown table:
+folder, loopback ports) and stops it at the end. Four parts, each printed as a markdown table:
 
 - agents: K=4 launcher processes started at once (Popen one after the other, no waiting) with
   `--nnodes 4 --nproc_per_node 1 --rdzv_backend etcd --rdzv_endpoint 127.0.0.1:PORT --rdzv_id <fresh>`;
@@ -14,8 +14,8 @@ folder, loopback ports) and stops it at the end. Three parts, each printed as a 
   just before the first Popen. Beside it, torchrun 2.13 with c10d (torchrun's etcd backends need
   etcd's v2 API, off since etcd 3.4) and the floor: K bare `python -c "import <what the agent
   imports>"` started together until all exit (launcher.run and the etcd backend with its engine:
-  the JSON gateway's by default, pyetcd with --engine grpc). Bytecode caching on for every process (PYTHONPYCACHEPREFIX),
-  filled by an untimed warm-up run. Target (shared/DESIGN.md): <= 0.5 s.
+  the JSON gateway's by default, pyetcd with --engine grpc). Bytecode caching on for every
+  process (PYTHONPYCACHEPREFIX), filled by an untimed warm-up run. Target (shared/DESIGN.md): <= 0.5 s.
 - scale: N simulated nodes = threads in --procs runner processes; each thread builds
   `ElasticRendezvous(EtcdStore(..), run_id, Node(min=max=N), RendezvousSettings(join_timeout=cap))`
   untimed, then all are released together and each calls `next_round(Cause.START)` once.
