@@ -244,20 +244,16 @@ class Gateway:
     def _logged_in(self, send):
         """send(token), logging in again and resending once when etcd refused the token (it forgets
         them when it restarts; they expire): the request was refused, not applied."""
-        token = self.session.token_for(self)
-        try:
-            return send(token)
-        except EtcdError as e:
-            if e.kind != "reauth":
-                raise
-            self.session.forget(token)
-        token = self.session.token_for(self)
-        try:
-            return send(token)
-        except EtcdError as e:
-            if e.kind != "reauth":
-                raise
-            raise EtcdError("retry", e.why, unsent=True) from None
+        for attempt in (1, 2):
+            token = self.session.token_for(self)
+            try:
+                return send(token)
+            except EtcdError as e:
+                if e.kind != "reauth":
+                    raise
+                if attempt == 2:
+                    raise EtcdError("retry", e.why, unsent=True) from None
+                self.session.forget(token)
 
     def _post(self, path: str, payload: dict, *, token: str | None, streamed: bool = False, login: bool = False) -> dict | None:
         """One request; `streamed`: the answer is a stream of one message."""

@@ -56,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -72,16 +73,18 @@ ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench
 ENV["PYTHONPATH"] = ROOT
 CAP = 60.0
 # An agent held to the gRPC engine (--engine grpc), for a side-by-side with the old client.
-GRPC_AGENT = """import runpy, sys
-import launcher.rendezvous.etcd as etcd
+HOLD_TO_GRPC = """import launcher.rendezvous.etcd as etcd
 init = etcd._Choice.__init__
 def held_to_grpc(self):
     init(self)
     self.grpc = True
 etcd._Choice.__init__ = held_to_grpc
+"""
+RUN_LAUNCHER = """import runpy, sys
 sys.argv[0] = "launcher"
 runpy.run_module("launcher", run_name="__main__", alter_sys=True)
 """
+GRPC_AGENT = HOLD_TO_GRPC + RUN_LAUNCHER
 WORKER = """import os, sys, time
 t = time.time()
 path = os.path.join(sys.argv[1], f"{os.getpid()}.start")
@@ -401,17 +404,8 @@ def dump():
     json.dump({"rss_kib": rss, "cpu_s": os.times().user + os.times().system, "heavy": mods[:5]}, open(out, "w"))
 
 atexit.register(dump)  # registered first, so it runs last: at the agent's exit
-import runpy
 if engine == "grpc":
-    import launcher.rendezvous.etcd as etcd
-    init = etcd._Choice.__init__
-    def held_to_grpc(self):
-        init(self)
-        self.grpc = True
-    etcd._Choice.__init__ = held_to_grpc
-sys.argv[0] = "launcher"
-runpy.run_module("launcher", run_name="__main__", alter_sys=True)
-"""
+""" + textwrap.indent(HOLD_TO_GRPC, "    ") + RUN_LAUNCHER
 
 
 def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
