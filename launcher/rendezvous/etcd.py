@@ -166,12 +166,13 @@ class _Follow:
 class EtcdStore:
     """The protocol's Store operations, plus `hold` and `wait_change` liveness, on one etcd client."""
 
-    def __init__(self, opts: EtcdOptions, lease: "Lease | None" = None, *, retry_for: float = 60.0, client: _Client | None = None):
+    def __init__(self, opts: EtcdOptions, lease: "Lease | None" = None, *, retry_for: float = 60.0,
+                 client: _Client | None = None, owns_client: bool | None = None):
         self.opts = opts
         self.lease = lease
         self.retry_for = retry_for  # how long one operation retries a cluster that does not answer
         self.client = client or _Client(opts)
-        self._owns_client = client is None
+        self._owns_client = client is None if owns_client is None else owns_client
         self._follow: _Follow | None = None
         self.rpcs = 0  # requests sent, for the benchmarks
 
@@ -229,9 +230,7 @@ class EtcdStore:
             self._call(lambda e, ch=chunk: e.txn([], [Delete(n) for n in ch], []))
 
     def clone(self) -> "EtcdStore":
-        twin = EtcdStore(self.opts, self.lease, retry_for=self.retry_for, client=self.client.sibling())
-        twin._owns_client = True
-        return twin
+        return EtcdStore(self.opts, self.lease, retry_for=self.retry_for, client=self.client.sibling(), owns_client=True)
 
     def close(self) -> None:
         self._drop_follow()
@@ -434,8 +433,7 @@ class Lease:
     def start(self, via: EtcdStore, retry_for: float) -> None:
         """Grant the lease (through `via`, which retries up to `retry_for`) and start refreshing it."""
         # Short request timeout: a hung member must not outlast the TTL before we fail over.
-        self.store = EtcdStore(self.opts, retry_for=self.ttl, client=via.client.sibling(max(1.0, self.ttl / 2)))
-        self.store._owns_client = True
+        self.store = EtcdStore(self.opts, retry_for=self.ttl, client=via.client.sibling(max(1.0, self.ttl / 2)), owns_client=True)
         self.id = via._call(lambda e: e.lease_grant(self.ttl), retry_for=retry_for)
         self._thread = threading.Thread(target=self._run, name="launcher-etcd-lease", daemon=True)
         self._thread.start()

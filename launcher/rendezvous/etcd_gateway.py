@@ -211,9 +211,7 @@ class Gateway:
         etcd created them all."""
         creates = []
         for key, end in ranges:
-            req = {"key": _b64(key), "start_revision": str(start_revision)}
-            if end is not None:
-                req["range_end"] = _b64(end)
+            req = {**_span(key, end), "start_revision": str(start_revision)}
             creates.append(json.dumps({"create_request": req}, separators=(",", ":")).encode())
         body = b"".join(creates)
         return self._logged_in(lambda token: self._open_watch(body, len(ranges), token))
@@ -449,10 +447,13 @@ def _stream_error(error, opts: EtcdOptions) -> EtcdError:
 # ---------------------------------------------------------------------------- JSON shapes
 
 
+def _span(key: bytes, end: bytes | None) -> dict:
+    """One key, or the keys in [key, end)."""
+    return {"key": _b64(key)} if end is None else {"key": _b64(key), "range_end": _b64(end)}
+
+
 def _get(g: Get) -> dict:
-    req = {"key": _b64(g.key)}
-    if g.range_end is not None:
-        req["range_end"] = _b64(g.range_end)
+    req = _span(g.key, g.range_end)
     if g.keys_only:
         req["keys_only"] = True
     return req
@@ -470,17 +471,12 @@ def _op(op: Op) -> dict:
         return {"request_range": _get(op)}
     if isinstance(op, Put):
         return {"request_put": _put(op)}
-    req = {"key": _b64(op.key)}
-    if op.range_end is not None:
-        req["range_end"] = _b64(op.range_end)
-    return {"request_delete_range": req}
+    return {"request_delete_range": _span(op.key, op.range_end)}
 
 
 def _compare(c: Compare) -> dict:
-    out = {"result": "EQUAL", "target": c.target.upper(), "key": _b64(c.key)}
+    out = {"result": "EQUAL", "target": c.target.upper(), **_span(c.key, c.range_end)}
     out[c.target] = str(c.operand) if c.target == "version" else _b64(c.operand)
-    if c.range_end is not None:
-        out["range_end"] = _b64(c.range_end)
     return out
 
 

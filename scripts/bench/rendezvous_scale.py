@@ -101,7 +101,7 @@ def quiet_torch() -> None:
         import torch.distributed  # noqa: F401
 
 
-def serve(kind: str) -> None:
+def serve_store(kind: str) -> None:
     """The store server process: print its port, serve until stdin closes."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # two connections per simulated node
@@ -196,7 +196,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(sys.argv[2])
+        serve_store(sys.argv[2])
     elif sys.argv[1:2] == ["--run"]:
         tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
         print(json.dumps(runner(tool, n, lo, hi, port, cap)), flush=True)
