@@ -96,6 +96,11 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("module", "-m", group=RUN, is_flag=True, env=False, help="Run the script as `python -m MODULE`.")
 @flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
 @flag("run-path", group=RUN, is_flag=True, help="Accepted for torchrun; scripts run as `python SCRIPT` either way.")
+@click.option("--preload/--no-preload", " /--no_preload", "preload", cls=GroupedOption, group=RUN, default=False,
+              envvar="PET_PRELOAD", show_envvar=False,
+              help="Fork workers from an interpreter that imported torch once (warm start and restarts).")
+@flag("preload-modules", group=RUN, default=None, metavar="MODS",
+      help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).")
 @flag("role", group=RUN, default="default", metavar="NAME", help="Role name (ROLE_NAME).")
 @flag("append-local-rank", group=RUN, is_flag=True, help="Pass --local-rank=N to the script, as torch.distributed.launch did.")
 @flag("append-local-rank-as", group=RUN, default=None, metavar="FLAG", help="Same, with another spelling, e.g. --local_rank.")

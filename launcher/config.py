@@ -132,6 +132,8 @@ class LaunchConfig:
     live: bool | None = None  # None: the live table when stderr is a terminal
     quiet: bool = False
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
+    preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
+    module: bool = False  # the program is `-m MODULE`, not a script path
 
     @property
     def run_id(self) -> str:
@@ -392,6 +394,15 @@ def _program(script: str, module: bool, no_python: bool, run_path: bool) -> tupl
     return (python, "-u", script)
 
 
+def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
+    """`--preload` and `--preload_modules a,b.c` → the user's extra modules (None: no preload)."""
+    names = tuple(m.strip() for m in (modules or "").split(",") if m.strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+            raise ConfigError(f"--preload_modules {name!r} is not a module name (e.g. --preload_modules transformers,mypkg.model)")
+    return names if preload or names else None
+
+
 def _sys_executable() -> str:
     import sys
 
@@ -435,6 +446,8 @@ def from_flags(
     live: bool | None = None,
     quiet: bool = False,
     hang_timeout: float | str | None = None,
+    preload: bool = False,
+    preload_modules: str | None = None,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -563,4 +576,6 @@ def from_flags(
         live=live,
         quiet=quiet,
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
+        preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
+        module=module,
     )

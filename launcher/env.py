@@ -54,8 +54,7 @@ def worker_env(
     if progress_file:  # --hang_timeout: a hung worker's stacks are dumped on SIGABRT by faulthandler
         env[PROGRESS_VAR] = progress_file
         env.setdefault("PYTHONFAULTHANDLER", "1")
-    if "OMP_NUM_THREADS" not in base and worker.local_world_size > 1:
-        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: N workers would otherwise oversubscribe the cores
+    env.update(_thread_defaults(base, worker.local_world_size))
     if rnd.ifname and rnd.group_world_size > 1 and "GLOO_SOCKET_IFNAME" not in base:
         # gloo otherwise binds the address its hostname resolves to, often loopback on clusters
         env["GLOO_SOCKET_IFNAME"] = rnd.ifname
@@ -63,6 +62,24 @@ def worker_env(
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)
     return env
+
+
+def zygote_env(config: LaunchConfig, base: Mapping[str, str], *, agent_id: str) -> dict[str, str]:
+    """The preloaded interpreter's environment: a worker's, less what differs between workers.
+
+    What torch and its libraries read at import time (OMP_NUM_THREADS and the like) is set here as
+    `worker_env` sets it, so that a forked worker ends with the same settings as a spawned one.
+    """
+    env = {k: v for k, v in base.items() if k not in AGENT_ONLY}
+    env.update(_thread_defaults(base, config.nproc_per_node))
+    env[AGENT_ID_VAR] = agent_id  # the guard's sweep finds the zygote and its forked workers by it
+    return env
+
+
+def _thread_defaults(base: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    if "OMP_NUM_THREADS" not in base and local_world_size > 1:
+        return {"OMP_NUM_THREADS": "1"}  # torchrun's rule: N workers would otherwise oversubscribe the cores
+    return {}
 
 
 def worker_argv(config: LaunchConfig, worker: Worker) -> list[str]:

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import IO, Iterable, Sequence
+from typing import IO, Callable, Iterable, Protocol, Sequence
 
 from .spec import Exit
 
@@ -40,28 +40,42 @@ def become_subreaper() -> bool:
 
 
 class WorkerProcess:
-    """One spawned worker: its Popen, a pidfd to wait on, and its output pipes."""
+    """One worker, started by any `Starter`: its pid, a pidfd to wait on, and its output pipes.
 
-    def __init__(self, popen: subprocess.Popen):
+    A spawned worker is waited through its Popen; a forked one (see `zygote`) is a child of this
+    agent too (adopted as the subreaper) and is waited with `waitpid` directly.
+    """
+
+    def __init__(self, pid: int, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
+                 popen: subprocess.Popen | None = None, forked: bool = False):
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
         self.popen = popen
-        self.pid = popen.pid
+        self.forked = forked  # started by the preloaded zygote, not exec'd
+        self._exit: Exit | None = None
         try:
-            self.pidfd: int | None = os.pidfd_open(popen.pid)
+            self.pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # old kernel: the monitor interval poll still finds the exit
             self.pidfd = None
 
-    @property
-    def stdout(self) -> IO[bytes] | None:
-        return self.popen.stdout
-
-    @property
-    def stderr(self) -> IO[bytes] | None:
-        return self.popen.stderr
+    @classmethod
+    def of(cls, popen: subprocess.Popen) -> "WorkerProcess":
+        return cls(popen.pid, popen.stdout, popen.stderr, popen=popen)
 
     def poll(self) -> Exit | None:
         """The exit, once the process has ended (reaps it); None while it runs."""
-        code = self.popen.poll()
-        return None if code is None else Exit(code)
+        if self._exit is None:
+            if self.popen is not None:
+                code = self.popen.poll()
+            else:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: the exit code is lost
+                    pid, status = self.pid, 255 << 8
+                code = os.waitstatus_to_exitcode(status) if pid else None
+            self._exit = None if code is None else Exit(code)
+        return self._exit
 
     def signal_group(self, sig: int) -> None:
         """Send `sig` to the worker's whole process group (ignores an already-gone group)."""
@@ -87,7 +101,36 @@ def spawn(argv: Sequence[str], env: dict[str, str], capture: bool = True) -> Wor
     """Start one worker in a new process group, its stdout and stderr on pipes."""
     pipe = subprocess.PIPE if capture else None
     popen = subprocess.Popen(list(argv), env=env, stdout=pipe, stderr=pipe, process_group=0, close_fds=True)
-    return WorkerProcess(popen)
+    return WorkerProcess.of(popen)
+
+
+class Starter(Protocol):
+    """The seam that starts a worker: exec'd fresh (`Spawner`) or forked warm (`zygote.Preloaded`)."""
+
+    def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
+        """Start one worker in its own process group, stdout and stderr on pipes."""
+
+    def helpers(self) -> tuple[int, ...]:
+        """Pids of the starter's own long-lived processes, which worker sweeps must spare."""
+
+    def close(self) -> None:
+        """Stop the starter's own processes (the job is over)."""
+
+
+class Spawner:
+    """Every worker a fresh interpreter (or command): `subprocess.Popen`, nothing kept between rounds."""
+
+    def __init__(self, spawn_fn: Callable[[Sequence[str], dict[str, str]], WorkerProcess] = spawn):
+        self.spawn_fn = spawn_fn
+
+    def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
+        return self.spawn_fn(argv, env)
+
+    def helpers(self) -> tuple[int, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------------- sweeping

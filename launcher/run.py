@@ -27,10 +27,12 @@ def run(config: LaunchConfig) -> int:
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     process.become_subreaper()  # before the guard: the fork inherits ctypes, loaded once
     guard = process.Guard(agent_id).start()  # before any thread exists
+    starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
     try:
         rendezvous = create_rendezvous(config)
     except LauncherError as e:
+        starter.close()
         guard.stop()
         CONSOLE.write_err(f"error: {e}")
         return e.exit_code
@@ -52,7 +54,7 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
-        supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard,
+        supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard, starter=starter,
                                 sinks=sinks, periodic=[notifier.tick])
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
@@ -65,6 +67,7 @@ def run(config: LaunchConfig) -> int:
             finally:
                 logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
                 logs.close()
+                starter.close()
                 guard.stop()
         rendezvous.shutdown(result.exit_code == EXIT_OK)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
@@ -74,6 +77,16 @@ def run(config: LaunchConfig) -> int:
     if temporary and not _has_logs(run_dir) and not result.failures:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code
+
+
+def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
+    """Workers spawned fresh, or (--preload) forked from a zygote started now."""
+    if config.preload_modules is None:
+        return process.Spawner()
+    from .env import zygote_env
+    from .zygote import Preloaded
+
+    return Preloaded(config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id))
 
 
 class _live_view:

@@ -75,7 +75,7 @@ class Supervisor:
         logs: LogRouter,
         run_dir: str,
         *,
-        spawn: Callable[..., process.WorkerProcess] = process.spawn,
+        starter: process.Starter | None = None,
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
         agent_id: str = "",
@@ -88,7 +88,7 @@ class Supervisor:
         self.rendezvous = rendezvous
         self.logs = logs
         self.run_dir = run_dir
-        self.spawn = spawn
+        self.starter = starter or process.Spawner()
         self.clock = clock
         self.environ = dict(os.environ if environ is None else environ)
         self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -209,7 +209,7 @@ class Supervisor:
             progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
-            proc = self.spawn(worker_argv(self.config, worker), env)
+            proc = self.starter.start(worker_argv(self.config, worker), env)
             if self.guard:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
@@ -225,7 +225,8 @@ class Supervisor:
                 files += [path] if path else []
             self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock(),
                                        progress_file=progress_file))
-            self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round)
+            self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round,
+                      forked=proc.forked)
         self.rendezvous.watch(rnd, self.post)
         self._set_state(GroupState.RUNNING)
         self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
@@ -325,7 +326,7 @@ class Supervisor:
                 _, leftovers = psutil.wait_procs(leftovers, timeout=1.0)
             process.kill_procs(leftovers, signal.SIGKILL)
             psutil.wait_procs(leftovers, timeout=1.0)
-        process.reap_adopted(m.proc.pid for m in self.members)
+        process.reap_adopted([m.proc.pid for m in self.members] + list(self.starter.helpers()))
 
     def handle_signal(self, signum: int) -> None:
         self.emit("signal", name=signal.Signals(signum).name, passthrough=signum in self.config.passthrough_signals)
@@ -410,7 +411,8 @@ class Supervisor:
         proc.close()
 
     def _not_mine(self) -> list[int]:
-        return [self.guard.pid] if self.guard and self.guard.pid else []
+        guard = [self.guard.pid] if self.guard and self.guard.pid else []
+        return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
 
 
 def _pgid(pid: int) -> int:

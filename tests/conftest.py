@@ -53,15 +53,22 @@ def wait_gone(token: str, timeout: float = 5.0) -> list[int]:
 
 
 class Launch:
-    """Runs `python -m launcher ARGS` with a unique TEST_TOKEN and kills leftovers at teardown."""
+    """Runs `python -m launcher ARGS` with a unique TEST_TOKEN and kills leftovers at teardown.
 
-    def __init__(self):
+    `preload`: the workers are forked from a preloaded zygote (PET_PRELOAD=1), not spawned.
+    """
+
+    def __init__(self, preload: bool = False):
         self.token = uuid.uuid4().hex
+        self.preload = preload
         self.procs: list[subprocess.Popen] = []
 
     def env(self, extra: dict | None = None) -> dict:
         env = dict(os.environ, TEST_TOKEN=self.token, PYTHONPATH=str(ROOT))
         env.pop("PYTEST_CURRENT_TEST", None)
+        env.pop("PET_PRELOAD", None)
+        if self.preload:
+            env["PET_PRELOAD"] = "1"
         env.update(extra or {})
         return env
 
@@ -91,9 +98,25 @@ class Launch:
                 pass
 
 
+# These modules run every test that takes `launch` (or test_faults' `cluster`) twice: with spawned
+# workers, and with workers forked from the --preload zygote; nothing they check may differ.
+BOTH_STARTS = {"test_supervise", "test_faults", "test_examples"}
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.module.__name__ in BOTH_STARTS and "workers_from" in metafunc.fixturenames:
+        metafunc.parametrize("workers_from", ["spawn", "preload"], indirect=True)
+
+
 @pytest.fixture
-def launch():
-    l = Launch()
+def workers_from(request) -> str:
+    """How the launcher starts workers: "spawn" (a fresh interpreter each) or "preload" (forked)."""
+    return getattr(request, "param", "spawn")
+
+
+@pytest.fixture
+def launch(workers_from):
+    l = Launch(preload=workers_from == "preload")
     yield l
     l.cleanup()
 

@@ -119,13 +119,17 @@ def _is_guard(pid: int) -> bool:
 class Cluster:
     """Starts agents (and a standalone store) each with its own TEST_TOKEN; kills what is left at teardown."""
 
-    def __init__(self):
+    def __init__(self, preload: bool = False):
         self.agents: list[Agent] = []
+        self.preload = preload
 
     def start(self, *args: str, env: dict | None = None, netns: str | None = None, name: str = "") -> Agent:
         token = uuid.uuid4().hex
         full = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
         full.pop("PYTEST_CURRENT_TEST", None)
+        full.pop("PET_PRELOAD", None)
+        if self.preload:
+            full["PET_PRELOAD"] = "1"
         full.update(env or {})
         cmd = [*LAUNCHER, *args]
         if netns:
@@ -168,8 +172,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster():
-    c = Cluster()
+def cluster(workers_from):
+    c = Cluster(preload=workers_from == "preload")
     yield c
     c.cleanup()
 
