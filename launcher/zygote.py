@@ -212,6 +212,7 @@ def main(argv: list[str]) -> dict | None:
     """Preload, then fork workers on request; returns only in a forked worker, with its request."""
     sock = socket.socket(fileno=int(argv[1]))
     _die_with(int(argv[2]))
+    comm = _rename("launcher-zygote")  # what ps and top show; a forked worker takes the interpreter's back
     reply = preload(argv[3:])
     _send(sock, reply)
     if "error" in reply:
@@ -222,7 +223,7 @@ def main(argv: list[str]) -> dict | None:
     gc.freeze()  # what the preload allocated stays out of the collector: fewer pages copied on write
     job = serve(sock)
     sock.close()  # in the worker only: the agent must see EOF when the zygote itself dies
-    job["agent"] = int(argv[2])
+    job["agent"], job["comm"] = int(argv[2]), comm
     return job
 
 
@@ -322,6 +323,7 @@ def become_worker(job: dict) -> None:
     except OSError:
         pass
     _await_adoption(job["agent"])
+    _rename(job["comm"])
     out, err, *stdin = job["fds"]
     if not stdin:
         stdin = [os.open(os.devnull, os.O_RDONLY)]
@@ -392,6 +394,18 @@ def _await_adoption(agent: int) -> None:
         select.select([fd], [], [], 2.0)
     finally:
         os.close(fd)
+
+
+def _rename(name: str) -> str:
+    """Set this process's name (/proc/self/comm, 15 bytes); returns the old one."""
+    try:
+        with open("/proc/self/comm", "r+") as f:
+            old = f.read().strip()
+            f.seek(0)
+            f.write(name)
+        return old
+    except OSError:
+        return name
 
 
 def _die_with(parent: int) -> None:

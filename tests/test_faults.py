@@ -97,7 +97,7 @@ class Agent:
 
     def workers(self) -> list[int]:
         """Pids of this agent's processes other than itself and its guard: its workers."""
-        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_guard(p)]
+        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_helper(p)]
 
 
 def _parent(pid: int) -> int:
@@ -108,10 +108,10 @@ def _parent(pid: int) -> int:
         return -1
 
 
-def _is_guard(pid: int) -> bool:
+def _is_helper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() == "launcher-guard"
+            return f.read().strip() in ("launcher-guard", "launcher-zygote")  # the agent's helpers
     except OSError:
         return False
 

@@ -41,15 +41,11 @@ def _wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 def _zygote_of(token: str) -> int | None:
     for pid in procs_with_token(token):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "launcher-zygote":
+                    return pid
         except OSError:
             continue
-        if b"launcher.zygote" in argv and os.getpgid(pid) == pid:  # the zygote, not a forked worker
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if b"launcher.zygote" not in open(f"/proc/{ppid}/cmdline", "rb").read():
-                return pid
     return None
 
 
