@@ -8,30 +8,20 @@ stopped after it; without the `etcd` binary (Debian: etcd-server) the tests that
 from __future__ import annotations
 
 import json
-import queue
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, worker
+from conftest import ROOT, finish, free_port, infos, wait_line, worker
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Member:
@@ -177,50 +167,6 @@ def args(endpoints: str, nnodes: str, *extra: str, nproc: int = 1, run_id: str =
         "--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "etcd",
         "--rdzv_endpoint", endpoints, "--rdzv_id", run_id, "--rdzv_conf", conf, *extra,
     ]
-
-
-def infos(out: str) -> list[dict]:
-    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
-
-
-def finish(procs, timeout: float = 60) -> list[tuple[int, str, str]]:
-    """(exit code, stdout, stderr) of each agent, each waited for at most `timeout` s."""
-    out = []
-    for p in procs:
-        rc = p.wait(timeout)
-        if hasattr(p, "readers"):
-            for t in p.readers:
-                t.join(5)
-            out.append((rc, "".join(p.out), "".join(p.err)))
-        else:
-            out.append((rc, *p.communicate(timeout=5)))
-    return out
-
-
-def wait_line(proc, needle: str, timeout: float = 30) -> str:
-    """Until a line of the agent's stdout holds `needle`; its pipes are read by threads from then on."""
-    if not hasattr(proc, "readers"):
-        proc.lines, proc.out, proc.err = queue.SimpleQueue(), [], []
-
-        def pump(pipe, into: list, lines=None) -> None:
-            for line in pipe:
-                into.append(line)
-                if lines is not None:
-                    lines.put(line)
-
-        proc.readers = [threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
-                        threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True)]
-        for t in proc.readers:
-            t.start()
-    deadline, seen = time.monotonic() + timeout, ""
-    while True:
-        try:
-            line = proc.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"never saw {needle!r} in {timeout} s: {seen}") from None
-        seen += line
-        if needle in line:
-            return seen
 
 
 # ---------------------------------------------------------------------------- configuration and imports

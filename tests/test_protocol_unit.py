@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from conftest import FakeClock
 from launcher.config import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
@@ -18,20 +19,12 @@ from launcher.rendezvous.protocol import ElasticRendezvous, Node, assign
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class MemoryStore:
     """The protocol's store operations over a dict. With a `clock`, a wait that is not satisfied
     returns at once and moves the clock on by its timeout (one node, simulated time); without one,
     it blocks on a condition until another thread writes (several nodes, real time)."""
 
-    def __init__(self, clock: Clock | None = None):
+    def __init__(self, clock: FakeClock | None = None):
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.clock = clock
@@ -144,7 +137,7 @@ def test_assign_one_node_is_its_own_peer():
 
 
 def test_a_full_round_seals_at_once():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     rnd = agent(store, node("a", nproc=4), clock).next_round(Cause.START)
     assert (rnd.round, rnd.restart_count, rnd.group_rank, rnd.group_world_size, rnd.world_size) == (0, 0, 0, 1, 4)
@@ -154,7 +147,7 @@ def test_a_full_round_seals_at_once():
 
 
 def test_last_call_seals_a_round_below_max():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     rnd = agent(store, node("a", lo=1, hi=3), clock).next_round(Cause.START)
     assert rnd.group_world_size == 1
@@ -162,7 +155,7 @@ def test_last_call_seals_a_round_below_max():
 
 
 def test_too_few_nodes_time_out_with_a_clear_error():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     with pytest.raises(RendezvousTimeoutError, match=r"no round formed within 60 s \(join_timeout\); 1 of 2 nodes joined"):
         agent(store, node("a", lo=2, hi=2), clock).next_round(Cause.START)
@@ -170,7 +163,7 @@ def test_too_few_nodes_time_out_with_a_clear_error():
 
 
 def test_failures_are_charged_to_the_budget_until_it_is_spent():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     a = agent(store, node("a", restarts=2), clock)
     assert a.next_round(Cause.START).restart_count == 0
@@ -186,7 +179,7 @@ def test_failures_are_charged_to_the_budget_until_it_is_spent():
 
 
 def test_one_failure_is_charged_once_whoever_reports_it():
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     a = agent(store, node("a"), clock)
     a.next_round(Cause.START)
@@ -200,7 +193,7 @@ def test_one_failure_is_charged_once_whoever_reports_it():
     ("s3cret", "other", "wrong join token"),
 ])
 def test_join_tokens_must_match(theirs, mine, message):
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     agent(store, node("a", token=theirs), clock).next_round(Cause.START)
     assert b"s3cret" not in store.data["job/token"]  # an HMAC, never the token
@@ -214,7 +207,7 @@ def test_join_tokens_must_match(theirs, mine, message):
     ("job/r0/sealed", b"x:evil", "malformed seal"),
 ])
 def test_garbage_under_the_prefix_is_a_clear_error(key, value, message):
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     store.data[key] = value
     with pytest.raises(RendezvousError, match=message):
@@ -223,7 +216,7 @@ def test_garbage_under_the_prefix_is_a_clear_error(key, value, message):
 
 def test_a_hostile_node_entry_is_left_out():
     """A ticket taken by something that wrote garbage: the sealer leaves it out, the good nodes go on."""
-    clock = Clock()
+    clock = FakeClock()
     store = MemoryStore(clock)
     store.data["job/r0/joined"] = b"1"
     store.data["job/r0/node1"] = json.dumps({"addr": "a b", "port": 0, "nproc": True, "prev": -1}).encode()

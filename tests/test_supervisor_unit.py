@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from conftest import FakeClock
 from launcher import process
 from launcher.config import from_flags
 from launcher.errors import RestartBudgetExhausted
@@ -16,14 +17,6 @@ from launcher.signals import SignalReceived
 from launcher.spec import Exit, GroupState, Round
 from launcher.summary import summary_lines
 from launcher.supervisor import Supervisor
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeProc:
@@ -121,7 +114,7 @@ class Rig:
     def __init__(self, tmp_path, nproc: int = 2, max_restarts: int = 0, ignore: frozenset[int] = frozenset(), **flags):
         self.config = from_flags(training_script="worker", no_python=True, nproc_per_node=str(nproc), max_restarts=max_restarts,
                                  environ={}, quiet=True, **flags)
-        self.clock = Clock()
+        self.clock = FakeClock(1000.0)
         self.spawn = Spawner(ignore)
         self.rdzv = FakeRendezvous(max_restarts, nproc)
         self.events: list[tuple[str, dict]] = []
