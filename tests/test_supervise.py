@@ -3,32 +3,19 @@ signals, restarts that re-initialise a gloo group, error files and log routing."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import procs_with_token, wait_gone, worker
+from conftest import procs_with_token, wait_for, wait_gone, worker
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
-    """Poll `predicate` until true; on timeout fail with `what` (and the launcher's output if it ended)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate(timeout=10)
-            pytest.fail(f"launcher ended (rc {proc.returncode}) while waiting for {what}\n{out}\n{err}")
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def marks(mark_dir: Path, rank: int) -> list[str]:
@@ -41,10 +28,6 @@ def marks(mark_dir: Path, rank: int) -> list[str]:
 
 def all_have(mark_dir: Path, word: str, ranks=(0, 1)):
     return lambda: all(word in marks(mark_dir, r) for r in ranks)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
-    return proc.communicate(timeout=timeout)
 
 
 def only_run_dir(parent: Path, pattern: str) -> Path:
@@ -139,7 +122,7 @@ def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
     p = launch.start("--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path)})
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(signal.SIGTERM)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
     for rank in (0, 1):
         assert marks(tmp_path, rank) == ["ready", "SIGTERM", "exit"], marks(tmp_path, rank)  # saw SIGTERM, left on its own
@@ -148,18 +131,21 @@ def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
 
 
 def test_second_sigint_kills_at_once(launch, tmp_path):
+    events = tmp_path / "events.jsonl"
     p = launch.start(
-        "--nproc_per_node", "2", "--shutdown_timeout", "60", worker("signals.py"),
+        "--nproc_per_node", "2", "--shutdown_timeout", "60", "--events_file", str(events), worker("signals.py"),
         env={"MARK_DIR": str(tmp_path), "IGNORE": "SIGINT,SIGTERM"},
     )
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(signal.SIGINT)
     wait_for(all_have(tmp_path, "SIGINT"), what="workers to get the first SIGINT", proc=p)
-    time.sleep(0.2)
-    assert p.poll() is None  # the graceful stop waits: the workers ignore it
+    stopping = {"event": "stopping", "reason": "signal", "signal": "SIGINT", "grace": 60.0}
+    wait_for(lambda: any(stopping.items() <= json.loads(l).items() for l in events.read_text().splitlines()),
+             what="the graceful stop to begin", proc=p)
+    assert p.poll() is None  # the graceful stop waits out its 60 s: the workers ignore SIGINT
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert time.monotonic() - t0 < 5.0
     assert p.returncode == 130, err
     assert "second SIGINT" in err
@@ -178,7 +164,7 @@ def test_sigterm_twice_is_tolerated(launch, tmp_path):
     p.send_signal(signal.SIGTERM)
     wait_for(all_have(tmp_path, "SIGTERM"), what="workers to get SIGTERM", proc=p)
     p.send_signal(signal.SIGTERM)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
     assert time.monotonic() - t0 < 10.0  # graceful: nowhere near the 20 s grace
     for rank in (0, 1):
@@ -196,7 +182,7 @@ def test_passthrough_signal_reaches_workers_that_go_on(launch, tmp_path):
     p.send_signal(signal.SIGUSR1)
     wait_for(all_have(tmp_path, "SIGUSR1"), what="workers to get SIGUSR1", proc=p)
     assert p.poll() is None
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     for rank in (0, 1):
         assert marks(tmp_path, rank) == ["ready", "SIGUSR1", "done"], marks(tmp_path, rank)
