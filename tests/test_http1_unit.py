@@ -103,20 +103,30 @@ def test_connection_close_and_a_body_to_the_end_are_not_reused(serve):
     conn.close()
 
 
-def test_a_chunked_stream_is_read_line_by_line_and_resumes_after_a_deadline(serve):
-    go = threading.Event()
-
+def stream(serve, body) -> Connection:
+    """A watch-like exchange: the server answers 200, chunked, then plays `body(sock)`; the
+    connection comes back with the head read."""
     def script(server, sock, n):
         server.read_request(sock)
         sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        sock.sendall(b"6\r\nfirst\n\r\n3;ext=1\r\nsec\r\n")  # "second" split over two chunks
-        go.wait(10)
-        sock.sendall(b"4\r\nond\n\r\n0\r\nX-Trailer: t\r\n\r\n")
+        body(sock)
 
     _, conn = serve(script)
     conn.send("/v3/watch", b"{}", {}, soon())
     status, head = conn.head(soon())
     assert status == 200 and head["transfer-encoding"] == "chunked"
+    return conn
+
+
+def test_a_chunked_stream_is_read_line_by_line_and_resumes_after_a_deadline(serve):
+    go = threading.Event()
+
+    def body(sock):
+        sock.sendall(b"6\r\nfirst\n\r\n3;ext=1\r\nsec\r\n")  # "second" split over two chunks
+        go.wait(10)
+        sock.sendall(b"4\r\nond\n\r\n0\r\nX-Trailer: t\r\n\r\n")
+
+    conn = stream(serve, body)
     assert conn.line(soon()) == b"first"
     assert conn.line(time.monotonic() + 0.05) is None  # half a line so far: the deadline passes first
     go.set()
@@ -128,15 +138,7 @@ def test_a_chunked_stream_is_read_line_by_line_and_resumes_after_a_deadline(serv
 
 def test_an_abort_from_another_thread_ends_a_blocked_read(serve):
     release = threading.Event()
-
-    def script(server, sock, n):
-        server.read_request(sock)
-        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        release.wait(10)
-
-    _, conn = serve(script)
-    conn.send("/v3/watch", b"{}", {}, soon())
-    assert conn.head(soon())[0] == 200
+    conn = stream(serve, lambda sock: release.wait(10))
     threading.Timer(0.05, conn.abort).start()
     t0 = time.monotonic()
     with pytest.raises((Closed, OSError)):
