@@ -72,12 +72,18 @@ def test_budget_exhausted_stops_every_node_promptly(launch):
     assert any("closed" in err or "restart budget" in err or "no restarts left" in err for _, _, err in results)
 
 
-def test_dead_agent_elastic_survivors_reform(launch):
+def kill_the_other(launch, nnodes: str, sleep: str):
+    """Two agents on the first one's store; once both run their workers, the second is SIGKILLed. -> the first."""
     port = free_port()
-    host = launch.start(*c10d(port, "1:2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "12"})
-    victim = launch.start(*c10d(port, "1:2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "12"})
+    host = launch.start(*c10d(port, nnodes, conf="is_host=true"), worker("node_info.py"), env={"SLEEP": sleep})
+    victim = launch.start(*c10d(port, nnodes, conf="is_host=false"), worker("node_info.py"), env={"SLEEP": sleep})
     wait_line(victim, "world=2")
     victim.send_signal(signal.SIGKILL)
+    return host
+
+
+def test_dead_agent_elastic_survivors_reform(launch):
+    host = kill_the_other(launch, "1:2", "12")
     t0 = time.monotonic()
     seen = wait_line(host, "world=1 group=0/1", timeout=15)
     assert time.monotonic() - t0 < 6, seen  # liveness timeout 2 s + re-forming
@@ -85,11 +91,7 @@ def test_dead_agent_elastic_survivors_reform(launch):
 
 
 def test_dead_agent_fixed_size_stops_with_clear_message(launch):
-    port = free_port()
-    host = launch.start(*c10d(port, "2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "30"})
-    victim = launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "30"})
-    wait_line(victim, "world=2")
-    victim.send_signal(signal.SIGKILL)
+    host = kill_the_other(launch, "2", "30")
     rc = host.wait(15)
     err = host.stderr.read()
     assert rc != 0 and "fewer than 2" in err, err

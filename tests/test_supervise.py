@@ -30,6 +30,13 @@ def all_have(mark_dir: Path, word: str, ranks=(0, 1)):
     return lambda: all(word in marks(mark_dir, r) for r in ranks)
 
 
+def signal_workers(launch, mark_dir: Path, *flags: str, **env: str):
+    """The launcher with 2 signals.py workers (noting what they see in `mark_dir`), once both are ready."""
+    p = launch.start("--nproc_per_node", "2", *flags, worker("signals.py"), env={"MARK_DIR": str(mark_dir), **env})
+    wait_for(all_have(mark_dir, "ready"), what="workers ready", proc=p)
+    return p
+
+
 def only_run_dir(parent: Path, pattern: str) -> Path:
     dirs = sorted(parent.glob(pattern))
     assert len(dirs) == 1, dirs
@@ -119,8 +126,7 @@ def test_agent_sigkill_leaves_no_worker_or_grandchild(launch, tmp_path):
 
 
 def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
-    p = launch.start("--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path)})
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
@@ -132,11 +138,7 @@ def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
 
 def test_second_sigint_kills_at_once(launch, tmp_path):
     events = tmp_path / "events.jsonl"
-    p = launch.start(
-        "--nproc_per_node", "2", "--shutdown_timeout", "60", "--events_file", str(events), worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "IGNORE": "SIGINT,SIGTERM"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path, "--shutdown_timeout", "60", "--events_file", str(events), IGNORE="SIGINT,SIGTERM")
     p.send_signal(signal.SIGINT)
     wait_for(all_have(tmp_path, "SIGINT"), what="workers to get the first SIGINT", proc=p)
     stopping = {"event": "stopping", "reason": "signal", "signal": "SIGINT", "grace": 60.0}
@@ -155,11 +157,7 @@ def test_second_sigint_kills_at_once(launch, tmp_path):
 
 
 def test_sigterm_twice_is_tolerated(launch, tmp_path):
-    p = launch.start(
-        "--nproc_per_node", "2", "--shutdown_timeout", "20", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "EXIT_DELAY": "0.6"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path, "--shutdown_timeout", "20", EXIT_DELAY="0.6")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     wait_for(all_have(tmp_path, "SIGTERM"), what="workers to get SIGTERM", proc=p)
@@ -174,11 +172,7 @@ def test_sigterm_twice_is_tolerated(launch, tmp_path):
 
 
 def test_passthrough_signal_reaches_workers_that_go_on(launch, tmp_path):
-    p = launch.start(
-        "--nproc_per_node", "2", "--passthrough_signals", "SIGUSR1", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "SLEEP": "2.5"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path, "--passthrough_signals", "SIGUSR1", SLEEP="2.5")
     p.send_signal(signal.SIGUSR1)
     wait_for(all_have(tmp_path, "SIGUSR1"), what="workers to get SIGUSR1", proc=p)
     assert p.poll() is None
