@@ -24,7 +24,7 @@ BACKENDS = ("local", "static", "c10d", "etcd")
 LATER_BACKENDS = ("etcd-v2",)
 DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
 # `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
-ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol")
+ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol", "engine")
 ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -237,6 +237,13 @@ def check_etcd_conf(conf: Mapping[str, str], environ: Mapping[str, str]) -> None
         raise ConfigError("--rdzv_conf cert= and key= go together (the client certificate and its key)")
     if conf.get("protocol", "http") not in ("http", "https"):
         raise ConfigError(f"--rdzv_conf protocol={conf['protocol']} is not http or https")
+    if conf.get("engine", "gateway") not in ("gateway", "grpc"):
+        raise ConfigError(f"--rdzv_conf engine={conf['engine']} is not gateway or grpc")
+    if conf.get("engine") == "grpc":
+        import importlib.util  # finds, does not import: grpc stays out of the config step
+
+        if importlib.util.find_spec("pyetcd") is None:
+            raise ConfigError("--rdzv_conf engine=grpc needs etcd's gRPC client: pip install 'launcher[etcd-grpc]'")
     user = conf.get("user") or environ.get(ETCD_USER_ENV)
     has_password = bool(environ.get(ETCD_PASSWORD_ENV)) or "password_file" in conf
     if has_password and not user:

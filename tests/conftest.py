@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -39,6 +44,22 @@ def procs_with_token(token: str) -> list[int]:
         if marker in env and state != "Z":
             found.append(int(name))
     return found
+
+
+def kill_leftovers(procs: list[subprocess.Popen], token: str, settle: float = 0.0) -> None:
+    """Teardown: kill what a test started, give the rest `settle` s to go, then SIGKILL every process
+    that still carries `token`."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    if settle:
+        wait_gone(token, settle)
+    for pid in procs_with_token(token):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
 
 
 def wait_gone(token: str, timeout: float = 5.0) -> list[int]:
@@ -87,15 +108,7 @@ class Launch:
         return p
 
     def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-        for pid in procs_with_token(self.token):
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+        kill_leftovers(self.procs, self.token)
 
 
 # These modules run every test that takes `launch` (or test_faults' `cluster`) twice: with spawned
@@ -119,6 +132,267 @@ def launch(workers_from):
     l = Launch(preload=workers_from == "preload")
     yield l
     l.cleanup()
+
+
+# ---------------------------------------------------------------------------- agents read by threads
+
+
+class Agent:
+    """One launcher process; its output is read by threads into lists, so a pipe never fills."""
+
+    def __init__(self, popen: subprocess.Popen, token: str, name: str):
+        self.popen, self.token, self.name = popen, token, name
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(s, l), daemon=True)
+                         for s, l in ((popen.stdout, self.out), (popen.stderr, self.err))]
+        for t in self._readers:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out", count: int = 1) -> re.Match:
+        """Block until `count` lines of stdout (or stderr) match `pattern`; fail with the output so far."""
+        lines, rx = (self.out if stream == "out" else self.err), re.compile(pattern)
+        deadline, seen = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            while seen < len(lines):
+                m = rx.search(lines[seen])
+                seen += 1
+                if m:
+                    count -= 1
+                    if count == 0:
+                        return m
+            if self.popen.poll() is not None and seen >= len(lines):
+                for t in self._readers:
+                    t.join(2)
+                if seen >= len(lines):
+                    break
+            time.sleep(0.02)
+        pytest.fail(f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+
+    def wait(self, timeout: float = 60) -> int:
+        rc = self.popen.wait(timeout)
+        for t in self._readers:
+            t.join(5)
+        return rc
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def workers(self) -> list[int]:
+        """Pids of this agent's processes other than itself and its helpers (guard, zygote): its workers."""
+        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_helper(p)]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() in ("launcher-guard", "launcher-zygote")  # the agent's helpers
+    except OSError:
+        return False
+
+
+class Cluster:
+    """Starts agents (and a standalone store) each with its own TEST_TOKEN; kills what is left at teardown."""
+
+    def __init__(self, preload: bool = False):
+        self.agents: list[Agent] = []
+        self.preload = preload  # PET_PRELOAD=1: workers forked from the zygote
+
+    def start(self, *args: str, env: dict | None = None, netns: str | None = None, name: str = "") -> Agent:
+        token = uuid.uuid4().hex
+        full = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
+        full.pop("PYTEST_CURRENT_TEST", None)
+        full.pop("PET_PRELOAD", None)
+        if self.preload:
+            full["PET_PRELOAD"] = "1"
+        full.update(env or {})
+        cmd = [*LAUNCHER, *args]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+        agent = Agent(popen, token, name or f"agent{len(self.agents)}")
+        self.agents.append(agent)
+        return agent
+
+    def store(self, host: str, port: int, netns: str | None = None) -> Agent:
+        """A standalone `launcher store`, once it says it is serving."""
+        store = self.start("store", "--host", host, "--port", str(port), netns=netns, name="store")
+        store.wait_for("serving on", timeout=30)
+        return store
+
+    def leftovers(self, timeout: float = 10.0) -> dict[str, list[int]]:
+        """Processes still alive per agent name (agents themselves included), after waiting up to `timeout`."""
+        deadline = time.monotonic() + timeout
+        left = {}
+        for a in self.agents:
+            gone = wait_gone(a.token, max(0.1, deadline - time.monotonic()))
+            if gone:
+                left[a.name] = gone
+        return left
+
+    def cleanup(self) -> None:
+        for a in self.agents:
+            if os.environ.get("FAULTS_DEBUG"):  # FAULTS_DEBUG=1 pytest -s: every agent's output
+                print(f"\n===== {a.name} rc={a.popen.poll()}\n{a.stdout[-4000:]}\n----- stderr\n{a.stderr[-6000:]}")
+            for pid in [a.pid, *procs_with_token(a.token)]:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            try:
+                a.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+
+def free_port() -> int:
+    """A loopback port free right now (the tests' own copy: no launcher module needed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "",
+         host: str = "127.0.0.1") -> list[str]:
+    """Launcher flags for a c10d job on HOST:PORT, with a 1 s last call unless `conf` says otherwise."""
+    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
+    return ["--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra]
+
+
+def infos(out: str) -> list[dict]:
+    """The key=value fields of every " info " line a worker printed (node_info.py and friends)."""
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
+    """Poll `predicate` until true; on timeout fail with `what` (and the launcher's output if it ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate(timeout=10)
+            pytest.fail(f"launcher ended (rc {proc.returncode}) while waiting for {what}\n{out}\n{err}")
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def wait_line(proc: subprocess.Popen, needle: str, timeout: float = 30) -> str:
+    """Until a line of the agent's stdout holds `needle`; its pipes are read by threads from then on
+    (so `finish` returns everything it printed, this line included)."""
+    if not hasattr(proc, "readers"):
+        proc.lines, proc.out, proc.err = queue.SimpleQueue(), [], []
+
+        def pump(pipe, into: list, lines=None) -> None:
+            for line in pipe:
+                into.append(line)
+                if lines is not None:
+                    lines.put(line)
+
+        proc.readers = [threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
+                        threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True)]
+        for t in proc.readers:
+            t.start()
+    deadline, seen = time.monotonic() + timeout, ""
+    while True:
+        try:
+            line = proc.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"never saw {needle!r} in {timeout} s: {seen}") from None
+        seen += line
+        if needle in line:
+            return seen
+
+
+def finish(procs, timeout: float = 90) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each agent, each waited for at most `timeout` s."""
+    out = []
+    for p in procs:
+        rc = p.wait(timeout)
+        if hasattr(p, "readers"):
+            for t in p.readers:
+                t.join(5)
+            out.append((rc, "".join(p.out), "".join(p.err)))
+        else:
+            out.append((rc, *p.communicate(timeout=5)))
+    return out
+
+
+# ---------------------------------------------------------------------------- the protocol on a real store
+
+
+def _settings():
+    from launcher.config import RendezvousSettings
+
+    return RendezvousSettings(join_timeout=10, last_call_timeout=0.5, read_timeout=2)
+
+
+SETTINGS = _settings()
+
+
+@pytest.fixture
+def store_port():
+    """A real TCPStore server (the one the agents host), on a free loopback port."""
+    from launcher.rendezvous.c10d import serve
+
+    server = serve("127.0.0.1", free_port())
+    yield server.port
+    server.close()
+
+
+def client(port: int):
+    from launcher.rendezvous.c10d import TCPStoreAdapter
+
+    return TCPStoreAdapter("127.0.0.1", port, SETTINGS.read_timeout, connect_timeout=20)
+
+
+def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list:
+    """`n` ElasticRendezvous nodes (nproc 2, --nnodes lo:hi) on the store at `port`."""
+    from launcher.rendezvous.protocol import ElasticRendezvous, Node
+
+    return [ElasticRendezvous(client(port), run_id, Node(node_id=f"n{i}", addr="127.0.0.1", nproc=2, min_nodes=lo, max_nodes=hi,
+                                                         max_restarts=3), SETTINGS, port_picker=lambda: 23456)
+            for i in range(n)]
+
+
+class FakeClock:
+    """A monotonic clock that moves only when a test moves `now`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def sh(*args: str) -> None:

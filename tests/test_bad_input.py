@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import worker
+from conftest import agents, client, worker
 from launcher import cli
 from launcher import config as cfg
 from launcher.errors import ConfigError, LauncherError, RendezvousError
@@ -179,36 +179,9 @@ def test_real_cli_bad_input_one_line_exit_2(launch, args):
 
 # ---------------------------------------------------------------------------- hostile data in the store
 
-from launcher.config import RendezvousSettings  # noqa: E402
 from launcher.rendezvous.api import Cause  # noqa: E402
-from launcher.rendezvous.protocol import MAX_VALUE, ElasticRendezvous, Node  # noqa: E402
+from launcher.rendezvous.protocol import MAX_VALUE, ElasticRendezvous  # noqa: E402
 from launcher.spec import Round  # noqa: E402
-
-SETTINGS = RendezvousSettings(join_timeout=10, last_call_timeout=0.5, read_timeout=2)
-
-
-@pytest.fixture
-def store_port():
-    """A real TCPStore server (the one the agents host), on a free loopback port."""
-    from launcher.process import free_port
-    from launcher.rendezvous.c10d import serve
-
-    server = serve("127.0.0.1", free_port("127.0.0.1"))
-    yield server.port
-    server.close()
-
-
-def client(port: int):
-    from launcher.rendezvous.c10d import TCPStoreAdapter
-
-    return TCPStoreAdapter("127.0.0.1", port, SETTINGS.read_timeout, connect_timeout=20)
-
-
-def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list[ElasticRendezvous]:
-    return [ElasticRendezvous(client(port), run_id, Node(node_id=f"n{i}", addr="127.0.0.1", nproc=2, min_nodes=lo, max_nodes=hi,
-                                                         max_restarts=3), SETTINGS, port_picker=lambda: 23456)
-            for i in range(n)]
-
 
 def join(rdzvs: list[ElasticRendezvous], timeout: float = 40) -> list[object]:
     """Every node asks for its first round at once; each gets a Round or the exception it raised."""

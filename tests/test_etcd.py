@@ -8,30 +8,20 @@ stopped after it; without the `etcd` binary (Debian: etcd-server) the tests that
 from __future__ import annotations
 
 import json
-import queue
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, worker
+from conftest import ROOT, finish, free_port, infos, wait_line, worker
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Member:
@@ -179,51 +169,21 @@ def args(endpoints: str, nnodes: str, *extra: str, nproc: int = 1, run_id: str =
     ]
 
 
-def infos(out: str) -> list[dict]:
-    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
-
-
-def finish(procs, timeout: float = 60) -> list[tuple[int, str, str]]:
-    """(exit code, stdout, stderr) of each agent, each waited for at most `timeout` s."""
-    out = []
-    for p in procs:
-        rc = p.wait(timeout)
-        if hasattr(p, "readers"):
-            for t in p.readers:
-                t.join(5)
-            out.append((rc, "".join(p.out), "".join(p.err)))
-        else:
-            out.append((rc, *p.communicate(timeout=5)))
-    return out
-
-
-def wait_line(proc, needle: str, timeout: float = 30) -> str:
-    """Until a line of the agent's stdout holds `needle`; its pipes are read by threads from then on."""
-    if not hasattr(proc, "readers"):
-        proc.lines, proc.out, proc.err = queue.SimpleQueue(), [], []
-
-        def pump(pipe, into: list, lines=None) -> None:
-            for line in pipe:
-                into.append(line)
-                if lines is not None:
-                    lines.put(line)
-
-        proc.readers = [threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
-                        threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True)]
-        for t in proc.readers:
-            t.start()
-    deadline, seen = time.monotonic() + timeout, ""
-    while True:
-        try:
-            line = proc.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"never saw {needle!r} in {timeout} s: {seen}") from None
-        seen += line
-        if needle in line:
-            return seen
-
-
 # ---------------------------------------------------------------------------- configuration and imports
+
+
+def test_the_grpc_engine_needs_its_extra(monkeypatch):
+    """--rdzv_conf engine=grpc without etcd-sdk-python installed: a config error that names the extra."""
+    import importlib.util
+
+    from launcher.config import from_flags
+    from launcher.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyetcd" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"engine=grpc needs etcd's gRPC client: pip install 'launcher\[etcd-grpc\]'"):
+        from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_endpoint="127.0.0.1:2379",
+                   rdzv_conf="engine=grpc", environ={})
 
 
 @pytest.mark.timeout(60)
@@ -233,6 +193,7 @@ def test_config_errors_are_one_line(launch):
         ("--rdzv_backend", "etcd"): "needs --rdzv_endpoint",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "password=hunter2"): "would show in ps",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "heartbeat=1"): "not an etcd rendezvous setting",
+        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "engine=http2"): "is not gateway or grpc",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "is_host=1"): "does not apply",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "cert=/nonexistent"): "no such file",
     }
@@ -479,15 +440,15 @@ SH_WORKER = ("--no_python", "sh", "-c",
              'env > "$DUMP_DIR/$RANK.env"; echo "info rank=$RANK world=$WORLD_SIZE round=$LAUNCHER_ROUND"; sleep "$SLEEP"')
 
 
-FALLBACK = "speaking gRPC instead"
+REFUSED = "refuses JSON gateway requests from a client certificate with a Common Name"
 
 
-def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str) -> tuple[list, list[str]]:
+def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str, conf: str = "") -> tuple[list, list[str]]:
     """Two agents logged in as train (the password from the environment, and from a file) with the
     client certificate `cert`, a third with a wrong password and a fourth whose role cannot touch
     /launcher/; etcd is killed and restarted under the first two (it forgets their tokens).
-    -> (the two agents' results, every agent's stderr)."""
-    tls = f"cacert={certs['ca.crt']},cert={certs[cert + '.crt']},key={certs[cert + '.key']}"
+    `conf`: more --rdzv_conf for every agent. -> (the two agents' results, every agent's stderr)."""
+    tls = ",".join(filter(None, [f"cacert={certs['ca.crt']},cert={certs[cert + '.crt']},key={certs[cert + '.key']}", conf]))
     password_file = tmp_path / "password"
     password_file.write_text("s3cret-pw\n")
     password_file.chmod(0o600)
@@ -526,13 +487,18 @@ def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str) -
 @needs_etcd
 @pytest.mark.timeout(90)
 def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
-    """A client certificate with a Common Name: the gateway refuses it, every agent speaks gRPC (and says so once)."""
+    """A client certificate with a Common Name: the gateway refuses it, with one line that names the
+    gRPC engine; with --rdzv_conf engine=grpc every agent speaks gRPC."""
     certs = make_certs(tmp_path)
     (member,) = etcd_factory(tls=certs)
     enable_auth(member)
-    _, errs = secure_run(launch, member, certs, tmp_path, "client")
-    for err in errs:
-        assert err.count(FALLBACK) == 1, err
+    tls = f"cacert={certs['ca.crt']},cert={certs['client.crt']},key={certs['client.key']}"
+    r = launch.run(*args(member.endpoint, "1", run_id="refused", conf=tls), worker("node_info.py"), timeout=30,
+                   env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    refused = [line for line in r.stderr.splitlines() if REFUSED in line]
+    assert len(refused) == 1 and "pip install 'launcher[etcd-grpc]'" in refused[0] and "--rdzv_conf engine=grpc" in refused[0], r.stderr
+    secure_run(launch, member, certs, tmp_path, "client", conf="engine=grpc")
 
 
 @needs_etcd
@@ -544,7 +510,7 @@ def test_tls_certificate_without_common_name_and_password_on_the_gateway(launch,
     enable_auth(member)
     _, errs = secure_run(launch, member, certs, tmp_path, "nocn")
     for err in errs:
-        assert FALLBACK not in err, err
+        assert REFUSED not in err, err
 
 
 @needs_etcd

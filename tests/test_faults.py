@@ -8,6 +8,7 @@ Every agent gets its own TEST_TOKEN, so one agent's processes can be told from a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -17,158 +18,17 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import LAUNCHER, ROOT, network_hosts, procs_with_token, sh, wait_gone, worker
+from conftest import Agent, Cluster, free_port, network_hosts, sh, wait_gone, worker
+from conftest import c10d as shared_c10d
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
-needs_root = pytest.mark.skipif(not ROOTED, reason="needs root (network namespaces, mounts)")
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Agent:
-    """One launcher process; its output is read by threads into lists, so a pipe never fills."""
-
-    def __init__(self, popen: subprocess.Popen, token: str, name: str):
-        self.popen, self.token, self.name = popen, token, name
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(s, l), daemon=True)
-                         for s, l in ((popen.stdout, self.out), (popen.stderr, self.err))]
-        for t in self._readers:
-            t.start()
-
-    @staticmethod
-    def _read(stream, into: list[str]) -> None:
-        for line in stream:
-            into.append(line.rstrip("\n"))
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def stdout(self) -> str:
-        return "\n".join(self.out)
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.err)
-
-    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out", count: int = 1) -> re.Match:
-        """Block until `count` lines of stdout (or stderr) match `pattern`; fail with the output so far."""
-        lines, rx = (self.out if stream == "out" else self.err), re.compile(pattern)
-        deadline, seen = time.monotonic() + timeout, 0
-        while time.monotonic() < deadline:
-            while seen < len(lines):
-                m = rx.search(lines[seen])
-                seen += 1
-                if m:
-                    count -= 1
-                    if count == 0:
-                        return m
-            if self.popen.poll() is not None and seen >= len(lines):
-                for t in self._readers:
-                    t.join(2)
-                if seen >= len(lines):
-                    break
-            time.sleep(0.02)
-        pytest.fail(f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
-
-    def wait(self, timeout: float = 60) -> int:
-        rc = self.popen.wait(timeout)
-        for t in self._readers:
-            t.join(5)
-        return rc
-
-    def signal(self, sig: int) -> None:
-        self.popen.send_signal(sig)
-
-    def workers(self) -> list[int]:
-        """Pids of this agent's processes other than itself and its guard: its workers."""
-        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_helper(p)]
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
-
-
-def _is_helper(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() in ("launcher-guard", "launcher-zygote")  # the agent's helpers
-    except OSError:
-        return False
-
-
-class Cluster:
-    """Starts agents (and a standalone store) each with its own TEST_TOKEN; kills what is left at teardown."""
-
-    def __init__(self, preload: bool = False):
-        self.agents: list[Agent] = []
-        self.preload = preload
-
-    def start(self, *args: str, env: dict | None = None, netns: str | None = None, name: str = "") -> Agent:
-        token = uuid.uuid4().hex
-        full = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
-        full.pop("PYTEST_CURRENT_TEST", None)
-        full.pop("PET_PRELOAD", None)
-        if self.preload:
-            full["PET_PRELOAD"] = "1"
-        full.update(env or {})
-        cmd = [*LAUNCHER, *args]
-        if netns:
-            cmd = ["ip", "netns", "exec", netns, *cmd]
-        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
-        agent = Agent(popen, token, name or f"agent{len(self.agents)}")
-        self.agents.append(agent)
-        return agent
-
-    def store(self, host: str, port: int, netns: str | None = None) -> Agent:
-        """A standalone `launcher store`, once it says it is serving."""
-        store = self.start("store", "--host", host, "--port", str(port), netns=netns, name="store")
-        store.wait_for("serving on", timeout=30)
-        return store
-
-    def leftovers(self, timeout: float = 10.0) -> dict[str, list[int]]:
-        """Processes still alive per agent name (agents themselves included), after waiting up to `timeout`."""
-        deadline = time.monotonic() + timeout
-        left = {}
-        for a in self.agents:
-            gone = wait_gone(a.token, max(0.1, deadline - time.monotonic()))
-            if gone:
-                left[a.name] = gone
-        return left
-
-    def cleanup(self) -> None:
-        for a in self.agents:
-            if os.environ.get("FAULTS_DEBUG"):  # FAULTS_DEBUG=1 pytest -s: every agent's output
-                print(f"\n===== {a.name} rc={a.popen.poll()}\n{a.stdout[-4000:]}\n----- stderr\n{a.stderr[-6000:]}")
-            for pid in [a.pid, *procs_with_token(a.token)]:
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.kill(pid, sig)
-                    except OSError:
-                        pass
-            try:
-                a.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture
@@ -178,11 +38,7 @@ def cluster(workers_from):
     c.cleanup()
 
 
-def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "faults", conf: str = "",
-         host: str = "127.0.0.1") -> list[str]:
-    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
-    return ["--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra]
+c10d = functools.partial(shared_c10d, run_id="faults")
 
 
 def starts(agent: Agent) -> list[dict]:
@@ -428,10 +284,6 @@ def small_disk(tmp_path):
         for _ in range(3):  # a read-only bind on top, then the tmpfs
             if subprocess.run(["umount", "-l", str(path)], capture_output=True).returncode:
                 break
-
-
-def file_text(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
 
 
 def test_log_dir_disk_full_job_goes_on_and_says_so(cluster, tmp_path, small_disk):

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, procs_with_token, wait_gone, worker
+from conftest import ROOT, free_port, kill_leftovers, procs_with_token, wait_gone, worker
 
 SCRIPT = ROOT / "scripts" / "launch_hosts.sh"
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +88,7 @@ class Hosts:
         return p
 
     def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate(timeout=10)
-        wait_gone(self.token, 5)
+        kill_leftovers(self.procs, self.token, settle=5)
         for pid in procs_with_token(self.token):
             try:
                 os.kill(pid, signal.SIGKILL)

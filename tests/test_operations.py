@@ -18,17 +18,23 @@ from conftest import ROOT, worker
 from launcher.spec import GroupState, Snapshot
 
 
-def test_sd_notify_ready_status_watchdog_stopping(launch, tmp_path):
+def notified(launch, tmp_path, *args: str, **env: str) -> list[str]:
+    """Run the launcher under a fake systemd (NOTIFY_SOCKET): every message it sent up to STOPPING=1."""
     path = str(tmp_path / "notify")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     sock.settimeout(20)
-    p = launch.start("--nproc_per_node", "2", worker("dump_env.py"),
-                     env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000", "DUMP_DIR": str(tmp_path)})
+    p = launch.start(*args, env={"NOTIFY_SOCKET": path, **env})
     messages = []
     while not any("STOPPING=1" in m for m in messages):
         messages.append(sock.recv(4096).decode())
     assert p.wait(20) == 0
+    return messages
+
+
+def test_sd_notify_ready_status_watchdog_stopping(launch, tmp_path):
+    messages = notified(launch, tmp_path, "--nproc_per_node", "2", worker("dump_env.py"), WATCHDOG_USEC="100000",
+                        DUMP_DIR=str(tmp_path))
     ready = next(m for m in messages if "READY=1" in m)
     assert "STATUS=round 0: 2 workers running" in ready
     assert messages.index(ready) < [i for i, m in enumerate(messages) if "STOPPING=1" in m][0]
@@ -37,16 +43,7 @@ def test_sd_notify_ready_status_watchdog_stopping(launch, tmp_path):
 
 
 def test_watchdog_pings_while_running(launch, tmp_path):
-    path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(20)
-    p = launch.start("--nproc_per_node", "1", worker("node_info.py"),
-                     env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000", "SLEEP": "1.2"})
-    messages = []
-    while not any("STOPPING=1" in m for m in messages):
-        messages.append(sock.recv(4096).decode())
-    assert p.wait(20) == 0
+    messages = notified(launch, tmp_path, "--nproc_per_node", "1", worker("node_info.py"), WATCHDOG_USEC="200000", SLEEP="1.2")
     assert sum(m == "WATCHDOG=1" for m in messages) >= 5  # every 0.1 s for ~1.2 s
 
 

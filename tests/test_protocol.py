@@ -9,7 +9,7 @@ import time
 from launcher.rendezvous.api import Cause
 from launcher.spec import Round
 
-from test_bad_input import agents, client, store_port  # noqa: F401 - store_port is a fixture
+from conftest import agents, client
 
 
 class SlowAfterTicket:

@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
-from conftest import LAUNCHER, worker
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "") -> list[str]:
-    conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
-    return [
-        "--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra,
-    ]
-
-
-def infos(out: str) -> list[dict]:
-    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
-
-
-def finish(procs, timeout=90):
-    return [(p.wait(timeout), *p.communicate(timeout=5)) for p in procs]
+from conftest import LAUNCHER, c10d, finish, free_port, infos, wait_line, worker
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -59,7 +35,7 @@ def test_heterogeneous_nodes_get_correct_ranks(launch):
 def test_elastic_growth_from_one_to_three(launch):
     port = free_port()
     first = launch.start(*c10d(port, "1:3"), worker("node_info.py"), env={"SLEEP": "6"})
-    time.sleep(3)  # node 1 seals a round alone after the 1 s last call, then runs
+    wait_line(first, "world=1")  # node 1 seals a round alone after the 1 s last call, then runs
     more = [launch.start(*c10d(port, "1:3"), worker("node_info.py"), env={"SLEEP": "6"}) for _ in range(2)]
     results = finish([first, *more])
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
@@ -96,35 +72,26 @@ def test_budget_exhausted_stops_every_node_promptly(launch):
     assert any("closed" in err or "restart budget" in err or "no restarts left" in err for _, _, err in results)
 
 
-def _wait_for_line(proc, needle: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen += line
-        if needle in line:
-            return seen
-    raise AssertionError(f"never saw {needle!r}: {seen}")
+def kill_the_other(launch, nnodes: str, sleep: str):
+    """Two agents on the first one's store; once both run their workers, the second is SIGKILLed. -> the first."""
+    port = free_port()
+    host = launch.start(*c10d(port, nnodes, conf="is_host=true"), worker("node_info.py"), env={"SLEEP": sleep})
+    victim = launch.start(*c10d(port, nnodes, conf="is_host=false"), worker("node_info.py"), env={"SLEEP": sleep})
+    wait_line(victim, "world=2")
+    victim.send_signal(signal.SIGKILL)
+    return host
 
 
 def test_dead_agent_elastic_survivors_reform(launch):
-    port = free_port()
-    host = launch.start(*c10d(port, "1:2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "12"})
-    victim = launch.start(*c10d(port, "1:2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "12"})
-    _wait_for_line(victim, "world=2")
-    victim.send_signal(signal.SIGKILL)
+    host = kill_the_other(launch, "1:2", "12")
     t0 = time.monotonic()
-    seen = _wait_for_line(host, "world=1 group=0/1", timeout=15)
+    seen = wait_line(host, "world=1 group=0/1", timeout=15)
     assert time.monotonic() - t0 < 6, seen  # liveness timeout 2 s + re-forming
     host.kill()
 
 
 def test_dead_agent_fixed_size_stops_with_clear_message(launch):
-    port = free_port()
-    host = launch.start(*c10d(port, "2", conf="is_host=true"), worker("node_info.py"), env={"SLEEP": "30"})
-    victim = launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "30"})
-    _wait_for_line(victim, "world=2")
-    victim.send_signal(signal.SIGKILL)
+    host = kill_the_other(launch, "2", "30")
     rc = host.wait(15)
     err = host.stderr.read()
     assert rc != 0 and "fewer than 2" in err, err

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAUNCHER, ROOT, procs_with_token, wait_gone, worker
+from conftest import LAUNCHER, ROOT, kill_leftovers, procs_with_token, wait_gone, worker
 from launcher import slurm
 from launcher.errors import ConfigError
 
@@ -295,12 +295,7 @@ class Jobs:
     def cleanup(self) -> None:
         if self.ids:
             subprocess.run(["scancel", *self.ids], capture_output=True, timeout=30)
-        wait_gone(self.token, 15)
-        for pid in procs_with_token(self.token):
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+        kill_leftovers([], self.token, settle=15)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import worker
-from test_faults import Cluster, c10d, free_port
+from conftest import Cluster, c10d, free_port, worker
 
 pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))

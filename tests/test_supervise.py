@@ -3,32 +3,19 @@ signals, restarts that re-initialise a gloo group, error files and log routing."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import procs_with_token, wait_gone, worker
+from conftest import procs_with_token, wait_for, wait_gone, worker
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
-    """Poll `predicate` until true; on timeout fail with `what` (and the launcher's output if it ended)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate(timeout=10)
-            pytest.fail(f"launcher ended (rc {proc.returncode}) while waiting for {what}\n{out}\n{err}")
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def marks(mark_dir: Path, rank: int) -> list[str]:
@@ -43,8 +30,11 @@ def all_have(mark_dir: Path, word: str, ranks=(0, 1)):
     return lambda: all(word in marks(mark_dir, r) for r in ranks)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
-    return proc.communicate(timeout=timeout)
+def signal_workers(launch, mark_dir: Path, *flags: str, **env: str):
+    """The launcher with 2 signals.py workers (noting what they see in `mark_dir`), once both are ready."""
+    p = launch.start("--nproc_per_node", "2", *flags, worker("signals.py"), env={"MARK_DIR": str(mark_dir), **env})
+    wait_for(all_have(mark_dir, "ready"), what="workers ready", proc=p)
+    return p
 
 
 def only_run_dir(parent: Path, pattern: str) -> Path:
@@ -136,10 +126,9 @@ def test_agent_sigkill_leaves_no_worker_or_grandchild(launch, tmp_path):
 
 
 def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
-    p = launch.start("--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path)})
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path)
     p.send_signal(signal.SIGTERM)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
     for rank in (0, 1):
         assert marks(tmp_path, rank) == ["ready", "SIGTERM", "exit"], marks(tmp_path, rank)  # saw SIGTERM, left on its own
@@ -148,18 +137,17 @@ def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
 
 
 def test_second_sigint_kills_at_once(launch, tmp_path):
-    p = launch.start(
-        "--nproc_per_node", "2", "--shutdown_timeout", "60", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "IGNORE": "SIGINT,SIGTERM"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    events = tmp_path / "events.jsonl"
+    p = signal_workers(launch, tmp_path, "--shutdown_timeout", "60", "--events_file", str(events), IGNORE="SIGINT,SIGTERM")
     p.send_signal(signal.SIGINT)
     wait_for(all_have(tmp_path, "SIGINT"), what="workers to get the first SIGINT", proc=p)
-    time.sleep(0.2)
-    assert p.poll() is None  # the graceful stop waits: the workers ignore it
+    stopping = {"event": "stopping", "reason": "signal", "signal": "SIGINT", "grace": 60.0}
+    wait_for(lambda: any(stopping.items() <= json.loads(l).items() for l in events.read_text().splitlines()),
+             what="the graceful stop to begin", proc=p)
+    assert p.poll() is None  # the graceful stop waits out its 60 s: the workers ignore SIGINT
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert time.monotonic() - t0 < 5.0
     assert p.returncode == 130, err
     assert "second SIGINT" in err
@@ -169,16 +157,12 @@ def test_second_sigint_kills_at_once(launch, tmp_path):
 
 
 def test_sigterm_twice_is_tolerated(launch, tmp_path):
-    p = launch.start(
-        "--nproc_per_node", "2", "--shutdown_timeout", "20", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "EXIT_DELAY": "0.6"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path, "--shutdown_timeout", "20", EXIT_DELAY="0.6")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     wait_for(all_have(tmp_path, "SIGTERM"), what="workers to get SIGTERM", proc=p)
     p.send_signal(signal.SIGTERM)
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
     assert time.monotonic() - t0 < 10.0  # graceful: nowhere near the 20 s grace
     for rank in (0, 1):
@@ -188,15 +172,11 @@ def test_sigterm_twice_is_tolerated(launch, tmp_path):
 
 
 def test_passthrough_signal_reaches_workers_that_go_on(launch, tmp_path):
-    p = launch.start(
-        "--nproc_per_node", "2", "--passthrough_signals", "SIGUSR1", worker("signals.py"),
-        env={"MARK_DIR": str(tmp_path), "SLEEP": "2.5"},
-    )
-    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p = signal_workers(launch, tmp_path, "--passthrough_signals", "SIGUSR1", SLEEP="2.5")
     p.send_signal(signal.SIGUSR1)
     wait_for(all_have(tmp_path, "SIGUSR1"), what="workers to get SIGUSR1", proc=p)
     assert p.poll() is None
-    out, err = finish(p)
+    out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     for rank in (0, 1):
         assert marks(tmp_path, rank) == ["ready", "SIGUSR1", "done"], marks(tmp_path, rank)

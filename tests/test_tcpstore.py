@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, worker
+from conftest import ROOT, free_port, wait_for, worker
 from launcher.rendezvous.tcpstore import (
     MAGIC, MAX_KEY, MAX_VALUE, StoreClient, StoreError, StoreServer, StoreTimeout,
 )
@@ -333,13 +333,13 @@ def test_many_waiters_wake_together_time_out_alone(ours):
     for t in threads:
         t.start()
     setter = StoreClient("127.0.0.1", ours.port, timeout=5)
-    time.sleep(0.6)
-    assert results["go"] == [] and results["both"] == []
+    wait_for(lambda: len(results["never"]) == 4, timeout=10, what="the 0.3 s waits to time out")
+    assert results["go"] == [] and results["both"] == []  # every waiter is waiting: none woke early
     assert [r[0] for r in results["never"]] == [False] * 4
     setter.set(k + "go", b"")
     setter.compare_set(k + "a", b"", b"1")  # a key made by compare_set wakes waiters too
-    time.sleep(0.3)
-    assert len(results["go"]) == 8 and results["both"] == []  # "b" is still missing
+    wait_for(lambda: len(results["go"]) == 8, timeout=10, what="the waiters on 'go' to wake")
+    assert results["both"] == []  # "b" is still missing
     setter.add(k + "b", 1)
     for t in threads:
         t.join(10)
@@ -532,8 +532,6 @@ def test_binds_exactly_the_address_given():
 
 
 def test_c10d_agent_never_imports_torch():
-    from launcher.process import free_port
-
     code = f"""
 import sys
 from launcher.config import from_flags
@@ -551,8 +549,6 @@ print(rnd.world_size, hosted, "torch" in sys.modules)
 
 
 def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
-    from launcher.process import free_port
-
     args = ["--nnodes", "1", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
             f"127.0.0.1:{free_port()}", "--rdzv_id", "imports", worker("node_info.py")]
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", *args], capture_output=True, text=True,

@@ -1,11 +1,12 @@
 """The etcd backend: the protocol on etcd's v3 API, behind one thin adapter, `EtcdStore`.
 
 `EtcdStore` is written once against a small engine interface (etcd_engine) with two engines:
-etcd's JSON gateway spoken with the standard library (etcd_gateway, the default: no grpc or
-protobuf in the agent, a cheap import), and gRPC through pyetcd (etcd_grpc), used only when the
-gateway refuses the client (a client certificate with a Common Name on an etcd with
---client-cert-auth and auth enabled); the switch is made once per agent and said in a line.
-Neither engine is imported by `import launcher.cli`, and this path never imports torch.
+etcd's JSON gateway spoken with the standard library and h11 (etcd_gateway, the default: no grpc
+or protobuf in the agent, a cheap import), and gRPC through pyetcd (etcd_grpc), chosen with
+`--rdzv_conf engine=grpc` and installed with `pip install 'launcher[etcd-grpc]'`: the one case
+that needs it is a client certificate with a Common Name on an etcd with --client-cert-auth and
+auth enabled, which the gateway refuses (a one-line error that names both). Neither engine is
+imported by `import launcher.cli`, and this path never imports torch.
 
 The Store operations, under `/launcher/<run_id>/`:
 - add: a counter is its key's *version*, which every put bumps atomically, so `add(k, 1)` is one
@@ -63,7 +64,7 @@ def options_from(config: LaunchConfig, environ: Mapping[str, str] = os.environ) 
         endpoints=parse_endpoints(config.rdzv_endpoint, DEFAULT_PORTS["etcd"]),
         tls=tls, cacert=conf.get("cacert"), cert=conf.get("cert"), key=conf.get("key"),
         user=conf.get("user") or environ.get(ETCD_USER_ENV) or None, password=password,
-        timeout=min(config.rdzv.read_timeout, 10.0),
+        timeout=min(config.rdzv.read_timeout, 10.0), engine=conf.get("engine", "gateway"),
     )
 
 
@@ -75,59 +76,49 @@ def lease_ttl(settings: RendezvousSettings) -> int:
 # ---------------------------------------------------------------------------- the client
 
 
-class _Choice:
-    """Which engine an agent's clients use: the gateway, until it refused this client once."""
+class _Shared:
+    """What the clients of one agent share: the gateway's Session (connections, login)."""
 
     def __init__(self) -> None:
-        self.grpc = False
-        self.session = None  # the gateway engines' shared Session (connections, login)
+        self.session = None
         self.lock = threading.Lock()
 
 
 class _Client:
-    """One engine with its own request timeout, made on first use; clients made with `sibling`
-    share the engine choice and the gateway's connections and login."""
+    """One engine (`opts.engine`) with its own request timeout, made on first use; clients made
+    with `sibling` share the gateway's connections and login."""
 
-    def __init__(self, opts: EtcdOptions, timeout: float | None = None, *, choice: _Choice | None = None):
+    def __init__(self, opts: EtcdOptions, timeout: float | None = None, *, shared: _Shared | None = None):
         self.opts = opts
         self.timeout = timeout or opts.timeout
-        self.owner = choice is None  # the agent's first client: it owns the gateway's shared connections
-        self.choice = choice or _Choice()
+        self.owner = shared is None  # the agent's first client: it owns the gateway's shared connections
+        self.shared = shared or _Shared()
         self._engine: Engine | None = None
         self._lock = threading.Lock()
 
     def get(self) -> Engine:
         with self._lock:
-            engine = self._engine
-            if engine is None or (self.choice.grpc and engine.name != "grpc"):
-                if engine is not None:
-                    engine.close()
-                engine = self._engine = self._make()
-            return engine
+            if self._engine is None:
+                self._engine = self._make()
+            return self._engine
 
     def _make(self) -> Engine:
-        if self.choice.grpc:
-            from .etcd_grpc import Grpc
+        if self.opts.engine == "grpc":
+            try:
+                from .etcd_grpc import Grpc
+            except ImportError as e:  # checked at config time; an install changed under a running agent
+                raise RendezvousError(f"--rdzv_conf engine=grpc: {e}; pip install 'launcher[etcd-grpc]'") from None
 
             return Grpc(self.opts, self.timeout)
         from .etcd_gateway import Gateway, Session
 
-        with self.choice.lock:
-            if self.choice.session is None:
-                self.choice.session = Session(self.opts)
-            return Gateway(self.opts, self.timeout, self.choice.session, owner=self.owner)
+        with self.shared.lock:
+            if self.shared.session is None:
+                self.shared.session = Session(self.opts)
+            return Gateway(self.opts, self.timeout, self.shared.session, owner=self.owner)
 
     def sibling(self, timeout: float | None = None) -> "_Client":
-        return _Client(self.opts, timeout or self.timeout, choice=self.choice)
-
-    def fall_back(self) -> None:
-        """The gateway refused this client: every client of the agent speaks gRPC from now on (said once)."""
-        with self.choice.lock:
-            if self.choice.grpc:
-                return
-            self.choice.grpc = True
-        say(f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate with a Common Name "
-            f"(--client-cert-auth with auth enabled); speaking gRPC instead")
+        return _Client(self.opts, timeout or self.timeout, shared=self.shared)
 
     def close(self) -> None:
         with self._lock:
@@ -286,9 +277,6 @@ class EtcdStore:
                     raise RendezvousError(e.why) from None
                 if e.kind == "lease":
                     raise _LeaseLost(e.why) from None
-                if e.kind == "no-gateway":
-                    self.client.fall_back()  # refused, not applied: resend over gRPC at once
-                    continue
                 if not idempotent and not e.unsent:
                     raise RendezvousConnectionError(f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off") from None
                 why = e.why
@@ -314,9 +302,6 @@ class EtcdStore:
                 self._drop_follow()
                 if e.kind == "fatal":
                     raise RendezvousError(e.why) from None
-                if e.kind == "no-gateway":
-                    self.client.fall_back()
-                    continue
             except Exception as e:  # a client bug, not an etcd answer
                 self._drop_follow()
                 raise RendezvousError(f"etcd client error: {type(e).__name__}: {e}") from None

@@ -29,6 +29,7 @@ class EtcdOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout: float = 10.0  # one request
+    engine: str = "gateway"  # or "grpc" (--rdzv_conf engine=grpc; pip install 'launcher[etcd-grpc]')
 
     @property
     def where(self) -> str:
@@ -82,9 +83,9 @@ Event = tuple[bytes, bool]  # (key, True for a put / False for a delete)
 
 class EtcdError(Exception):
     """A failed request, already judged. kind: "retry" (etcd or the path to it is down or busy),
-    "lease" (etcd does not know the lease), "fatal" (`why` is the user's one line), "no-gateway"
-    (the gateway refuses this client: use gRPC), or "reauth" (etcd refused our token; engines log
-    in again and resend once, so it never reaches the store). unsent: surely never applied."""
+    "lease" (etcd does not know the lease), "fatal" (`why` is the user's one line), or "reauth"
+    (etcd refused our token; engines log in again and resend once, so it never reaches the store).
+    unsent: surely never applied."""
 
     def __init__(self, kind: str, why: str, unsent: bool = False):
         super().__init__(why)

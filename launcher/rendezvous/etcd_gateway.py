@@ -322,7 +322,10 @@ class Gateway:
 
     def _error(self, status: int, data: bytes) -> EtcdError:
         if status == 400 and data.startswith(COMMON_NAME_REFUSED):
-            return EtcdError("no-gateway", data.decode(errors="replace").strip())
+            return EtcdError("fatal", f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
+                                      f"with a Common Name (--client-cert-auth with auth enabled): pip install "
+                                      f"'launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
+                                      f"without a Common Name")
         try:
             doc = json.loads(data)
             error = doc.get("error")

@@ -1,11 +1,11 @@
 """A minimal HTTP/1.1 client connection: keep-alive POSTs, and a streamed answer read line by line
-against a deadline.
+against a deadline. h11 (sans-IO) does the parsing; the socket, its deadlines, aborts from another
+thread and the keep-alive decisions are ours.
 
 Why not http.client: a read timeout leaves its socket file unusable (socket.SocketIO refuses
 to read after one), so a watch could not be read in slices up to a deadline and then resumed;
-and it imports the email package, 15-45 ms of every agent's start. The peer this serves is
-etcd's gateway (Go's net/http): bodies come with a Content-Length or chunked, which is all
-this reads.
+and it imports the email package, 15-45 ms of every agent's start. A receive that times out here
+consumes nothing, and h11 only ever sees whole received bytes, so a read resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import select
 import socket
 import threading
 import time
+
+import h11
 
 MAX_HEAD = 64 * 1024  # a status line and headers longer than this are no HTTP server's
 MAX_BODY = 64 * 1024 * 1024
@@ -44,12 +46,11 @@ class Connection:
             sock.close()
             raise
         self.sock = sock
-        self._raw = bytearray()  # received, not yet parsed
-        self._body = bytearray()  # parsed body bytes of a streamed answer, not yet handed out
-        self._chunk: int | None = None  # bytes left in the current chunk; None: a size line is next
+        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        self._body = bytearray()  # body bytes of a streamed answer, not yet handed out
         self._done = False  # the streamed answer is complete
+        self._eof = False  # the server closed its side
         self._lock = threading.Lock()
-        self.aborted = False
 
     # ------------------------------------------------------------------ a whole exchange
 
@@ -64,61 +65,43 @@ class Connection:
 
     def send(self, path: str, body: bytes, headers: dict[str, str], deadline: float, method: str = "POST") -> None:
         """Write one request."""
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
+        h = self._h11
+        if h.our_state is h11.DONE and h.their_state is h11.DONE:
+            h.start_next_cycle()  # the last exchange on this kept-alive connection is complete
+        if h.our_state is not h11.IDLE:
+            raise Closed("the connection is in the middle of another exchange")
+        fields = [("Host", f"{self.host}:{self.port}"), ("Content-Length", str(len(body))), *headers.items()]
+        try:
+            out = h.send(h11.Request(method=method, target=path, headers=fields))
+            out += (h.send(h11.Data(data=body)) if body else b"") + h.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as e:
+            raise Closed(f"cannot send this request: {e}") from None
         self._timeout(deadline)
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        self.sock.sendall(out)
         self._body.clear()
-        self._chunk, self._done = None, False
+        self._done = False
 
     def head(self, deadline: float) -> tuple[int, dict[str, str]]:
         """Read the status line and headers: (status, {lower-case name: value})."""
         while True:
-            end = self._raw.find(b"\r\n\r\n")
-            if end >= 0:
-                break
-            if len(self._raw) > MAX_HEAD:
-                raise Closed("not an HTTP answer")
-            self._recv(deadline)
-        text = self._raw[:end].decode("latin-1")
-        del self._raw[:end + 4]
-        status_line, *fields = text.split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise Closed(f"not an HTTP answer: {status_line[:80]!r}")
-        head = {}
-        for field in fields:
-            name, _, value = field.partition(":")
-            head[name.strip().lower()] = value.strip()
-        return int(parts[1]), head
+            event = self._next(deadline)
+            if isinstance(event, h11.Response):
+                return event.status_code, {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            if not isinstance(event, h11.InformationalResponse):  # 1xx: the real answer follows
+                raise Closed(f"not an HTTP answer: {type(event).__name__}")
 
     def read_body(self, head: dict[str, str], deadline: float) -> tuple[bytes, bool]:
         """The whole body of the answer whose `head` was read: (body, whether the connection may be reused)."""
-        if head.get("transfer-encoding", "").lower() == "chunked":
-            while not self._done:
-                self._fill(deadline)
-            data = bytes(self._body)
-            self._body.clear()
-        elif "content-length" in head:
-            size = int(head["content-length"])
-            if not 0 <= size <= MAX_BODY:
-                raise Closed(f"answer of {size} bytes")
-            while len(self._raw) < size:
-                self._recv(deadline)
-            data = bytes(self._raw[:size])
-            del self._raw[:size]
-        else:  # the body runs to the end of the connection
-            while True:
-                try:
-                    self._recv(deadline)
-                except Closed:
-                    break
-            data, self._raw = bytes(self._raw), bytearray()
-            return data, False
-        return data, head.get("connection", "").lower() != "close" and not self._raw
+        while not self._done:
+            self._fill(deadline)
+        data = bytes(self._body)
+        self._body.clear()
+        h = self._h11
+        keep = h.our_state is h11.DONE and h.their_state is h11.DONE and not h.trailing_data[0]
+        return data, keep  # h11 says MUST_CLOSE for "Connection: close" and for a body that ran to EOF
 
     def line(self, deadline: float) -> bytes | None:
-        """The next newline-ended line of a chunked answer's body; None once `deadline` passed first.
+        """The next newline-ended line of a streamed answer's body; None once `deadline` passed first.
         Raises Closed at the body's end (or the connection's)."""
         while True:
             end = self._body.find(b"\n")
@@ -155,7 +138,6 @@ class Connection:
     def abort(self) -> None:
         """End the connection now, from any thread: a read blocked on it returns at once."""
         with self._lock:
-            self.aborted = True
             try:
                 # The plain socket's shutdown: an SSLSocket's own would drop its TLS state under
                 # the feet of a thread reading it.
@@ -165,7 +147,6 @@ class Connection:
 
     def close(self) -> None:
         with self._lock:
-            self.aborted = True
             try:
                 self.sock.close()
             except OSError:
@@ -179,49 +160,31 @@ class Connection:
             raise TimeoutError("timed out")
         self.sock.settimeout(left)
 
-    def _recv(self, deadline: float) -> None:
-        self._timeout(deadline)
-        data = self.sock.recv(65536)  # a timeout raises before anything is consumed: safe to resume
-        if not data:
-            raise Closed("connection closed by etcd")
-        self._raw += data
+    def _next(self, deadline: float):
+        """The next parsed event; receives (up to `deadline`) while h11 needs more bytes."""
+        while True:
+            try:
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError as e:
+                ended = self._h11.their_state is h11.ERROR and self._eof
+                raise Closed("connection closed by etcd" if ended else f"not an HTTP answer: {e}") from None
+            if isinstance(event, h11.ConnectionClosed):
+                raise Closed("connection closed by etcd")
+            if event is not h11.NEED_DATA:
+                return event
+            self._timeout(deadline)
+            data = self.sock.recv(65536)  # a timeout raises before anything is consumed: safe to resume
+            self._eof = not data
+            self._h11.receive_data(data)  # b"": the end of the connection, which may end a body
 
     def _fill(self, deadline: float) -> None:
-        """Decode what chunked bytes are in; receive more when nothing could be decoded."""
-        before = (len(self._body), self._done, self._chunk)
-        raw = self._raw
-        while not self._done:
-            if self._chunk is None:  # a size line: hex size, maybe ";extensions"
-                end = raw.find(b"\r\n")
-                if end < 0:
-                    break
-                try:
-                    size = int(bytes(raw[:end]).split(b";")[0], 16)
-                except ValueError:
-                    raise Closed("not a chunked answer") from None
-                del raw[:end + 2]
-                self._chunk = size if size else -1
-            elif self._chunk == -1:  # trailers after the last chunk, up to an empty line
-                end = raw.find(b"\r\n")
-                if end < 0:
-                    break
-                trailer = raw[:end]
-                del raw[:end + 2]
-                if not trailer:
-                    self._done = True
-            elif self._chunk == 0:  # the CRLF that ends a chunk's data
-                if len(raw) < 2:
-                    break
-                del raw[:2]
-                self._chunk = None
-            else:
-                take = min(self._chunk, len(raw))
-                if not take:
-                    break
-                self._body += raw[:take]
-                del raw[:take]
-                self._chunk -= take
+        """Take the next piece of the answer's body (receiving as needed)."""
+        event = self._next(deadline)
+        if isinstance(event, h11.Data):
+            self._body += event.data
             if len(self._body) > MAX_BODY:
                 raise Closed("answer too large")
-        if (len(self._body), self._done, self._chunk) == before:
-            self._recv(deadline)
+        elif isinstance(event, h11.EndOfMessage):
+            self._done = True
+        else:
+            raise Closed(f"not an HTTP answer: {type(event).__name__} in a body")

@@ -56,7 +56,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -72,19 +71,10 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
 ENV["PYTHONPATH"] = ROOT
 CAP = 60.0
-# An agent held to the gRPC engine (--engine grpc), for a side-by-side with the old client.
-HOLD_TO_GRPC = """import launcher.rendezvous.etcd as etcd
-init = etcd._Choice.__init__
-def held_to_grpc(self):
-    init(self)
-    self.grpc = True
-etcd._Choice.__init__ = held_to_grpc
-"""
 RUN_LAUNCHER = """import runpy, sys
 sys.argv[0] = "launcher"
 runpy.run_module("launcher", run_name="__main__", alter_sys=True)
 """
-GRPC_AGENT = HOLD_TO_GRPC + RUN_LAUNCHER
 WORKER = """import os, sys, time
 t = time.time()
 path = os.path.join(sys.argv[1], f"{os.getpid()}.start")
@@ -175,9 +165,14 @@ def agent_cmd(tool: str, k: int, endpoint: str, run_id: str, worker: str, out: s
         rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{endpoint}", "--rdzv_id", run_id]
         head = [TORCHRUN]
     else:
-        rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id]
-        head = [PY, "-c", GRPC_AGENT] if ENGINE == "grpc" else [PY, "-m", "launcher"]
+        rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, *engine_conf()]
+        head = [PY, "-m", "launcher"]
     return head + ["--nnodes", nnodes or str(k), "--nproc_per_node", "1", *rdzv, worker, out, str(sleep)]
+
+
+def engine_conf() -> list[str]:
+    """The agents' flag for --engine grpc (the opt-in gRPC engine); nothing for the gateway."""
+    return ["--rdzv_conf", "engine=grpc"] if ENGINE == "grpc" else []
 
 
 def tail(logs: list[str]) -> str:
@@ -261,11 +256,9 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     from launcher.rendezvous.protocol import ElasticRendezvous, Node
 
     host, port = endpoint.split(":")
-    opts = EtcdOptions(endpoints=((host, int(port)),))
+    opts = EtcdOptions(endpoints=((host, int(port)),), engine=engine)
     settings = RendezvousSettings(join_timeout=cap)
     shared = [_Client(opts) for _ in range(clients)]
-    for c in shared:
-        c.choice.grpc = engine == "grpc"
     leases = [Lease(opts, 2, 0.5) for _ in range(clients)]
     for c, lease in zip(shared, leases):
         lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
@@ -396,7 +389,7 @@ def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 
 RSS_WRAPPER = r"""
 import atexit, json, os, sys
-out, engine = sys.argv.pop(1), sys.argv.pop(1)
+out = sys.argv.pop(1)
 
 def dump():
     rss = sum(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
@@ -404,8 +397,7 @@ def dump():
     json.dump({"rss_kib": rss, "cpu_s": os.times().user + os.times().system, "heavy": mods[:5]}, open(out, "w"))
 
 atexit.register(dump)  # registered first, so it runs last: at the agent's exit
-if engine == "grpc":
-""" + textwrap.indent(HOLD_TO_GRPC, "    ") + RUN_LAUNCHER
+""" + RUN_LAUNCHER
 
 
 def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
@@ -414,8 +406,8 @@ def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | Non
     logs = [os.path.join(out, f"agent{i}.log") for i in range(2)]
     stats = [os.path.join(out, f"agent{i}.json") for i in range(2)]
     rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "etcd", "--rdzv_endpoint", etcd.endpoint,
-            "--rdzv_id", run_id, worker, out, "0.5"]
-    procs = [start([PY, wrapper, st, ENGINE, *rdzv], log) for st, log in zip(stats, logs)]
+            "--rdzv_id", run_id, *engine_conf(), worker, out, "0.5"]
+    procs = [start([PY, wrapper, st, *rdzv], log) for st, log in zip(stats, logs)]
     try:
         for p in procs:
             p.wait(CAP)
@@ -465,7 +457,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="agents,scale,death,rss")
     ap.add_argument("--engine", choices=("gateway", "grpc"), default="gateway",
-                    help="the etcd engine the agents and simulated nodes use (grpc: the fallback, pyetcd)")
+                    help="the etcd engine the agents and simulated nodes use (grpc: --rdzv_conf engine=grpc, pyetcd)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nodes", default="64,256,1024", help="scale: simulated node counts")
     ap.add_argument("--scale-reps", type=int, default=3)

@@ -1,0 +1,283 @@
+"""The rendezvous protocol against an in-memory store: `assign()` as a pure function, and
+`ElasticRendezvous` rounds, last call, timeouts, the restart budget, closing and join tokens.
+A store wait that would block on a single node instead moves a fake clock on by its timeout,
+so last call and join timeouts take no real time."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from conftest import FakeClock
+from launcher.config import RendezvousSettings
+from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
+from launcher.rendezvous.api import Cause, MembershipChanged
+from launcher.rendezvous.protocol import ElasticRendezvous, Node, assign
+
+SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
+
+
+class MemoryStore:
+    """The protocol's store operations over a dict. With a `clock`, a wait that is not satisfied
+    returns at once and moves the clock on by its timeout (one node, simulated time); without one,
+    it blocks on a condition until another thread writes (several nodes, real time)."""
+
+    def __init__(self, clock: FakeClock | None = None):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.clock = clock
+        self.ops = 0
+
+    def add(self, key: str, amount: int) -> int:
+        with self.cond:
+            self.ops += 1
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            self.cond.notify_all()
+            return value
+
+    def get(self, key: str) -> bytes | None:
+        with self.cond:
+            self.ops += 1
+            return self.data.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.ops += 1
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        with self.cond:
+            self.ops += 1
+            now = self.data.get(key)
+            if (now is None and expected == b"") or now == expected:
+                self.data[key] = now = desired
+                self.cond.notify_all()
+            return now
+
+    def wait(self, keys, timeout: float) -> bool:
+        with self.cond:
+            self.ops += 1
+            present = lambda: all(k in self.data for k in keys)  # noqa: E731
+            if self.clock is not None:
+                if not present():
+                    self.clock.now += timeout
+                return present()
+            return self.cond.wait_for(present, timeout)
+
+    def multi_get(self, keys) -> list[bytes]:
+        with self.cond:
+            self.ops += 1
+            return [self.data[k] for k in keys]
+
+    def multi_set(self, keys, values) -> None:
+        with self.cond:
+            self.ops += 1
+            self.data.update(zip(keys, values))
+            self.cond.notify_all()
+
+    def clone(self) -> "MemoryStore":
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+def node(name: str, lo: int = 1, hi: int = 1, nproc: int = 2, restarts: int = 3, token: str | None = None) -> Node:
+    return Node(node_id=name, addr=f"{name}.example", nproc=nproc, min_nodes=lo, max_nodes=hi, max_restarts=restarts, token=token)
+
+
+def agent(store: MemoryStore, n: Node, clock=None, port: int = 29500) -> ElasticRendezvous:
+    kw = {"clock": clock} if clock else {}
+    return ElasticRendezvous(store, "job", n, SETTINGS, port_picker=lambda: port, **kw)
+
+
+# ---------------------------------------------------------------------------- assign()
+
+
+def desc(addr: str, nproc: int = 1, prev: int = -1, port: int = 1000) -> dict:
+    return {"id": addr, "addr": addr, "port": port, "nproc": nproc, "prev": prev}
+
+
+def test_assign_a_first_round_in_ticket_order():
+    plans = assign([desc("a", 2), desc("b", 3), desc("c", 1)], restarts=0)
+    assert [p["group_rank"] for p in plans] == [0, 1, 2]
+    assert [p["rank_offset"] for p in plans] == [0, 2, 5]
+    assert {p["world_size"] for p in plans} == {6} and {p["group_world_size"] for p in plans} == {3}
+    assert {(p["master_addr"], p["master_port"]) for p in plans} == {("a", 1000)}
+    assert [p["peer"] for p in plans] == [2, 3, 1]  # the ring, as tickets (1-based)
+
+
+def test_assign_keeps_previous_group_ranks_and_fills_the_gaps():
+    # b was rank 0 and a rank 2 last round; c and d are new; e claims a rank that no longer exists
+    plans = assign([desc("a", 1, prev=2), desc("b", 4, prev=0, port=7), desc("c", 2), desc("d", 1, prev=9)], restarts=2)
+    assert [p["group_rank"] for p in plans] == [2, 0, 1, 3]
+    assert [p["rank_offset"] for p in plans] == [6, 0, 4, 7]  # offsets follow group ranks, not tickets
+    assert {p["world_size"] for p in plans} == {8} and {p["restarts"] for p in plans} == {2}
+    assert {(p["master_addr"], p["master_port"]) for p in plans} == {("b", 7)}  # group rank 0 hosts the store
+    by_rank = sorted(range(4), key=lambda i: plans[i]["group_rank"])
+    for rank, i in enumerate(by_rank):
+        assert plans[i]["peer"] == by_rank[(rank + 1) % 4] + 1
+
+
+def test_assign_gives_a_contested_rank_to_the_first_claimant():
+    plans = assign([desc("a", prev=1), desc("b", prev=1), desc("c", prev="x")], restarts=0)  # type: ignore[arg-type]
+    assert [p["group_rank"] for p in plans] == [1, 0, 2]
+
+
+def test_assign_one_node_is_its_own_peer():
+    (plan,) = assign([desc("solo", 8)], restarts=0)
+    assert (plan["group_rank"], plan["world_size"], plan["peer"]) == (0, 8, 1)
+
+
+# ---------------------------------------------------------------------------- rounds on one node
+
+
+def test_a_full_round_seals_at_once():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    rnd = agent(store, node("a", nproc=4), clock).next_round(Cause.START)
+    assert (rnd.round, rnd.restart_count, rnd.group_rank, rnd.group_world_size, rnd.world_size) == (0, 0, 0, 1, 4)
+    assert (rnd.master_addr, rnd.master_port) == ("a.example", 29500)
+    assert store.data["job/r0/sealed"] == b"1:a" and clock.now == 0  # no wait at all
+    assert store.ops < 25  # a handful of operations per node
+
+
+def test_last_call_seals_a_round_below_max():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    rnd = agent(store, node("a", lo=1, hi=3), clock).next_round(Cause.START)
+    assert rnd.group_world_size == 1
+    assert SETTINGS.last_call_timeout <= clock.now < SETTINGS.last_call_timeout + 0.5
+
+
+def test_too_few_nodes_time_out_with_a_clear_error():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    with pytest.raises(RendezvousTimeoutError, match=r"no round formed within 60 s \(join_timeout\); 1 of 2 nodes joined"):
+        agent(store, node("a", lo=2, hi=2), clock).next_round(Cause.START)
+    assert SETTINGS.join_timeout <= clock.now < SETTINGS.join_timeout + 1.5
+
+
+def test_failures_are_charged_to_the_budget_until_it_is_spent():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a = agent(store, node("a", restarts=2), clock)
+    assert a.next_round(Cause.START).restart_count == 0
+    assert a.next_round(Cause.MEMBERSHIP).restart_count == 0  # not charged
+    second = a.next_round(Cause.FAILURE)
+    assert (second.round, second.restart_count) == (2, 1)
+    assert a.next_round(Cause.FAILURE).restart_count == 2
+    with pytest.raises(RestartBudgetExhausted, match=r"no restarts left \(--max_restarts 2\)"):
+        a.next_round(Cause.FAILURE)
+    assert store.data["job/closed"] == b"restart budget spent (--max_restarts 2)"
+    with pytest.raises(RendezvousClosedError, match="the job was closed: restart budget spent"):
+        agent(store, node("late"), clock).next_round(Cause.START)
+
+
+def test_one_failure_is_charged_once_whoever_reports_it():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a = agent(store, node("a"), clock)
+    a.next_round(Cause.START)
+    store.add("job/r0/failed", 1)  # another node of round 0 reported it first
+    assert a.next_round(Cause.FAILURE).restart_count == 0
+
+
+@pytest.mark.parametrize("theirs, mine, message", [
+    (None, "s3cret", "was started without a join token"),
+    ("s3cret", None, "needs a join token"),
+    ("s3cret", "other", "wrong join token"),
+])
+def test_join_tokens_must_match(theirs, mine, message):
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    agent(store, node("a", token=theirs), clock).next_round(Cause.START)
+    assert b"s3cret" not in store.data["job/token"]  # an HMAC, never the token
+    with pytest.raises(RendezvousError, match=message):
+        agent(store, node("b", token=mine), clock).next_round(Cause.START)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("job/round", b"-1", "malformed round number"),
+    ("job/r0/joined", b"-5", "malformed ticket counter"),
+    ("job/r0/sealed", b"x:evil", "malformed seal"),
+])
+def test_garbage_under_the_prefix_is_a_clear_error(key, value, message):
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    store.data[key] = value
+    with pytest.raises(RendezvousError, match=message):
+        agent(store, node("a"), clock).next_round(Cause.START)
+
+
+def test_a_hostile_node_entry_is_left_out():
+    """A ticket taken by something that wrote garbage: the sealer leaves it out, the good nodes go on."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    store.data["job/r0/joined"] = b"1"
+    store.data["job/r0/node1"] = json.dumps({"addr": "a b", "port": 0, "nproc": True, "prev": -1}).encode()
+    rnd = agent(store, node("a", lo=1, hi=2), clock).next_round(Cause.START)
+    assert (rnd.round, rnd.group_world_size, rnd.world_size) == (0, 1, 2)
+    assert "left_out" in json.loads(store.data["job/r0/plan1"])
+
+
+# ---------------------------------------------------------------------------- several nodes (threads)
+
+
+def join_all(agents: list[ElasticRendezvous], cause: Cause = Cause.START) -> list:
+    results: list = [None] * len(agents)
+
+    def ask(i: int) -> None:
+        try:
+            results[i] = agents[i].next_round(cause)
+        except Exception as e:  # noqa: BLE001 - checked by the caller
+            results[i] = e
+
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(len(agents))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a node hung"
+    return results
+
+
+def test_nodes_meet_in_one_round_and_keep_their_ranks_across_a_restart():
+    store = MemoryStore()
+    nodes = [agent(store, node(f"n{i}", lo=3, hi=3, nproc=i + 1), port=30000 + i) for i in range(3)]
+    first = join_all(nodes)
+    assert sorted(r.group_rank for r in first) == [0, 1, 2] and {r.world_size for r in first} == {6}
+    assert len({(r.master_addr, r.master_port) for r in first}) == 1
+    offsets = {r.group_rank: r.rank_offset for r in first}
+    sizes = {r.group_rank: n.node.nproc for r, n in zip(first, nodes)}
+    assert offsets == {0: 0, 1: sizes[0], 2: sizes[0] + sizes[1]}
+    again = join_all(nodes, Cause.FAILURE)
+    assert [r.group_rank for r in again] == [r.group_rank for r in first]
+    assert {(r.round, r.restart_count) for r in again} == {(1, 1)}
+    assert store.data["job/restarts"] == b"1"  # three nodes saw one failure: charged once
+
+
+def test_the_watch_posts_a_membership_change_when_the_round_ends():
+    store = MemoryStore()
+    a = agent(store, node("a"))
+    rnd = a.next_round(Cause.START)
+    posted: list = []
+    got = threading.Event()
+    a.watch(rnd, lambda event: (posted.append(event), got.set()))
+    store.compare_set("job/r0/change", b"", b"b wants to join")
+    assert got.wait(10)
+    assert isinstance(posted[0], MembershipChanged) and posted[0].reason == "b wants to join"
+    a.shutdown(succeeded=True)
+    assert store.data["job/r0/done0"] == b"1" and store.data["job/r0/finished"] == b"1"
+
+
+def test_leaving_tells_the_others():
+    store = MemoryStore()
+    a = agent(store, node("a"))
+    a.next_round(Cause.START)
+    a.shutdown(succeeded=False)
+    assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left"
