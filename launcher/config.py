@@ -19,8 +19,7 @@ from .errors import ConfigError
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# Backends the launcher accepts; the others are named so their error can say why not.
-BACKENDS = ("local", "static", "c10d", "etcd")
+# Backends named only so their error can say why not.
 LATER_BACKENDS = ("etcd-v2",)
 DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
 # `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).

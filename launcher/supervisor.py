@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import process
+from . import net, process
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
@@ -93,7 +93,7 @@ class Supervisor:
         self.environ = dict(os.environ if environ is None else environ)
         self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
         self.guard = guard
-        self.host = host or process.hostname()
+        self.host = host or net.hostname()
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.state = GroupState.RENDEZVOUS

@@ -115,8 +115,7 @@ def test_from_flags_is_a_config_error_or_a_usable_config(data, tmp_path_factory)
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`launcher ARGV` in this process with the job itself stubbed out: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    with mock.patch("launcher.run.run", return_value=0), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.dict("os.environ", {k: "" for k in ()}, clear=False):
+    with mock.patch("launcher.run.run", return_value=0), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             cli.main(argv)
             code = 0
@@ -190,7 +189,7 @@ SETTINGS = RendezvousSettings(join_timeout=10, last_call_timeout=0.5, read_timeo
 @pytest.fixture
 def store_port():
     """A real TCPStore server (the one the agents host), on a free loopback port."""
-    from launcher.process import free_port
+    from launcher.net import free_port
     from launcher.rendezvous.c10d import serve
 
     server = serve("127.0.0.1", free_port("127.0.0.1"))

@@ -25,7 +25,6 @@ import pytest
 from conftest import LAUNCHER, ROOT, network_hosts, procs_with_token, sh, wait_gone, worker
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
-needs_root = pytest.mark.skipif(not ROOTED, reason="needs root (network namespaces, mounts)")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -424,10 +423,6 @@ def small_disk(tmp_path):
         for _ in range(3):  # a read-only bind on top, then the tmpfs
             if subprocess.run(["umount", "-l", str(path)], capture_output=True).returncode:
                 break
-
-
-def file_text(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
 
 
 def test_log_dir_disk_full_job_goes_on_and_says_so(cluster, tmp_path, small_disk):

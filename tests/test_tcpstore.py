@@ -532,7 +532,7 @@ def test_binds_exactly_the_address_given():
 
 
 def test_c10d_agent_never_imports_torch():
-    from launcher.process import free_port
+    from launcher.net import free_port
 
     code = f"""
 import sys
@@ -551,7 +551,7 @@ print(rnd.world_size, hosted, "torch" in sys.modules)
 
 
 def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
-    from launcher.process import free_port
+    from launcher.net import free_port
 
     args = ["--nnodes", "1", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
             f"127.0.0.1:{free_port()}", "--rdzv_id", "imports", worker("node_info.py")]

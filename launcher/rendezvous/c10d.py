@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import socket
 import threading
 from typing import Sequence
 
 from ..config import DEFAULT_PORTS, LaunchConfig, parse_endpoint
 from ..errors import RendezvousConnectionError
-from ..process import free_port, hostname
+from ..net import free_port, hostname, interface_of, is_local_address, outward_address
 from .protocol import ElasticRendezvous, Node
 from .tcpstore import StoreClient, StoreError, StoreServer
 
@@ -82,43 +81,6 @@ class TCPStoreAdapter:
 def serve(host: str, port: int) -> StoreServer:
     """Start a TCPStore server (a thread of this process) bound to exactly `host:port`."""
     return StoreServer(host, port)
-
-
-def is_local_address(host: str) -> bool:
-    """True if `host` resolves to an address of this machine (binding it is the proof)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return False
-    for family, _, _, _, addr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr[0], 0))
-                return True
-            except OSError:
-                continue
-    return False
-
-
-def outward_address(host: str, port: int) -> str:
-    """The address this node uses to reach `host`: the one its peers can reach it at."""
-    try:
-        family = socket.getaddrinfo(host, port)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))  # UDP: picks the route, sends nothing
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(hostname())
-
-
-def interface_of(addr: str) -> str | None:
-    """The network interface that holds `addr`, if it is one of this machine's."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == addr for a in addrs):
-            return name
-    return None
 
 
 class C10dRendezvous(ElasticRendezvous):

@@ -36,8 +36,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 from ..config import DEFAULT_PORTS, ETCD_PASSWORD_ENV, ETCD_USER_ENV, LaunchConfig, RendezvousSettings, parse_endpoints
 from ..errors import ConfigError, RendezvousConnectionError, RendezvousError
 from ..logs import say
-from ..process import free_port, hostname
-from .c10d import interface_of, outward_address
+from ..net import free_port, hostname, interface_of, outward_address
 from .etcd_engine import ROOT, Compare, Delete, Engine, EtcdError, EtcdOptions, Get, Put, Watch, range_end
 from .protocol import ElasticRendezvous, Node
 

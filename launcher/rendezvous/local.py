@@ -7,13 +7,11 @@ restart always meets a fresh store instead of the last attempt's keys (pytorch#1
 
 from __future__ import annotations
 
-import errno
-import socket
 from typing import Callable
 
 from ..config import LaunchConfig
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
-from ..process import free_port
+from ..net import free_port, port_taken
 from ..spec import Round
 from .api import Cause
 
@@ -27,7 +25,7 @@ class LocalRendezvous:
         self._round = -1
         self._restarts = 0
         if config.rdzv_backend == "static" and config.node_rank == 0 and config.master_port:
-            taken = _port_taken(config.master_port)  # rank 0's store would die on it: say so before starting
+            taken = port_taken(config.master_port)  # rank 0's store would die on it: say so before starting
             if taken:
                 raise RendezvousConnectionError(
                     f"--master_port {config.master_port} is already in use on this host ({taken}); "
@@ -63,15 +61,3 @@ class LocalRendezvous:
     def shutdown(self, succeeded: bool) -> None:
         """Nothing to leave."""
 
-
-def _port_taken(port: int) -> str:
-    """Why the worker with rank 0 could not listen on `port` (it binds every address), or ""."""
-    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is fine
-                s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return e.strerror
-    return ""

@@ -125,7 +125,7 @@ class ElasticRendezvous:
                 self._advance(r)
                 r = self._current_round()
             return self._join(r)
-        except (RendezvousError, RestartBudgetExhausted):
+        except RendezvousError:  # RestartBudgetExhausted is one too
             raise
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
