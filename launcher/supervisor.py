@@ -11,6 +11,7 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import selectors
@@ -58,9 +59,17 @@ class Member:
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
 
 
+class Then(enum.Enum):
+    """What the supervisor does once a stop of the group is complete."""
+
+    RESTART = "restart"  # a worker failed: a new round, charged to the restart budget
+    MEMBERSHIP = "membership"  # another node joined, left or died: a new round, free of charge
+    SIGNAL = "signal"  # the launcher was told to stop: the group ends FAILED with 128+N
+
+
 @dataclass
 class _Stop:
-    then: str  # "restart", "membership", "fail" or "signal"
+    then: Then
     deadline: float
     signum: int = signal.SIGTERM
 
@@ -172,7 +181,7 @@ class Supervisor:
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             say(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="membership")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
 
     # ------------------------------------------------------------------ verbs
 
@@ -251,16 +260,16 @@ class Supervisor:
         if any(m.state is WorkerState.FAILED for m in self.members):
             cause = min((f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at)
             say(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="restart")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: str) -> None:
+    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
         """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
         self.stop = _Stop(then, self.clock() + grace, signum)
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -283,9 +292,9 @@ class Supervisor:
             return
         self.sweep(graceful=False)
         then, self.stop = self.stop.then, None
-        if then == "restart":
+        if then is Then.RESTART:
             self.begin_round(Cause.FAILURE)
-        elif then == "membership":
+        elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
         else:
             self._set_state(GroupState.FAILED)
@@ -342,7 +351,7 @@ class Supervisor:
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
             say(f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)")
-            self.stop_workers(signum, self.config.shutdown_timeout, then="signal")
+            self.stop_workers(signum, self.config.shutdown_timeout, then=Then.SIGNAL)
         elif signum == signal.SIGINT and self.stop and self.stop.signum == signal.SIGINT:
             say("second SIGINT; killing the workers now")
             self.stop.deadline = self.clock()

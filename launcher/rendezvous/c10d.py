@@ -18,7 +18,7 @@ from typing import Sequence
 from ..config import DEFAULT_PORTS, LaunchConfig, parse_endpoint
 from ..errors import RendezvousConnectionError
 from ..net import free_port, hostname, interface_of, is_local_address, outward_address
-from .protocol import ElasticRendezvous, Node
+from .protocol import Capability, ElasticRendezvous, Node
 from .tcpstore import StoreClient, StoreError, StoreServer
 
 PREFIX = "launcher/"
@@ -30,6 +30,8 @@ ANSWER_GRACE = 5.0
 
 class TCPStoreAdapter:
     """The protocol's `Store` operations on one TCPStore client connection."""
+
+    capabilities = frozenset({Capability.DELETE})
 
     def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout

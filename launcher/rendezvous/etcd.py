@@ -37,8 +37,8 @@ from ..config import DEFAULT_PORTS, ETCD_PASSWORD_ENV, ETCD_USER_ENV, LaunchConf
 from ..errors import ConfigError, RendezvousConnectionError, RendezvousError
 from ..logs import say
 from ..net import free_port, hostname, interface_of, outward_address
-from .etcd_engine import ROOT, Compare, Delete, Engine, EtcdError, EtcdOptions, Get, Put, Watch, range_end
-from .protocol import ElasticRendezvous, Node
+from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, EtcdOptions, Get, Put, Watch, range_end
+from .protocol import Capability, Change, ElasticRendezvous, Node
 
 __all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease", "options_from"]
 
@@ -165,6 +165,8 @@ class _Follow:
 class EtcdStore:
     """The protocol's Store operations, plus `hold` and `wait_change` liveness, on one etcd client."""
 
+    capabilities = frozenset({Capability.DELETE, Capability.LIVENESS})
+
     def __init__(self, opts: EtcdOptions, lease: "Lease | None" = None, *, retry_for: float = 60.0,
                  client: _Client | None = None, owns_client: bool | None = None):
         self.opts = opts
@@ -243,14 +245,14 @@ class EtcdStore:
         assert self.lease is not None, "hold needs a lease"
         self.lease.hold(_name(key), b"1", self)
 
-    def wait_change(self, change: str, alive: str | None, timeout: float) -> str | None:
-        """"change" once `change` exists, "gone" once `alive` is absent, None at the timeout or on trouble."""
+    def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
+        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
-        def decide(present: dict[bytes, bool]) -> str | None:
+        def decide(present: dict[bytes, bool]) -> Change | None:
             if present[names[0]]:
-                return "change"
-            return "gone" if alive and not present[names[1]] else None
+                return Change.CHANGED
+            return Change.GONE if alive and not present[names[1]] else None
 
         return self._wait_for(names, timeout, decide)
 
@@ -281,11 +283,11 @@ class EtcdStore:
             try:
                 return fn(self.client.get())
             except EtcdError as e:
-                if e.kind == "fatal":
+                if e.kind is ErrorKind.FATAL:
                     raise RendezvousError(e.why) from None
-                if e.kind == "lease":
+                if e.kind is ErrorKind.LEASE:
                     raise _LeaseLost(e.why) from None
-                if e.kind == "no-gateway":
+                if e.kind is ErrorKind.NO_GATEWAY:
                     self.client.fall_back()  # refused, not applied: resend over gRPC at once
                     continue
                 if not idempotent and not e.unsent:
@@ -311,9 +313,9 @@ class EtcdStore:
                 return self._follow_until(names, deadline, decide)
             except EtcdError as e:
                 self._drop_follow()
-                if e.kind == "fatal":
+                if e.kind is ErrorKind.FATAL:
                     raise RendezvousError(e.why) from None
-                if e.kind == "no-gateway":
+                if e.kind is ErrorKind.NO_GATEWAY:
                     self.client.fall_back()
                     continue
             except Exception as e:  # a client bug, not an etcd answer
@@ -479,7 +481,7 @@ class Lease:
                 ttl = self._refresh()
             except Exception as e:
                 why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
-                if isinstance(e, EtcdError) and e.kind == "no-gateway":
+                if isinstance(e, EtcdError) and e.kind is ErrorKind.NO_GATEWAY:
                     self.store.client.fall_back()
                 lost_at = lost_at or time.monotonic()
                 if not told and time.monotonic() - lost_at >= 1.0:
