@@ -9,16 +9,16 @@ the node whose own address is the endpoint's (checked by binding it, which is wh
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import threading
 from typing import Sequence
 
-from ..config import DEFAULT_PORTS, LaunchConfig, parse_endpoint
 from ..errors import RendezvousConnectionError
-from ..net import free_port, hostname, interface_of, is_local_address, outward_address
+from ..net import free_port, is_local_address
+from .api import JobParams
 from .protocol import Capability, ElasticRendezvous, Node
+from .settings import C10dSettings
 from .tcpstore import StoreClient, StoreError, StoreServer
 
 PREFIX = "launcher/"
@@ -88,9 +88,8 @@ def serve(host: str, port: int) -> StoreServer:
 class C10dRendezvous(ElasticRendezvous):
     """ElasticRendezvous on a TCPStore, hosting the store here when this node is the endpoint."""
 
-    def __init__(self, config: LaunchConfig):
-        host, port = parse_endpoint(config.rdzv_endpoint, DEFAULT_PORTS["c10d"])
-        s = config.rdzv
+    def __init__(self, settings: C10dSettings, job: JobParams):
+        host, port, s = settings.host, settings.port, settings.rdzv
         self.server = None
         wants_host = s.is_host if s.is_host is not None else is_local_address(host)
         if wants_host:
@@ -101,18 +100,7 @@ class C10dRendezvous(ElasticRendezvous):
                     raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
                 # another agent on this machine hosts it already: be a client
         store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
-        addr = config.local_addr or outward_address(host, port)
-        node = Node(
-            node_id=f"{hostname()}:{os.getpid()}",
-            addr=addr,
-            ifname=interface_of(addr),
-            nproc=config.nproc_per_node,
-            min_nodes=config.min_nodes,
-            max_nodes=config.max_nodes,
-            max_restarts=config.max_restarts,
-            token=config.join_token,
-        )
-        super().__init__(store, config.run_id, node, s, port_picker=free_port, is_host=self.server is not None)
+        super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None)
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the job, then close the connection and the store server (the host leaves last)."""

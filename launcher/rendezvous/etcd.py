@@ -31,14 +31,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
-from ..config import DEFAULT_PORTS, ETCD_PASSWORD_ENV, ETCD_USER_ENV, LaunchConfig, RendezvousSettings, parse_endpoints
-from ..errors import ConfigError, RendezvousConnectionError, RendezvousError
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..logs import say
-from ..net import free_port, hostname, interface_of, outward_address
+from ..net import free_port
+from .api import JobParams
 from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, EtcdOptions, Get, Put, Watch, range_end
+from .etcd_settings import EtcdSettings
 from .protocol import Capability, Change, ElasticRendezvous, Node
+from .settings import RendezvousSettings
 
 __all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease", "options_from"]
 
@@ -47,23 +49,11 @@ MIN_TTL = 2  # etcd raises shorter leases to 1.5 election timeouts: 2 s at its d
 FEW_KEYS = 4  # waits on more keys than this watch their common prefix instead of each key
 
 
-def options_from(config: LaunchConfig, environ: Mapping[str, str] = os.environ) -> EtcdOptions:
-    """The cluster, TLS files and credentials of `config`; the password from the environment or its file."""
-    conf = config.rdzv_conf
-    password = environ.get(ETCD_PASSWORD_ENV) or None
-    if conf.get("password_file"):
-        try:
-            with open(conf["password_file"]) as f:
-                password = f.read().rstrip("\r\n")
-        except OSError as e:
-            raise ConfigError(f"--rdzv_conf password_file={conf['password_file']}: {e.strerror}") from None
-    tls = conf.get("protocol") == "https" or "https://" in config.rdzv_endpoint or any(k in conf for k in ("cacert", "cert", "key"))
-    return EtcdOptions(
-        endpoints=parse_endpoints(config.rdzv_endpoint, DEFAULT_PORTS["etcd"]),
-        tls=tls, cacert=conf.get("cacert"), cert=conf.get("cert"), key=conf.get("key"),
-        user=conf.get("user") or environ.get(ETCD_USER_ENV) or None, password=password,
-        timeout=min(config.rdzv.read_timeout, 10.0),
-    )
+def options_from(settings: EtcdSettings) -> EtcdOptions:
+    """What the engines need of the settings: the cluster, TLS files, credentials and a request timeout."""
+    s = settings
+    return EtcdOptions(endpoints=s.endpoints, tls=s.tls, cacert=s.cacert, cert=s.cert, key=s.key, user=s.user,
+                       password=s.password, timeout=min(s.rdzv.read_timeout, 10.0))
 
 
 def lease_ttl(settings: RendezvousSettings) -> int:
@@ -519,27 +509,20 @@ class Lease:
 class EtcdRendezvous(ElasticRendezvous):
     """ElasticRendezvous on an etcd cluster: the agent signs in under the run id on its own lease."""
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str] = os.environ):
-        s = config.rdzv
-        opts = options_from(config, environ)  # the workers never get the password: see env.AGENT_ONLY
+    def __init__(self, settings: EtcdSettings, job: JobParams):
+        s = settings.rdzv
+        opts = options_from(settings)  # the workers never get the password: see env.AGENT_ONLY
         ttl = lease_ttl(s)
         lease = Lease(opts, ttl, min(s.keep_alive_interval, ttl / 3))
         store = EtcdStore(opts, lease, retry_for=s.read_timeout)
-        node_id = f"{hostname()}:{os.getpid()}"
+        node = Node.of_this_agent(job, opts.endpoints[0])
         try:
-            store.register(config.run_id, node_id, retry_for=s.join_timeout)
+            store.register(job.run_id, node.node_id, retry_for=s.join_timeout)
         except BaseException:
             lease.close()
             store.close()
             raise
-        host, port = opts.endpoints[0]
-        addr = config.local_addr or outward_address(host, port)
-        node = Node(
-            node_id=node_id, addr=addr, ifname=interface_of(addr), nproc=config.nproc_per_node,
-            min_nodes=config.min_nodes, max_nodes=config.max_nodes, max_restarts=config.max_restarts,
-            token=config.join_token,
-        )
-        super().__init__(store, config.run_id, node, s, port_picker=free_port)
+        super().__init__(store, job.run_id, node, s, port_picker=free_port)
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, Sequence, Union
 
-from ..config import ETCD_PASSWORD_ENV, ETCD_USER_ENV
+from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV
 
 ROOT = "/launcher/"
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long (a restarted one comes back)

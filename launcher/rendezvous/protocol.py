@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, cast
 
-from ..config import RendezvousSettings
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -39,8 +39,10 @@ from ..errors import (
     RendezvousTimeoutError,
     RestartBudgetExhausted,
 )
+from ..net import hostname, interface_of, outward_address
 from ..spec import Round
-from .api import Cause, MembershipChanged
+from .api import Cause, JobParams, MembershipChanged
+from .settings import RendezvousSettings
 
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 
@@ -116,6 +118,13 @@ class Node:
     max_restarts: int
     ifname: str | None = None  # the interface that carries `addr`
     token: str | None = field(default=None, repr=False)  # the job's join token, if it has one
+
+    @classmethod
+    def of_this_agent(cls, job: JobParams, store: tuple[str, int]) -> "Node":
+        """This agent as it joins: reached at --local_addr, else at its address on the route to `store`."""
+        addr = job.local_addr or outward_address(*store)
+        return cls(node_id=f"{hostname()}:{os.getpid()}", addr=addr, ifname=interface_of(addr), nproc=job.nproc_per_node,
+                   min_nodes=job.min_nodes, max_nodes=job.max_nodes, max_restarts=job.max_restarts, token=job.join_token)
 
 
 class ElasticRendezvous:
