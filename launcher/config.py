@@ -73,6 +73,7 @@ class LaunchConfig:
     events_file: str | None = None
     live: bool | None = None  # None: the live table when stderr is a terminal
     quiet: bool = False
+    log_level: str = "info"  # the launcher's own messages: debug, info, warning or error
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
 
     @property
@@ -277,6 +278,16 @@ def _sys_executable() -> str:
     return sys.executable
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def parse_log_level(text: str | None) -> str:
+    level = str(text or "info").strip().lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log_level {text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
 def parse_whole(value: int | str, flag: str) -> int:
     try:
         return int(value)
@@ -336,6 +347,7 @@ def from_flags(
     events_file: str | None = None,
     live: bool | None = None,
     quiet: bool = False,
+    log_level: str | None = "info",
     hang_timeout: float | str | None = None,
     environ: Mapping[str, str] = os.environ,
     **later: object,
@@ -406,5 +418,6 @@ def from_flags(
         events_file=events_file or None,
         live=live,
         quiet=quiet,
+        log_level=parse_log_level(log_level),
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
     )

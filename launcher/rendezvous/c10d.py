@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import signal
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
@@ -111,8 +111,8 @@ class C10dRendezvous(ElasticRendezvous):
             self.server = None
 
 
-def store_main(host: str, port: int) -> int:
-    """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT."""
+def store_main(host: str, port: int, serving: Callable[[int], None]) -> int:
+    """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT; `serving(port)` once it listens."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:  # a connection or two per agent: thousands of nodes need more than the usual 1,024
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -120,7 +120,7 @@ def store_main(host: str, port: int) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"launcher store: serving on {host}:{server.port}", flush=True)
+    serving(server.port)
     stop.wait()
     server.close()
     return 0

@@ -26,6 +26,7 @@ agent of a new run, finding no agent registered, wipes whatever a killed run lef
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from ..errors import RendezvousConnectionError, RendezvousError
-from ..logs import say
 from ..net import free_port
 from .api import JobParams
 from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, EtcdOptions, Get, Put, Watch, range_end
@@ -44,6 +44,7 @@ from .settings import RendezvousSettings
 
 __all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease", "options_from"]
 
+log = logging.getLogger(__name__)
 TXN_OPS = 128  # etcd's default --max-txn-ops
 MIN_TTL = 2  # etcd raises shorter leases to 1.5 election timeouts: 2 s at its defaults
 FEW_KEYS = 4  # waits on more keys than this watch their common prefix instead of each key
@@ -115,7 +116,7 @@ class _Client:
             if self.choice.grpc:
                 return
             self.choice.grpc = True
-        say(f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate with a Common Name "
+        log.info(f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate with a Common Name "
             f"(--client-cert-auth with auth enabled); speaking gRPC instead")
 
     def close(self) -> None:
@@ -290,7 +291,7 @@ class EtcdStore:
                 raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s){_hint(why, self.opts)}")
             if waited >= 1.0 and not told and limit >= 5.0:
                 told = True
-                say(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}")
+                log.info(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}")
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
 
@@ -452,8 +453,8 @@ class Lease:
         self.close()
         try:
             via._call(lambda e: e.lease_revoke(self.id), retry_for=2.0)
-        except (RendezvousError, _LeaseLost):
-            pass  # it expires on its own
+        except (RendezvousError, _LeaseLost):  # it expires on its own
+            log.debug("revoking the etcd lease failed", exc_info=True)
 
     def close(self) -> None:
         """Stop refreshing; the lease then expires within its TTL."""
@@ -470,23 +471,24 @@ class Lease:
             try:
                 ttl = self._refresh()
             except Exception as e:
+                log.debug("etcd lease keep-alive failed", exc_info=True)
                 why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
                 if isinstance(e, EtcdError) and e.kind is ErrorKind.NO_GATEWAY:
                     self.store.client.fall_back()
                 lost_at = lost_at or time.monotonic()
                 if not told and time.monotonic() - lost_at >= 1.0:
                     told = True
-                    say(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
+                    log.info(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
                 continue
             if told:
-                say(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
+                log.info(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
             lost_at, told = None, False
             if ttl <= 0:
-                say("etcd let this agent's lease expire; taking a new one")
+                log.info("etcd let this agent's lease expire; taking a new one")
                 try:
                     self._renew(self.id)
-                except Exception:
-                    pass  # the next round of the loop tries again
+                except Exception:  # the next round of the loop tries again
+                    log.debug("taking a new etcd lease failed", exc_info=True)
 
     def _refresh(self) -> int:
         self.store.rpcs += 1
@@ -531,7 +533,7 @@ class EtcdRendezvous(ElasticRendezvous):
         super().shutdown(succeeded)
         try:
             self.store.leave(self.run_id)
-        except Exception:
-            pass  # the lease expires on its own; the next run wipes what is left
+        except Exception:  # the lease expires on its own; the next run wipes what is left
+            log.debug("leaving the etcd rendezvous failed", exc_info=True)
         finally:
             self.store.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 import threading
 import time
@@ -44,6 +45,7 @@ from ..spec import Round
 from .api import Cause, JobParams, MembershipChanged
 from .settings import RendezvousSettings
 
+log = logging.getLogger(__name__)
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 
 
@@ -201,8 +203,8 @@ class ElasticRendezvous:
             elif not self.store.get(self._k("closed")):
                 self.store.add(self._k(f"r{r}/left"), 1)
                 self._set_change(r, f"{self.node.node_id} left")
-        except Exception:
-            pass  # leaving must never fail the exit
+        except Exception:  # leaving must never fail the exit
+            log.debug("leaving the rendezvous failed", exc_info=True)
         finally:
             if self._watcher:
                 self._watcher.join(self.settings.keep_alive_interval + 1.0)
@@ -330,6 +332,7 @@ class ElasticRendezvous:
         try:
             st = self.store.clone()
         except Exception as e:
+            log.debug("the watcher could not connect to the store", exc_info=True)
             post(MembershipChanged(f"lost the rendezvous store: {e}"))
             return
         r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
@@ -353,6 +356,7 @@ class ElasticRendezvous:
                 elif self.clock() - seen_at > s.liveness_timeout:
                     self._neighbour_died(st, r, n, right, "stopped heartbeating")
         except Exception as e:
+            log.debug("the watcher lost the store", exc_info=True)
             if not stop.is_set():
                 post(MembershipChanged(f"lost the rendezvous store: {e}"))
         finally:
@@ -390,8 +394,8 @@ class ElasticRendezvous:
         self._mine = [m for m in self._mine if m[0] > r - 2]
         try:
             cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
-        except Exception:
-            pass  # tidying must never disturb the job
+        except Exception:  # tidying must never disturb the job
+            log.debug("deleting old rounds' keys failed", exc_info=True)
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
