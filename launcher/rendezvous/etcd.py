@@ -37,24 +37,17 @@ from typing import Callable, Iterator, Sequence
 from ..errors import RendezvousConnectionError, RendezvousError
 from ..net import free_port
 from .api import JobParams
-from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, EtcdOptions, Get, Put, Watch, range_end
-from .etcd_settings import EtcdSettings
+from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
+from .etcd_settings import EtcdOptions, EtcdSettings
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import RendezvousSettings
 
-__all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease", "options_from"]
+__all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease"]
 
 log = logging.getLogger(__name__)
 TXN_OPS = 128  # etcd's default --max-txn-ops
 MIN_TTL = 2  # etcd raises shorter leases to 1.5 election timeouts: 2 s at its defaults
 FEW_KEYS = 4  # waits on more keys than this watch their common prefix instead of each key
-
-
-def options_from(settings: EtcdSettings) -> EtcdOptions:
-    """What the engines need of the settings: the cluster, TLS files, credentials and a request timeout."""
-    s = settings
-    return EtcdOptions(endpoints=s.endpoints, tls=s.tls, cacert=s.cacert, cert=s.cert, key=s.key, user=s.user,
-                       password=s.password, timeout=min(s.rdzv.read_timeout, 10.0))
 
 
 def lease_ttl(settings: RendezvousSettings) -> int:
@@ -513,7 +506,7 @@ class EtcdRendezvous(ElasticRendezvous):
 
     def __init__(self, settings: EtcdSettings, job: JobParams):
         s = settings.rdzv
-        opts = options_from(settings)  # the workers never get the password: see env.AGENT_ONLY
+        opts = settings.cluster  # the workers never get the password: see env.AGENT_ONLY
         ttl = lease_ttl(s)
         lease = Lease(opts, ttl, min(s.keep_alive_interval, ttl / 3))
         store = EtcdStore(opts, lease, retry_for=s.read_timeout)

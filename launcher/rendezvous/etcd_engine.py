@@ -9,31 +9,12 @@ classified here once, from the gRPC status code and message both of them carry.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, Sequence, Union
 
-from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV
+from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV, EtcdOptions
 
 ROOT = "/launcher/"
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long (a restarted one comes back)
-
-
-@dataclass(frozen=True)
-class EtcdOptions:
-    """How to reach and log in to the cluster; the password never shows in a repr."""
-
-    endpoints: tuple[tuple[str, int], ...]
-    tls: bool = False
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    timeout: float = 10.0  # one request
-
-    @property
-    def where(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
 
 
 class KV(NamedTuple):

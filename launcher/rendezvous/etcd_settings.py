@@ -18,8 +18,8 @@ ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD
 
 
 @dataclass(frozen=True)
-class EtcdSettings:
-    """`etcd`: how to reach and log in to the cluster, and the elastic timing; the password never shows in a repr."""
+class EtcdOptions:
+    """How to reach and log in to the cluster; the password never shows in a repr."""
 
     endpoints: tuple[tuple[str, int], ...]
     tls: bool = False
@@ -28,6 +28,18 @@ class EtcdSettings:
     key: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    timeout: float = 10.0  # one request
+
+    @property
+    def where(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """`etcd`: the cluster (what the etcd engines are given) and the elastic timing."""
+
+    cluster: EtcdOptions
     rdzv: RendezvousSettings = RendezvousSettings()
 
 
@@ -59,12 +71,13 @@ def parse_etcd(flags: Flags) -> EtcdSettings:
         good = sorted(set(ETCD_KEYS) | set(RDZV_KEYS) - {"is_host"})
         raise ConfigError(f"--rdzv_conf {unknown[0]} is not an etcd rendezvous setting; use one of {', '.join(good)}")
     rdzv = parse_rdzv_settings({k: v for k, v in conf.items() if k not in ETCD_KEYS})
-    return EtcdSettings(
+    cluster = EtcdOptions(
         endpoints=endpoints,
         tls=https or conf.get("protocol") == "https" or any(k in conf for k in ("cacert", "cert", "key")),
         cacert=conf.get("cacert"), cert=conf.get("cert"), key=conf.get("key"),
-        user=user, password=_password(conf.get("password_file"), environ), rdzv=rdzv,
+        user=user, password=_password(conf.get("password_file"), environ), timeout=min(rdzv.read_timeout, 10.0),
     )
+    return EtcdSettings(cluster, rdzv)
 
 
 def parse_endpoints(text: str, default_port: int, flag: str = "--rdzv_endpoint") -> tuple[tuple[tuple[str, int], ...], bool]:
