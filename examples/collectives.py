@@ -138,5 +138,6 @@ if rank == 0:
         print(f"{name:<18}{verdict:<10}{seconds[i].item() * 1e3:>17.2f} ms")
     print(f"{'all ' + str(len(CHECKS)) + ' checks passed' if all_ok else 'SOME CHECKS FAILED'} "
           f"on {world} ranks ({dist.get_backend()}, {device.type})", flush=True)
+dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
 dist.destroy_process_group()
 sys.exit(0 if all_ok else 1)

@@ -174,4 +174,5 @@ for epoch in range(start_epoch, args.epochs + 1):
 if rank == 0 and args.out:
     save_atomically(model.state_dict(), args.out)
     log(f"final weights saved to {os.path.abspath(args.out)}")
+dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
 dist.destroy_process_group()

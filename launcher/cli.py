@@ -65,10 +65,10 @@ class GroupedCommand(click.Command):
 
 
 def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
-    """Declare `--a-b` with its `--a_b` twin (plus short `names`), its PET_ variable and its help group."""
+    """Declare `--a-b` with its `--a_b` twin (plus short `names`), its PET_ variable (or `envvar`) and its help group."""
     dest = name.replace("-", "_")
     spellings = list(names) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
-    envvar = f"PET_{dest.upper()}" if env else None
+    envvar = kwargs.pop("envvar", f"PET_{dest.upper()}" if env else None)
     return click.option(*spellings, dest, cls=GroupedOption, group=group, envvar=envvar, show_envvar=False, **kwargs)
 
 
@@ -121,6 +121,8 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @click.option("--live/--no-live", " /--no_live", "live", cls=GroupedOption, group=LOGS, default=None,
               help="The live worker table (default: on when stderr is a terminal).")
 @flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
+@flag("log-level", group=LOGS, envvar="LAUNCHER_LOG_LEVEL", default="info", metavar="LEVEL",
+      help="The launcher's own messages: debug (also what it recovers from), info, warning or error.")
 @flag("duplicate-stdout-filters", group=LOGS, default=None, hidden=True)
 @flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
 @flag("logs-specs", group=LOGS, default=None, hidden=True)
@@ -149,7 +151,7 @@ def store(host: str, port: int) -> None:
     from .rendezvous.c10d import store_main
 
     try:
-        sys.exit(store_main(host, port))
+        sys.exit(store_main(host, port, lambda bound: click.echo(f"launcher store: serving on {host}:{bound}")))
     except OSError as e:
         raise click.UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
 

@@ -16,16 +16,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .errors import ConfigError
+from .parsers import parse_port, parse_seconds
+from .rendezvous import BACKENDS, Flags, JobParams, Settings
+from .rendezvous.settings import LocalSettings
 
-DEFAULT_MASTER_PORT = 29500
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# Backends the launcher accepts; the others are named so their error can say why not.
-BACKENDS = ("local", "static", "c10d", "etcd")
+# Backends named only so their error can say why not.
 LATER_BACKENDS = ("etcd-v2",)
-DEFAULT_PORTS = {"c10d": 29400, "etcd": 2379}
-# `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
-ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol", "engine")
-ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
@@ -47,56 +44,6 @@ class Std:
 
 
 @dataclass(frozen=True)
-class RendezvousSettings:
-    """The `--rdzv_conf` keys the elastic rendezvous honours, with their documented defaults."""
-
-    join_timeout: float = 600.0  # a round must form within this (torch: join_timeout, alias timeout)
-    last_call_timeout: float = 30.0  # after MIN nodes joined, wait this long for more before sealing
-    keep_alive_interval: float = 0.5  # heartbeat period
-    keep_alive_max_attempt: int = 4  # missed heartbeats before a node is declared dead (2 s)
-    read_timeout: float = 60.0  # one store operation
-    exit_barrier_timeout: float = 300.0  # how long the store host waits for the others to finish
-    is_host: bool | None = None  # host the store on this node; None: decide by address
-
-    @property
-    def liveness_timeout(self) -> float:
-        return self.keep_alive_interval * self.keep_alive_max_attempt
-
-
-RDZV_KEYS = {
-    "join_timeout": "join_timeout", "timeout": "join_timeout", "last_call_timeout": "last_call_timeout",
-    "keep_alive_interval": "keep_alive_interval", "keep_alive_max_attempt": "keep_alive_max_attempt",
-    "read_timeout": "read_timeout", "exit_barrier_timeout": "exit_barrier_timeout", "is_host": "is_host",
-}
-
-
-def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:
-    """Honour every known `--rdzv_conf` key; reject the rest with the list of good ones."""
-    values: dict[str, object] = {}
-    for key, text in conf.items():
-        field_name = RDZV_KEYS.get(key)
-        if field_name is None:
-            raise ConfigError(f"--rdzv_conf {key} is not a rendezvous setting; use one of {', '.join(sorted(RDZV_KEYS))}")
-        if field_name == "is_host":
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ConfigError(f"--rdzv_conf is_host={text} is not true or false")
-            values[field_name] = text.lower() in ("true", "1", "yes")
-        elif field_name == "keep_alive_max_attempt":
-            try:
-                values[field_name] = int(text)
-            except ValueError:
-                raise ConfigError(f"--rdzv_conf {key}={text} is not a whole number") from None
-            if values[field_name] < 1:  # type: ignore[operator]
-                raise ConfigError(f"--rdzv_conf {key}={text} must be at least 1")
-        else:
-            values[field_name] = parse_seconds(text, f"--rdzv_conf {key}", minimum=0.001 if "interval" in key else 0.0)
-    settings = RendezvousSettings(**values)  # type: ignore[arg-type]
-    if settings.liveness_timeout > MAX_SECONDS:
-        raise ConfigError(f"--rdzv_conf keep_alive_interval x keep_alive_max_attempt must be at most {MAX_SECONDS:g} seconds")
-    return settings
-
-
-@dataclass(frozen=True)
 class LaunchConfig:
     """Everything one launcher run needs, validated; built once by `from_flags`."""
 
@@ -105,14 +52,9 @@ class LaunchConfig:
     script_args: tuple[str, ...] = ()
     min_nodes: int = 1
     max_nodes: int = 1
-    node_rank: int = 0
     rdzv_backend: str = "local"
-    rdzv_endpoint: str = ""
     rdzv_id: str = ""
-    rdzv_conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    rdzv: RendezvousSettings = RendezvousSettings()
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
+    rendezvous: Settings = LocalSettings()  # the backend's own settings, parsed from --rdzv_endpoint/--rdzv_conf
     local_addr: str | None = None
     max_restarts: int = 0
     monitor_interval: float = 0.1
@@ -131,6 +73,7 @@ class LaunchConfig:
     events_file: str | None = None
     live: bool | None = None  # None: the live table when stderr is a terminal
     quiet: bool = False
+    log_level: str = "info"  # the launcher's own messages: debug, info, warning or error
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
@@ -142,6 +85,12 @@ class LaunchConfig:
     @property
     def multi_node(self) -> bool:
         return self.max_nodes > 1
+
+    @property
+    def job(self) -> JobParams:
+        """What every rendezvous backend gets beside its own settings."""
+        return JobParams(self.run_id, self.nproc_per_node, self.min_nodes, self.max_nodes, self.max_restarts,
+                         self.local_addr, self.join_token)
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -216,42 +165,6 @@ def parse_kv(text: str, flag: str = "--rdzv_conf") -> dict[str, str]:
     return out
 
 
-def parse_endpoints(text: str, default_port: int, flag: str = "--rdzv_endpoint") -> tuple[tuple[str, int], ...]:
-    """`h1:2379,h2[:port],…`, each optionally `http://` or `https://` (etcd's own spelling)."""
-    out = []
-    for item in filter(None, (s.strip() for s in str(text).split(","))):
-        out.append(parse_endpoint(re.sub(r"^https?://", "", item).rstrip("/"), default_port, flag))
-    if not out:
-        raise ConfigError(f"{flag} is empty; give HOST[:PORT][,HOST[:PORT]…]")
-    return tuple(dict.fromkeys(out))
-
-
-def check_etcd_conf(conf: Mapping[str, str], environ: Mapping[str, str]) -> None:
-    """The etcd keys of `--rdzv_conf` and the credentials in the environment make sense together."""
-    if "password" in conf:
-        raise ConfigError(f"--rdzv_conf password= would show in ps; set {ETCD_PASSWORD_ENV} or use --rdzv_conf password_file=PATH")
-    for key in ("cacert", "cert", "key", "password_file"):
-        if key in conf and not os.path.isfile(conf[key]):
-            raise ConfigError(f"--rdzv_conf {key}={conf[key]}: no such file")
-    if ("cert" in conf) != ("key" in conf):
-        raise ConfigError("--rdzv_conf cert= and key= go together (the client certificate and its key)")
-    if conf.get("protocol", "http") not in ("http", "https"):
-        raise ConfigError(f"--rdzv_conf protocol={conf['protocol']} is not http or https")
-    if conf.get("engine", "gateway") not in ("gateway", "grpc"):
-        raise ConfigError(f"--rdzv_conf engine={conf['engine']} is not gateway or grpc")
-    if conf.get("engine") == "grpc":
-        import importlib.util  # finds, does not import: grpc stays out of the config step
-
-        if importlib.util.find_spec("pyetcd") is None:
-            raise ConfigError("--rdzv_conf engine=grpc needs etcd's gRPC client: pip install 'launcher[etcd-grpc]'")
-    user = conf.get("user") or environ.get(ETCD_USER_ENV)
-    has_password = bool(environ.get(ETCD_PASSWORD_ENV)) or "password_file" in conf
-    if has_password and not user:
-        raise ConfigError(f"an etcd password is set but no user; set {ETCD_USER_ENV} or --rdzv_conf user=NAME")
-    if user and not has_password:
-        raise ConfigError(f"etcd user {user!r} has no password; set {ETCD_PASSWORD_ENV} or --rdzv_conf password_file=PATH")
-
-
 def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | None:
     """The job's join token from `--rdzv_conf join_token_file=PATH` (taken out of `conf`) or the environment."""
     if "join_token" in conf:
@@ -267,31 +180,6 @@ def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | N
     if not token:
         raise ConfigError(f"--rdzv_conf join_token_file={path} is empty")
     return token
-
-
-def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
-    """`host[:port]`, `[v6]:port`; the port must be 0..65535."""
-    text = str(text).strip()
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]\s]+)(?::(\d+))?", text)
-    if not m:
-        raise ConfigError(f"{flag} {text!r} is not host:port (e.g. {flag} node0:29400)")
-    host = m.group(1) or m.group(3)
-    port_text = m.group(2) or m.group(4)
-    if port_text is None:
-        if default_port is None:
-            raise ConfigError(f"{flag} {text!r} needs a port (e.g. {host}:29400)")
-        return host, default_port
-    return host, parse_port(port_text, flag)
-
-
-def parse_port(text: str | int, flag: str = "--master_port") -> int:
-    try:
-        port = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} {text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{flag} {text!r} is not a port number (0-65535)")
-    return port
 
 
 def parse_std(text: str, flag: str) -> Std:
@@ -343,21 +231,6 @@ def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ..
             raise ConfigError(f"{flag}: {sig.name} cannot be handled; leave it out")
         out.append(int(sig))
     return tuple(dict.fromkeys(out))
-
-
-MAX_SECONDS = 1e6  # about 11 days: longer is a typo, and select(), TCPStore and etcd all take it
-
-
-def parse_seconds(value: float | str | None, flag: str, minimum: float = 0.0) -> float:
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} {value!r} is not a number of seconds") from None
-    if not seconds >= minimum:  # also rejects NaN
-        raise ConfigError(f"{flag} {value!r} must be at least {minimum:g}")
-    if not seconds <= MAX_SECONDS:  # inf, 1e400: would overflow a timeout later, mid-job
-        raise ConfigError(f"{flag} {value!r} must be at most {MAX_SECONDS:g} seconds")
-    return seconds
 
 
 # ---------------------------------------------------------------------------- building
@@ -416,6 +289,39 @@ def _sys_executable() -> str:
     return sys.executable
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def parse_log_level(text: str | None) -> str:
+    level = str(text or "info").strip().lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log_level {text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def parse_whole(value: int | str, flag: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a whole number") from None
+
+
+def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags) -> tuple[str, str, Settings]:
+    """The backend (`local` when one node needs no store), the run id, and the backend's settings."""
+    backend = name.strip().lower()
+    run_id = "" if rdzv_id == "none" else rdzv_id
+    if standalone or (backend == "static" and not flags.endpoint and flags.master_port is None and flags.max_nodes == 1):
+        # The embedded default: one node, no store to meet at, a free port picked per round.
+        if standalone and flags.max_nodes > 1:
+            raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
+        backend, run_id = "local", run_id or str(uuid.uuid4())
+    elif backend in LATER_BACKENDS:
+        raise ConfigError(f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)")
+    elif backend not in BACKENDS or backend == "local":
+        raise ConfigError(f"--rdzv_backend {name!r} is unknown; use static, c10d or etcd")
+    return backend, run_id or "none", BACKENDS[backend].parse(flags)
+
+
 def from_flags(
     *,
     training_script: str,
@@ -452,6 +358,7 @@ def from_flags(
     events_file: str | None = None,
     live: bool | None = None,
     quiet: bool = False,
+    log_level: str | None = "info",
     hang_timeout: float | str | None = None,
     preload: bool = False,
     preload_modules: str | None = None,
@@ -468,16 +375,10 @@ def from_flags(
     nproc = parse_nproc(nproc_per_node, environ)
     if gpu_ids and nproc > len(gpu_ids):
         raise ConfigError(f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); give more GPUs or fewer workers")
-    try:
-        restarts = int(max_restarts)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--max_restarts {max_restarts!r} is not a whole number") from None
+    restarts = parse_whole(max_restarts, "--max_restarts")
     if restarts < 0:
         raise ConfigError(f"--max_restarts {max_restarts!r} must be 0 or more")
-    try:
-        rank = int(node_rank)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--node_rank {node_rank!r} is not a whole number") from None
+    rank = parse_whole(node_rank, "--node_rank")
     conf = parse_kv(rdzv_conf)
     token = read_join_token(conf, environ)
     signals = parse_signals(signals_to_handle)
@@ -492,57 +393,10 @@ def from_flags(
     port = parse_port(master_port) if master_port not in (None, "") else None
     if not master_addr or not str(master_addr).strip():
         raise ConfigError("--master_addr is empty; give the address of node rank 0")
-    master_addr = str(master_addr).strip().strip("[]")
     program = _program(training_script, module, no_python, run_path)
-
-    backend = str(rdzv_backend).strip().lower()
-    run_id = "" if str(rdzv_id) == "none" else str(rdzv_id)
-    if standalone or (backend == "static" and not rdzv_endpoint and port is None and max_nodes == 1):
-        # The embedded default: one node, no store to meet at, a free port picked per round.
-        if standalone and max_nodes > 1:
-            raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
-        backend, rdzv_endpoint, run_id = "local", "", run_id or str(uuid.uuid4())
-    elif backend == "static":
-        if min_nodes != max_nodes:
-            raise ConfigError(f"--nnodes {nnodes} is elastic; static rendezvous needs a fixed --nnodes N")
-        if not 0 <= rank < max_nodes:
-            raise ConfigError(f"--node_rank {rank} is out of range for --nnodes {max_nodes} (0..{max_nodes - 1})")
-        if rdzv_endpoint:
-            master_addr, port = parse_endpoint(rdzv_endpoint, DEFAULT_MASTER_PORT)
-        port = DEFAULT_MASTER_PORT if port is None else port
-        if port == 0:
-            raise ConfigError("--master_port 0 cannot be shared between nodes; give a fixed port")
-        run_id = run_id or "none"
-    elif backend == "c10d":
-        if not rdzv_endpoint:
-            raise ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT] (the store's address)")
-        parse_endpoint(rdzv_endpoint, DEFAULT_PORTS[backend])
-        run_id = run_id or "none"
-    elif backend == "etcd":
-        if not rdzv_endpoint:
-            raise ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST[:PORT][,HOST[:PORT]…] (the etcd cluster)")
-        parse_endpoints(rdzv_endpoint, DEFAULT_PORTS[backend])
-        if "is_host" in conf:
-            raise ConfigError("--rdzv_conf is_host does not apply to the etcd rendezvous (no node hosts etcd); remove it")
-        check_etcd_conf(conf, environ)
-        unknown = sorted(set(conf) - set(ETCD_KEYS) - set(RDZV_KEYS))
-        if unknown:
-            good = sorted(set(ETCD_KEYS) | set(RDZV_KEYS) - {"is_host"})
-            raise ConfigError(f"--rdzv_conf {unknown[0]} is not an etcd rendezvous setting; use one of {', '.join(good)}")
-        run_id = run_id or "none"
-    elif backend in LATER_BACKENDS:
-        raise ConfigError(f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)")
-    else:
-        raise ConfigError(f"--rdzv_backend {rdzv_backend!r} is unknown; use static, c10d or etcd")
-    if backend == "etcd":
-        settings = parse_rdzv_settings({k: v for k, v in conf.items() if k not in ETCD_KEYS})
-    else:
-        settings = parse_rdzv_settings(conf) if backend == "c10d" else RendezvousSettings()
-    if backend in ("local", "static") and conf:
-        known = {"timeout"}  # static's store timeout in torchrun; meaningless without an agent store
-        unknown = sorted(set(conf) - known)
-        if unknown:
-            raise ConfigError(f"--rdzv_conf {unknown[0]} does not apply to the {backend} rendezvous; remove it")
+    flags = Flags(endpoint=rdzv_endpoint, conf=conf, environ=environ, nnodes=nnodes, min_nodes=min_nodes, max_nodes=max_nodes,
+                  node_rank=rank, master_addr=str(master_addr).strip().strip("[]"), master_port=port, local_addr=local_addr or None)
+    backend, run_id, settings = _rendezvous(str(rdzv_backend), str(rdzv_id), standalone, flags)
 
     local_rank_arg = None
     if (append_local_rank or append_local_rank_as) and not use_env:
@@ -556,14 +410,9 @@ def from_flags(
         script_args=tuple(training_script_args),
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        node_rank=rank if backend == "static" else 0,
         rdzv_backend=backend,
-        rdzv_endpoint=rdzv_endpoint,
         rdzv_id=run_id,
-        rdzv_conf=MappingProxyType(conf),
-        rdzv=settings,
-        master_addr=master_addr,
-        master_port=port,
+        rendezvous=settings,
         local_addr=local_addr or None,
         max_restarts=restarts,
         monitor_interval=interval,
@@ -582,6 +431,7 @@ def from_flags(
         events_file=events_file or None,
         live=live,
         quiet=quiet,
+        log_level=parse_log_level(log_level),
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 from typing import Mapping
 
-from .config import ETCD_PASSWORD_ENV, JOIN_TOKEN_ENV, LaunchConfig
+from .config import JOIN_TOKEN_ENV, LaunchConfig
+from .rendezvous.etcd_settings import ETCD_PASSWORD_ENV
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep

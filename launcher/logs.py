@@ -1,58 +1,89 @@
-"""Worker output: one thread moves whole lines from pipes to the console and per-rank files.
+"""Console output: worker lines from pipes to the console and per-rank files, and the handler that
+prints the launcher's own `logging` records as `launcher: ...` lines between them.
 
 Pipes, not polled files: a line reaches the console as soon as the worker writes it, lines
 from different ranks never interleave mid-line, and a rank hidden from the console by
 `--local_ranks_filter` or `--redirects` still has all of its output in its file.
+
+Every module logs to `logging.getLogger(__name__)` (children of the `launcher` logger); only
+`configure_console`, called once by the composition root, attaches a handler to it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import IO, Callable
 
 CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+log = logging.getLogger(__name__)
 
 
 class Console:
     """Where the agent's console output goes: worker lines and the launcher's own lines.
 
-    One instance, `CONSOLE`, configured once by the composition root: the live view swaps the
-    sinks so lines print above its table; `--quiet` mutes the launcher's notes; off a terminal
-    the notes carry a timestamp, for Slurm and journald.
+    Made by the composition root; the live view swaps the sinks so lines print above its table.
     """
 
-    def __init__(self):
-        self.stdout: IO[bytes] = sys.stdout.buffer
-        self.stderr: IO[bytes] = sys.stderr.buffer
-        self.quiet = False
-        self.timestamps = False
+    def __init__(self, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None):
+        self.stdout: IO[bytes] = stdout or sys.stdout.buffer
+        self.stderr: IO[bytes] = stderr or sys.stderr.buffer
 
     def stream(self, name: str) -> IO[bytes]:
         return self.stdout if name == "stdout" else self.stderr
 
-    def note(self, message: str) -> None:
-        """One line from the launcher itself on stderr, never interleaved with worker lines."""
-        if self.quiet:
-            return
-        self.write_err(message)
 
-    def write_err(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S ") if self.timestamps else ""
+class ConsoleHandler(logging.Handler):
+    """The launcher's records on the console's stderr, one `launcher: ` line each (a timestamp first
+    off a terminal, for Slurm and journald), never interleaved with worker lines."""
+
+    def __init__(self, console: Console, timestamps: bool):
+        super().__init__()
+        self.console, self.timestamps = console, timestamps
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno < logging.INFO:
+            text = f"debug ({record.name}): {text}"
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return text
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S ", time.localtime(record.created)) if self.timestamps else ""
         data = "".join(f"{stamp}launcher: {line}\n" for line in message.splitlines()).encode()
         with CONSOLE_LOCK:
             try:
-                self.stderr.write(data)
-                self.stderr.flush()
+                self.console.stderr.write(data)
+                self.console.stderr.flush()
             except (OSError, ValueError):
                 pass
 
 
-CONSOLE = Console()
+def configure_console(console: Console, level: str = "info", quiet: bool = False, timestamps: bool = False) -> None:
+    """Send the `launcher` logger's records to `console`: `level` and up, where `--quiet` turns the
+    default `info` (the launcher's notes) into `warning` (errors and the failure summary only)."""
+    root = logging.getLogger("launcher")
+    for old in [h for h in root.handlers if isinstance(h, ConsoleHandler)]:
+        root.removeHandler(old)
+    number = LEVELS[level]
+    root.setLevel(logging.WARNING if quiet and number == logging.INFO else number)
+    root.addHandler(ConsoleHandler(console, timestamps))
+    root.propagate = False
+
+
 MAX_LINE = 1 << 16  # a longer run without a newline (a progress bar) is cut into lines
 
 
@@ -108,8 +139,8 @@ class LogRouter:
         if e.errno in self._disk_errors:
             return
         self._disk_errors.add(e.errno)  # type: ignore[arg-type]
-        CONSOLE.write_err(f"cannot write {path}: {e.strerror or e}; the job goes on, but log files "
-                          "may miss output from now on (the console still gets it unless redirected)")
+        log.warning(f"cannot write {path}: {e.strerror or e}; the job goes on, but log files "
+                    "may miss output from now on (the console still gets it unless redirected)")
 
     def drain(self, streams: list[Stream], timeout: float) -> bool:
         """Wait until every stream reached end of file; False if some writer kept a pipe open."""
@@ -248,7 +279,3 @@ def prefix_for(config, worker, host: str, environ) -> str:
         return f"[{host} rank{worker.rank}]: "
     return f"[rank{worker.rank}]: "
 
-
-def say(message: str) -> None:
-    """A note from the launcher (muted by --quiet)."""
-    CONSOLE.note(message)

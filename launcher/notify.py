@@ -10,8 +10,6 @@ import socket
 import time
 from typing import Callable, Mapping
 
-NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the agent's, not the workers'
-
 
 class Notifier:
     """Sends sd_notify datagrams; `tick()` from the supervisor loop pings the watchdog when due."""
@@ -27,10 +25,6 @@ class Notifier:
             self.watchdog = int(usec) / 1e6 / 2  # ping twice per period, as sd_watchdog_enabled advises
         self._next_ping = 0.0
         self._sock: socket.socket | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
 
     def send(self, **fields: object) -> None:
         """One datagram: `send(READY=1, STATUS="running")` → b"READY=1\\nSTATUS=running"."""

@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for r, _ in failures:
             verdict[1 + r] = 1.0
     dist.broadcast(verdict, src=0)  # rank 0 judged: every rank exits with the verdict
+    dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
     dist.destroy_process_group()
     if verdict[0] and not verdict[1 + rank]:
         time.sleep(1)  # the ranks to blame exit first, so the launcher's summary names one of them

@@ -12,9 +12,7 @@ Three layers keep orphans away, grandchildren included:
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 from typing import IO, Callable, Iterable, Protocol, Sequence
@@ -281,41 +279,6 @@ def kill_marked(agent_id: str, sig: int = signal.SIGKILL) -> int:
             except OSError:
                 pass
     return killed
-
-
-# ---------------------------------------------------------------------------- ports
-
-
-def free_port(host: str = "") -> int:
-    """A port free on `host`, chosen below the kernel's ephemeral range.
-
-    `host` "" checks every address, as torch's store server binds the wildcard. Outgoing
-    connections only ever get ephemeral ports, so a port below that range can be
-    taken between this check and the worker's bind only by another explicit bind: as
-    race-safe as the OS allows without holding the socket open.
-    """
-    low = 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    candidates = random.sample(range(20000, max(low, 20001)), k=min(64, max(low - 20000, 1)))
-    for port in candidates:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(family, socket.SOCK_STREAM) as s:  # everything below the range is taken
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def hostname() -> str:
-    return socket.gethostname()
 
 
 def is_tty(stream: IO | None = None) -> bool:

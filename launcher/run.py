@@ -1,7 +1,12 @@
-"""The composition root: wire config, rendezvous, logs, sinks and supervisor; return an exit code."""
+"""The composition root: wire config, rendezvous, logs, sinks and supervisor; return an exit code.
+
+It owns the console: the one `Console` (worker lines, and the live view's redirection of them) and
+the handler that prints every module's `logging` records on it (`logs.configure_console`).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -13,17 +18,20 @@ from contextlib import ExitStack, nullcontext
 from . import process
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
-from .logs import CONSOLE, LogRouter, say
+from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
-from .summary import print_summary
+from .summary import summary_lines
 from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 
 
 def run(config: LaunchConfig) -> int:
     """Run the job on this node; the return value is the launcher's exit code."""
     tty = process.is_tty(sys.stderr)
-    CONSOLE.quiet, CONSOLE.timestamps = config.quiet, not tty
+    console = Console()
+    configure_console(console, config.log_level, quiet=config.quiet, timestamps=not tty)
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     process.become_subreaper()  # before the guard: the fork inherits ctypes, loaded once
     guard = process.Guard(agent_id).start()  # before any thread exists
@@ -34,7 +42,7 @@ def run(config: LaunchConfig) -> int:
     except LauncherError as e:
         starter.close()
         guard.stop()
-        CONSOLE.write_err(f"error: {e}")
+        log.error(f"error: {e}")
         return e.exit_code
     run_dir, temporary = make_run_dir(config)
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
@@ -49,16 +57,16 @@ def run(config: LaunchConfig) -> int:
             try:
                 events = EventsFile(config.events_file)
             except OSError as e:  # like --log_dir: a disk problem never stops the job
-                CONSOLE.write_err(f"cannot write --events_file {config.events_file}: {e.strerror or e}; the job goes on without it")
+                log.warning(f"cannot write --events_file {config.events_file}: {e.strerror or e}; the job goes on without it")
             else:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
         supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard, starter=starter,
-                                sinks=sinks, periodic=[notifier.tick])
+                                sinks=sinks, periodic=[notifier.tick], console=console)
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
-        with _live_view(supervisor) if live else nullcontext():
+        with _live_view(supervisor, console) if live else nullcontext():
             try:
                 result = supervisor.run()
             except BaseException:
@@ -72,7 +80,7 @@ def run(config: LaunchConfig) -> int:
         rendezvous.shutdown(result.exit_code == EXIT_OK)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
-            say(f"job succeeded after {result.restarts} restart(s)")
+            log.info(f"job succeeded after {result.restarts} restart(s)")
         print_summary(result, rich_ok=tty)
     if temporary and not _has_logs(run_dir) and not result.failures:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -92,20 +100,34 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
 class _live_view:
     """Show the live table while the job runs, with worker lines printed above it."""
 
-    def __init__(self, supervisor: Supervisor):
+    def __init__(self, supervisor: Supervisor, console: Console):
         from .view import LiveView
 
         self.view = LiveView(supervisor.snapshot)
+        self.console = console
 
     def __enter__(self):
-        self.saved = CONSOLE.stdout, CONSOLE.stderr
-        CONSOLE.stdout = CONSOLE.stderr = self.view.writer()
+        self.saved = self.console.stdout, self.console.stderr
+        self.console.stdout = self.console.stderr = self.view.writer()
         self.view.start()
         return self
 
     def __exit__(self, *exc):
         self.view.stop()
-        CONSOLE.stdout, CONSOLE.stderr = self.saved
+        self.console.stdout, self.console.stderr = self.saved
+
+
+def print_summary(result, rich_ok: bool) -> None:
+    """The failure summary on stderr: a rich panel on a terminal, plain `launcher:` lines elsewhere."""
+    lines = summary_lines(result)
+    if not lines:
+        return
+    if not rich_ok:
+        log.error("\n".join(lines))
+        return
+    from .view import print_panel
+
+    print_panel(lines)
 
 
 def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
@@ -120,18 +142,18 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
             os.makedirs(config.log_dir, exist_ok=True)
             path = tempfile.mkdtemp(prefix=f"{name}_", dir=config.log_dir)
         except OSError as e:
-            CONSOLE.write_err(f"cannot write to --log_dir {config.log_dir}: {e.strerror or e}; the job goes on, "
-                              "with its logs in a temporary folder")
+            log.warning(f"cannot write to --log_dir {config.log_dir}: {e.strerror or e}; the job goes on, "
+                        "with its logs in a temporary folder")
         else:
-            say(f"logs in {path}")
+            log.info(f"logs in {path}")
             return path, False
     try:
         path = tempfile.mkdtemp(prefix=f"launcher-{name}-")
     except OSError as e:  # no writable temporary folder either: every file below fails and says so
         path = os.path.join(tempfile.gettempdir(), f"launcher-{name}-{os.getpid()}")
-        CONSOLE.write_err(f"cannot create a folder for logs and error files in {tempfile.gettempdir()}: {e.strerror or e}")
+        log.warning(f"cannot create a folder for logs and error files in {tempfile.gettempdir()}: {e.strerror or e}")
     if config.log_dir:
-        say(f"logs in {path}")
+        log.info(f"logs in {path}")
     return path, True
 
 

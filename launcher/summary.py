@@ -1,8 +1,7 @@
-"""The failure summary: the root cause first, with its traceback; collateral apart."""
+"""The failure summary as lines: the root cause first, with its traceback; collateral apart (printed by `run`)."""
 
 from __future__ import annotations
 
-from .logs import CONSOLE, CONSOLE_LOCK
 from .spec import Failure, RunResult
 
 
@@ -55,19 +54,3 @@ def summary_lines(result: RunResult) -> list[str]:
         lines.append("stopped by the launcher: " + ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped))
     return lines
 
-
-def print_summary(result: RunResult, rich_ok: bool) -> None:
-    """Write the summary to stderr: a rich panel on a terminal, plain lines elsewhere."""
-    lines = summary_lines(result)
-    if not lines:
-        return
-    if not rich_ok:
-        CONSOLE.write_err("\n".join(lines))
-        return
-    from rich.console import Console
-    from rich.panel import Panel
-    from rich.text import Text
-
-    body = Text("\n".join(lines[1:]))
-    with CONSOLE_LOCK:
-        Console(stderr=True).print(Panel(body, title=f"[bold red]{lines[0]}", title_align="left", border_style="red"))

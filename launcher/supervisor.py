@@ -11,6 +11,8 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
+import enum
+import logging
 import os
 import queue
 import selectors
@@ -20,16 +22,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import process
+from . import net, process
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
-from .logs import CONSOLE, LogRouter, Stream, destinations, prefix_for, say
+from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,17 @@ class Member:
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
 
 
+class Then(enum.Enum):
+    """What the supervisor does once a stop of the group is complete."""
+
+    RESTART = "restart"  # a worker failed: a new round, charged to the restart budget
+    MEMBERSHIP = "membership"  # another node joined, left or died: a new round, free of charge
+    SIGNAL = "signal"  # the launcher was told to stop: the group ends FAILED with 128+N
+
+
 @dataclass
 class _Stop:
-    then: str  # "restart", "membership", "fail" or "signal"
+    then: Then
     deadline: float
     signum: int = signal.SIGTERM
 
@@ -83,6 +94,7 @@ class Supervisor:
         host: str = "",
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
+        console: Console | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -93,9 +105,10 @@ class Supervisor:
         self.environ = dict(os.environ if environ is None else environ)
         self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
         self.guard = guard
-        self.host = host or process.hostname()
+        self.host = host or net.hostname()
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
+        self.console = console or Console()  # where worker lines shown on the console go
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -170,9 +183,9 @@ class Supervisor:
             self.message = str(event.error)
             self._set_state(GroupState.FAILED)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
-            say(f"membership changed ({event.reason}); re-forming the job")
+            log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="membership")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
 
     # ------------------------------------------------------------------ verbs
 
@@ -195,7 +208,7 @@ class Supervisor:
         previous, self.round = self.round, rnd
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
-            say(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
+            log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
                 f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self.members = []
@@ -221,7 +234,7 @@ class Supervisor:
                     continue
                 console, to_file = destinations(self.config, worker.local_rank, name)
                 path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, CONSOLE.stream(name) if console else None, path))
+                streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
                 files += [path] if path else []
             self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock(),
                                        progress_file=progress_file))
@@ -251,17 +264,17 @@ class Supervisor:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
             cause = min((f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at)
-            say(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="restart")
+            log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: str) -> None:
+    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
         """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
         self.stop = _Stop(then, self.clock() + grace, signum)
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -284,9 +297,9 @@ class Supervisor:
             return
         self.sweep(graceful=False)
         then, self.stop = self.stop.then, None
-        if then == "restart":
+        if then is Then.RESTART:
             self.begin_round(Cause.FAILURE)
-        elif then == "membership":
+        elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
         else:
             self._set_state(GroupState.FAILED)
@@ -311,7 +324,7 @@ class Supervisor:
                 pass
             if idle > limit:
                 m.hung = True
-                say(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
+                log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))
                 m.proc.send(signal.SIGABRT)
 
@@ -331,7 +344,7 @@ class Supervisor:
     def handle_signal(self, signum: int) -> None:
         self.emit("signal", name=signal.Signals(signum).name, passthrough=signum in self.config.passthrough_signals)
         if signum in self.config.passthrough_signals:
-            say(f"passing {signal.Signals(signum).name} to the workers")
+            log.info(f"passing {signal.Signals(signum).name} to the workers")
             for m in self.members:  # the worker process only: its children may not handle it
                 if m.state is WorkerState.RUNNING:
                     m.proc.send(signum)
@@ -342,10 +355,10 @@ class Supervisor:
         if self.state is GroupState.RENDEZVOUS:
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
-            say(f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)")
-            self.stop_workers(signum, self.config.shutdown_timeout, then="signal")
+            log.info(f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)")
+            self.stop_workers(signum, self.config.shutdown_timeout, then=Then.SIGNAL)
         elif signum == signal.SIGINT and self.stop and self.stop.signum == signal.SIGINT:
-            say("second SIGINT; killing the workers now")
+            log.info("second SIGINT; killing the workers now")
             self.stop.deadline = self.clock()
 
     # ------------------------------------------------------------------ results
@@ -381,7 +394,7 @@ class Supervisor:
             try:
                 sink(kind, fields)
             except Exception:
-                pass
+                log.debug("event sink %r failed on %s", sink, kind, exc_info=True)
 
     def _set_state(self, new: GroupState) -> None:
         if new is not self.state and new not in TRANSITIONS[self.state]:

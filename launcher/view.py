@@ -1,8 +1,8 @@
 """The live view: on a terminal, a rich table of the workers redrawn in place under the logs.
 
-Only this module imports rich's live machinery. It reads `Snapshot`s; it never changes state.
-Off a terminal (Slurm, systemd, pipes) the launcher prints plain lines instead and this module
-is not loaded.
+Only this module imports rich. It reads `Snapshot`s; it never changes state. On a terminal it also
+draws the failure summary as a panel. Off a terminal (Slurm, systemd, pipes) the launcher prints
+plain lines instead and this module is not loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .logs import CONSOLE_LOCK
 from .spec import Snapshot
 
 STATE_STYLE = {"running": "green", "succeeded": "cyan", "failed": "bold red", "stopped": "yellow"}
@@ -99,3 +100,12 @@ class LiveView:
 
     def stop(self) -> None:
         self._live.stop()
+
+
+def print_panel(lines: list[str]) -> None:
+    """The failure summary on a terminal: its first line as the title of a red panel, on stderr."""
+    from rich.panel import Panel
+
+    body = Text("\n".join(lines[1:]))
+    with CONSOLE_LOCK:
+        Console(stderr=True).print(Panel(body, title=f"[bold red]{lines[0]}", title_align="left", border_style="red"))

@@ -352,7 +352,7 @@ def finish(procs, timeout: float = 90) -> list[tuple[int, str, str]]:
 
 
 def _settings():
-    from launcher.config import RendezvousSettings
+    from launcher.rendezvous.settings import RendezvousSettings
 
     return RendezvousSettings(join_timeout=10, last_call_timeout=0.5, read_timeout=2)
 

@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from conftest import agents, client, worker
 from launcher import cli
 from launcher import config as cfg
+from launcher.rendezvous.etcd_settings import ETCD_KEYS
+from launcher.rendezvous.settings import RDZV_KEYS, RendezvousSettings, parse_rdzv_settings
 from launcher.errors import ConfigError, LauncherError, RendezvousError
 from launcher.run import make_run_dir
 
@@ -50,7 +52,7 @@ STRING_FLAGS = [
     "signals_to_handle", "passthrough_signals", "shutdown_timeout", "append_local_rank_as", "gpus", "hang_timeout",
 ]
 BOOL_FLAGS = ["standalone", "module", "no_python", "run_path", "virtual_local_rank", "append_local_rank", "use_env"]
-conf_key = st.one_of(st.sampled_from(sorted(cfg.RDZV_KEYS) + ["join_timeout"] * 3 + list(cfg.ETCD_KEYS)), text)
+conf_key = st.one_of(st.sampled_from(sorted(RDZV_KEYS) + ["join_timeout"] * 3 + list(ETCD_KEYS)), text)
 rdzv_conf = st.lists(st.tuples(conf_key, value), max_size=4).map(lambda kv: ",".join(f"{k}={v}" for k, v in kv))
 
 
@@ -67,7 +69,7 @@ def usable_seconds(x: float | None) -> bool:
 def check_usable(c: cfg.LaunchConfig, tmp_path) -> None:
     for name in ("monitor_interval", "shutdown_timeout", "hang_timeout"):
         assert usable_seconds(getattr(c, name)), (name, getattr(c, name))
-    r = c.rdzv
+    r = getattr(c.rendezvous, "rdzv", RendezvousSettings())  # the elastic backends' timing
     for name in ("join_timeout", "last_call_timeout", "keep_alive_interval", "read_timeout", "exit_barrier_timeout"):
         assert usable_seconds(getattr(r, name)), (name, getattr(r, name))
     assert usable_seconds(r.liveness_timeout), r
@@ -82,7 +84,7 @@ def check_usable(c: cfg.LaunchConfig, tmp_path) -> None:
 @given(conf=st.dictionaries(conf_key, value, max_size=5))
 def test_rdzv_conf_is_a_config_error_or_usable_settings(conf):
     try:
-        s = cfg.parse_rdzv_settings(conf)
+        s = parse_rdzv_settings(conf)
     except ConfigError as e:  # (newlines a value carries are escaped when the CLI prints it: see below)
         assert str(e).startswith("--rdzv_conf ")
         return
@@ -115,8 +117,7 @@ def test_from_flags_is_a_config_error_or_a_usable_config(data, tmp_path_factory)
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`launcher ARGV` in this process with the job itself stubbed out: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    with mock.patch("launcher.run.run", return_value=0), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.dict("os.environ", {k: "" for k in ()}, clear=False):
+    with mock.patch("launcher.run.run", return_value=0), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             cli.main(argv)
             code = 0

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from conftest import FakeClock
-from launcher.config import RendezvousSettings
+from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.rendezvous.protocol import ElasticRendezvous, Node, assign

@@ -1,5 +1,59 @@
-"""How nodes meet: a small handler interface and one module per backend."""
+"""How nodes meet: a small handler interface, one module per backend, and the table of backends.
 
-from .api import Cause, RendezvousHandler, create_rendezvous
+`BACKENDS` maps a `--rdzv_backend` name to its settings parser (run once, by `config.from_flags`,
+at config time: the settings modules load no store client) and its handler factory (run by
+`create_rendezvous`; it imports the backend module, and with it the store client, only then).
+The backends import `api`, `protocol` and their settings, never this table.
+"""
 
-__all__ = ["Cause", "RendezvousHandler", "create_rendezvous"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, NamedTuple, Union
+
+from .api import Cause, JobParams, RendezvousHandler
+from .etcd_settings import EtcdSettings, parse_etcd
+from .settings import C10dSettings, Flags, LocalSettings, StaticSettings, parse_c10d, parse_local, parse_static
+
+if TYPE_CHECKING:
+    from ..config import LaunchConfig
+
+Settings = Union[LocalSettings, StaticSettings, C10dSettings, EtcdSettings]
+
+
+class Backend(NamedTuple):
+    parse: Callable[[Flags], Settings]
+    create: Callable[[Settings, JobParams], RendezvousHandler]
+
+
+def _local(settings, job: JobParams) -> RendezvousHandler:
+    from .local import LocalRendezvous
+
+    return LocalRendezvous(settings, job)
+
+
+def _c10d(settings, job: JobParams) -> RendezvousHandler:
+    from .c10d import C10dRendezvous
+
+    return C10dRendezvous(settings, job)
+
+
+def _etcd(settings, job: JobParams) -> RendezvousHandler:
+    from .etcd import EtcdRendezvous
+
+    return EtcdRendezvous(settings, job)
+
+
+BACKENDS: dict[str, Backend] = {
+    "local": Backend(parse_local, _local),
+    "static": Backend(parse_static, _local),
+    "c10d": Backend(parse_c10d, _c10d),
+    "etcd": Backend(parse_etcd, _etcd),
+}
+
+
+def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
+    """The handler for `config.rdzv_backend`, given its settings and the job's general fields."""
+    return BACKENDS[config.rdzv_backend].create(config.rendezvous, config.job)
+
+
+__all__ = ["BACKENDS", "Backend", "Cause", "Flags", "JobParams", "RendezvousHandler", "Settings", "create_rendezvous"]

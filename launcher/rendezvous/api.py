@@ -1,11 +1,11 @@
-"""The rendezvous interface the supervisor talks to, and the table of backends."""
+"""The rendezvous interface the supervisor talks to, and what every backend is given beside its settings."""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from ..config import LaunchConfig
 from ..spec import Round
 
 
@@ -15,6 +15,19 @@ class Cause(enum.Enum):
     START = "start"
     FAILURE = "failure"
     MEMBERSHIP = "membership"
+
+
+@dataclass(frozen=True)
+class JobParams:
+    """The general fields a backend needs beside its own settings (torch: RendezvousParameters)."""
+
+    run_id: str
+    nproc_per_node: int
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_restarts: int = 0
+    local_addr: str | None = None  # --local_addr: this node's address as the others reach it
+    join_token: str | None = field(default=None, repr=False)
 
 
 class MembershipChanged:
@@ -38,18 +51,3 @@ class RendezvousHandler(Protocol):
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the job: close it for everyone when this node is done or gave up."""
-
-
-def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
-    """The handler for `config.rdzv_backend`; a backend loads its store client only inside (none imports torch)."""
-    if config.rdzv_backend == "c10d":
-        from .c10d import C10dRendezvous
-
-        return C10dRendezvous(config)
-    if config.rdzv_backend == "etcd":
-        from .etcd import EtcdRendezvous
-
-        return EtcdRendezvous(config)
-    from .local import LocalRendezvous
-
-    return LocalRendezvous(config)

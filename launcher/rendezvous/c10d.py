@@ -9,17 +9,16 @@ the node whose own address is the endpoint's (checked by binding it, which is wh
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
-import socket
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
-from ..config import DEFAULT_PORTS, LaunchConfig, parse_endpoint
 from ..errors import RendezvousConnectionError
-from ..process import free_port, hostname
-from .protocol import ElasticRendezvous, Node
+from ..net import free_port, is_local_address
+from .api import JobParams
+from .protocol import Capability, ElasticRendezvous, Node
+from .settings import C10dSettings
 from .tcpstore import StoreClient, StoreError, StoreServer
 
 PREFIX = "launcher/"
@@ -31,6 +30,8 @@ ANSWER_GRACE = 5.0
 
 class TCPStoreAdapter:
     """The protocol's `Store` operations on one TCPStore client connection."""
+
+    capabilities = frozenset({Capability.DELETE})
 
     def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
@@ -84,49 +85,11 @@ def serve(host: str, port: int) -> StoreServer:
     return StoreServer(host, port)
 
 
-def is_local_address(host: str) -> bool:
-    """True if `host` resolves to an address of this machine (binding it is the proof)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return False
-    for family, _, _, _, addr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr[0], 0))
-                return True
-            except OSError:
-                continue
-    return False
-
-
-def outward_address(host: str, port: int) -> str:
-    """The address this node uses to reach `host`: the one its peers can reach it at."""
-    try:
-        family = socket.getaddrinfo(host, port)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))  # UDP: picks the route, sends nothing
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(hostname())
-
-
-def interface_of(addr: str) -> str | None:
-    """The network interface that holds `addr`, if it is one of this machine's."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == addr for a in addrs):
-            return name
-    return None
-
-
 class C10dRendezvous(ElasticRendezvous):
     """ElasticRendezvous on a TCPStore, hosting the store here when this node is the endpoint."""
 
-    def __init__(self, config: LaunchConfig):
-        host, port = parse_endpoint(config.rdzv_endpoint, DEFAULT_PORTS["c10d"])
-        s = config.rdzv
+    def __init__(self, settings: C10dSettings, job: JobParams):
+        host, port, s = settings.host, settings.port, settings.rdzv
         self.server = None
         wants_host = s.is_host if s.is_host is not None else is_local_address(host)
         if wants_host:
@@ -137,18 +100,7 @@ class C10dRendezvous(ElasticRendezvous):
                     raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
                 # another agent on this machine hosts it already: be a client
         store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
-        addr = config.local_addr or outward_address(host, port)
-        node = Node(
-            node_id=f"{hostname()}:{os.getpid()}",
-            addr=addr,
-            ifname=interface_of(addr),
-            nproc=config.nproc_per_node,
-            min_nodes=config.min_nodes,
-            max_nodes=config.max_nodes,
-            max_restarts=config.max_restarts,
-            token=config.join_token,
-        )
-        super().__init__(store, config.run_id, node, s, port_picker=free_port, is_host=self.server is not None)
+        super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None)
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the job, then close the connection and the store server (the host leaves last)."""
@@ -159,8 +111,8 @@ class C10dRendezvous(ElasticRendezvous):
             self.server = None
 
 
-def store_main(host: str, port: int) -> int:
-    """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT."""
+def store_main(host: str, port: int, serving: Callable[[int], None]) -> int:
+    """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT; `serving(port)` once it listens."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:  # a connection or two per agent: thousands of nodes need more than the usual 1,024
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -168,7 +120,7 @@ def store_main(host: str, port: int) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"launcher store: serving on {host}:{server.port}", flush=True)
+    serving(server.port)
     stop.wait()
     server.close()
     return 0

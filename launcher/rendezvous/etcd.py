@@ -27,45 +27,28 @@ agent of a new run, finding no agent registered, wipes whatever a killed run lef
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
-from ..config import DEFAULT_PORTS, ETCD_PASSWORD_ENV, ETCD_USER_ENV, LaunchConfig, RendezvousSettings, parse_endpoints
-from ..errors import ConfigError, RendezvousConnectionError, RendezvousError
-from ..logs import say
-from ..process import free_port, hostname
-from .c10d import interface_of, outward_address
-from .etcd_engine import ROOT, Compare, Delete, Engine, EtcdError, EtcdOptions, Get, Put, Watch, range_end
-from .protocol import ElasticRendezvous, Node
+from ..errors import RendezvousConnectionError, RendezvousError
+from ..net import free_port
+from .api import JobParams
+from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
+from .etcd_settings import EtcdOptions, EtcdSettings
+from .protocol import Capability, Change, ElasticRendezvous, Node
+from .settings import RendezvousSettings
 
-__all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease", "options_from"]
+__all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease"]
 
+log = logging.getLogger(__name__)
 TXN_OPS = 128  # etcd's default --max-txn-ops
 MIN_TTL = 2  # etcd raises shorter leases to 1.5 election timeouts: 2 s at its defaults
 FEW_KEYS = 4  # waits on more keys than this watch their common prefix instead of each key
-
-
-def options_from(config: LaunchConfig, environ: Mapping[str, str] = os.environ) -> EtcdOptions:
-    """The cluster, TLS files and credentials of `config`; the password from the environment or its file."""
-    conf = config.rdzv_conf
-    password = environ.get(ETCD_PASSWORD_ENV) or None
-    if conf.get("password_file"):
-        try:
-            with open(conf["password_file"]) as f:
-                password = f.read().rstrip("\r\n")
-        except OSError as e:
-            raise ConfigError(f"--rdzv_conf password_file={conf['password_file']}: {e.strerror}") from None
-    tls = conf.get("protocol") == "https" or "https://" in config.rdzv_endpoint or any(k in conf for k in ("cacert", "cert", "key"))
-    return EtcdOptions(
-        endpoints=parse_endpoints(config.rdzv_endpoint, DEFAULT_PORTS["etcd"]),
-        tls=tls, cacert=conf.get("cacert"), cert=conf.get("cert"), key=conf.get("key"),
-        user=conf.get("user") or environ.get(ETCD_USER_ENV) or None, password=password,
-        timeout=min(config.rdzv.read_timeout, 10.0), engine=conf.get("engine", "gateway"),
-    )
 
 
 def lease_ttl(settings: RendezvousSettings) -> int:
@@ -157,6 +140,8 @@ class _Follow:
 class EtcdStore:
     """The protocol's Store operations, plus `hold` and `wait_change` liveness, on one etcd client."""
 
+    capabilities = frozenset({Capability.DELETE, Capability.LIVENESS})
+
     def __init__(self, opts: EtcdOptions, lease: "Lease | None" = None, *, retry_for: float = 60.0,
                  client: _Client | None = None, owns_client: bool | None = None):
         self.opts = opts
@@ -235,14 +220,14 @@ class EtcdStore:
         assert self.lease is not None, "hold needs a lease"
         self.lease.hold(_name(key), b"1", self)
 
-    def wait_change(self, change: str, alive: str | None, timeout: float) -> str | None:
-        """"change" once `change` exists, "gone" once `alive` is absent, None at the timeout or on trouble."""
+    def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
+        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
-        def decide(present: dict[bytes, bool]) -> str | None:
+        def decide(present: dict[bytes, bool]) -> Change | None:
             if present[names[0]]:
-                return "change"
-            return "gone" if alive and not present[names[1]] else None
+                return Change.CHANGED
+            return Change.GONE if alive and not present[names[1]] else None
 
         return self._wait_for(names, timeout, decide)
 
@@ -273,9 +258,9 @@ class EtcdStore:
             try:
                 return fn(self.client.get())
             except EtcdError as e:
-                if e.kind == "fatal":
+                if e.kind is ErrorKind.FATAL:
                     raise RendezvousError(e.why) from None
-                if e.kind == "lease":
+                if e.kind is ErrorKind.LEASE:
                     raise _LeaseLost(e.why) from None
                 if not idempotent and not e.unsent:
                     raise RendezvousConnectionError(f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off") from None
@@ -287,7 +272,7 @@ class EtcdStore:
                 raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s){_hint(why, self.opts)}")
             if waited >= 1.0 and not told and limit >= 5.0:
                 told = True
-                say(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}")
+                log.info(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}")
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
 
@@ -300,7 +285,7 @@ class EtcdStore:
                 return self._follow_until(names, deadline, decide)
             except EtcdError as e:
                 self._drop_follow()
-                if e.kind == "fatal":
+                if e.kind is ErrorKind.FATAL:
                     raise RendezvousError(e.why) from None
             except Exception as e:  # a client bug, not an etcd answer
                 self._drop_follow()
@@ -446,8 +431,8 @@ class Lease:
         self.close()
         try:
             via._call(lambda e: e.lease_revoke(self.id), retry_for=2.0)
-        except (RendezvousError, _LeaseLost):
-            pass  # it expires on its own
+        except (RendezvousError, _LeaseLost):  # it expires on its own
+            log.debug("revoking the etcd lease failed", exc_info=True)
 
     def close(self) -> None:
         """Stop refreshing; the lease then expires within its TTL."""
@@ -464,23 +449,22 @@ class Lease:
             try:
                 ttl = self._refresh()
             except Exception as e:
+                log.debug("etcd lease keep-alive failed", exc_info=True)
                 why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
-                if isinstance(e, EtcdError) and e.kind == "no-gateway":
-                    self.store.client.fall_back()
                 lost_at = lost_at or time.monotonic()
                 if not told and time.monotonic() - lost_at >= 1.0:
                     told = True
-                    say(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
+                    log.info(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
                 continue
             if told:
-                say(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
+                log.info(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
             lost_at, told = None, False
             if ttl <= 0:
-                say("etcd let this agent's lease expire; taking a new one")
+                log.info("etcd let this agent's lease expire; taking a new one")
                 try:
                     self._renew(self.id)
-                except Exception:
-                    pass  # the next round of the loop tries again
+                except Exception:  # the next round of the loop tries again
+                    log.debug("taking a new etcd lease failed", exc_info=True)
 
     def _refresh(self) -> int:
         self.store.rpcs += 1
@@ -503,27 +487,20 @@ class Lease:
 class EtcdRendezvous(ElasticRendezvous):
     """ElasticRendezvous on an etcd cluster: the agent signs in under the run id on its own lease."""
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str] = os.environ):
-        s = config.rdzv
-        opts = options_from(config, environ)  # the workers never get the password: see env.AGENT_ONLY
+    def __init__(self, settings: EtcdSettings, job: JobParams):
+        s = settings.rdzv
+        opts = settings.cluster  # the workers never get the password: see env.AGENT_ONLY
         ttl = lease_ttl(s)
         lease = Lease(opts, ttl, min(s.keep_alive_interval, ttl / 3))
         store = EtcdStore(opts, lease, retry_for=s.read_timeout)
-        node_id = f"{hostname()}:{os.getpid()}"
+        node = Node.of_this_agent(job, opts.endpoints[0])
         try:
-            store.register(config.run_id, node_id, retry_for=s.join_timeout)
+            store.register(job.run_id, node.node_id, retry_for=s.join_timeout)
         except BaseException:
             lease.close()
             store.close()
             raise
-        host, port = opts.endpoints[0]
-        addr = config.local_addr or outward_address(host, port)
-        node = Node(
-            node_id=node_id, addr=addr, ifname=interface_of(addr), nproc=config.nproc_per_node,
-            min_nodes=config.min_nodes, max_nodes=config.max_nodes, max_restarts=config.max_restarts,
-            token=config.join_token,
-        )
-        super().__init__(store, config.run_id, node, s, port_picker=free_port)
+        super().__init__(store, job.run_id, node, s, port_picker=free_port)
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""
@@ -532,7 +509,7 @@ class EtcdRendezvous(ElasticRendezvous):
         super().shutdown(succeeded)
         try:
             self.store.leave(self.run_id)
-        except Exception:
-            pass  # the lease expires on its own; the next run wipes what is left
+        except Exception:  # the lease expires on its own; the next run wipes what is left
+            log.debug("leaving the etcd rendezvous failed", exc_info=True)
         finally:
             self.store.close()

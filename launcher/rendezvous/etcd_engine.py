@@ -8,32 +8,13 @@ classified here once, from the gRPC status code and message both of them carry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
 from typing import NamedTuple, Protocol, Sequence, Union
 
-from ..config import ETCD_PASSWORD_ENV, ETCD_USER_ENV
+from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV, EtcdOptions
 
 ROOT = "/launcher/"
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long (a restarted one comes back)
-
-
-@dataclass(frozen=True)
-class EtcdOptions:
-    """How to reach and log in to the cluster; the password never shows in a repr."""
-
-    endpoints: tuple[tuple[str, int], ...]
-    tls: bool = False
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    timeout: float = 10.0  # one request
-    engine: str = "gateway"  # or "grpc" (--rdzv_conf engine=grpc; pip install 'launcher[etcd-grpc]')
-
-    @property
-    def where(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
 
 
 class KV(NamedTuple):
@@ -81,15 +62,21 @@ Op = Union[Get, Put, Delete]
 Event = tuple[bytes, bool]  # (key, True for a put / False for a delete)
 
 
-class EtcdError(Exception):
-    """A failed request, already judged. kind: "retry" (etcd or the path to it is down or busy),
-    "lease" (etcd does not know the lease), "fatal" (`why` is the user's one line), or "reauth"
-    (etcd refused our token; engines log in again and resend once, so it never reaches the store).
-    unsent: surely never applied."""
+class ErrorKind(enum.StrEnum):
+    """What a failed request means for the caller (a StrEnum: an engine may still pass the word)."""
 
-    def __init__(self, kind: str, why: str, unsent: bool = False):
+    RETRY = "retry"  # etcd or the path to it is down or busy
+    LEASE = "lease"  # etcd does not know the lease
+    FATAL = "fatal"  # `why` is the user's one line
+    REAUTH = "reauth"  # etcd refused our token; engines log in again and resend once, so it never reaches the store
+
+
+class EtcdError(Exception):
+    """A failed request, already judged (see `ErrorKind`). unsent: surely never applied."""
+
+    def __init__(self, kind: ErrorKind | str, why: str, unsent: bool = False):
         super().__init__(why)
-        self.kind, self.why, self.unsent = kind, why, unsent
+        self.kind, self.why, self.unsent = ErrorKind(kind), why, unsent
 
 
 class Watch(Protocol):
@@ -151,20 +138,20 @@ def classify(code: int, message: str, opts: EtcdOptions, *, unsent: bool = False
     """What an error answer from etcd (gRPC status `code` and its message) means for us."""
     low = message.lower()
     if "authentication failed" in low:
-        return EtcdError("fatal", f"etcd at {opts.where} rejected user {opts.user!r}: wrong user name or password")
+        return EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} rejected user {opts.user!r}: wrong user name or password")
     if "invalid auth token" in low or code == UNAUTHENTICATED:
         # etcd restarted and forgot its tokens (or a token expired): the engine logs in again once
-        return EtcdError("reauth" if opts.user else "fatal", message if opts.user else needs_login(opts))
+        return EtcdError(ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts))
     if "user name is empty" in low:  # no token sent: with a user given, auth was off at our login
-        return EtcdError("reauth" if opts.user else "fatal", message if opts.user else needs_login(opts))
+        return EtcdError(ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts))
     if code == PERMISSION_DENIED or "permission denied" in low:
         who = f"user {opts.user!r}" if opts.user else "this client (no user given)"
-        return EtcdError("fatal", f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); grant its role readwrite on that prefix")
+        return EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); grant its role readwrite on that prefix")
     if "requested lease not found" in low:
-        return EtcdError("lease", message)
+        return EtcdError(ErrorKind.LEASE, message)
     if code in TRANSIENT:
-        return EtcdError("retry", message or f"gRPC status {code}", unsent=unsent)
-    return EtcdError("fatal", f"etcd at {opts.where} refused a request: {message or f'gRPC status {code}'}")
+        return EtcdError(ErrorKind.RETRY, message or f"gRPC status {code}", unsent=unsent)
+    return EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} refused a request: {message or f'gRPC status {code}'}")
 
 
 def needs_login(opts: EtcdOptions) -> str:
@@ -173,4 +160,4 @@ def needs_login(opts: EtcdOptions) -> str:
 
 
 def tls_failed(opts: EtcdOptions, detail: str) -> EtcdError:
-    return EtcdError("fatal", f"TLS with etcd at {opts.where} failed ({detail}); check --rdzv_conf cacert=, cert=, key=")
+    return EtcdError(ErrorKind.FATAL, f"TLS with etcd at {opts.where} failed ({detail}); check --rdzv_conf cacert=, cert=, key=")

@@ -32,6 +32,7 @@ from .etcd_engine import (
     ENDPOINT_RETRY_S,
     KV,
     Compare,
+    ErrorKind,
     EtcdError,
     EtcdOptions,
     Event,
@@ -247,10 +248,10 @@ class Gateway:
             try:
                 return send(token)
             except EtcdError as e:
-                if e.kind != "reauth":
+                if e.kind is not ErrorKind.REAUTH:
                     raise
                 if attempt == 2:
-                    raise EtcdError("retry", e.why, unsent=True) from None
+                    raise EtcdError(ErrorKind.RETRY, e.why, unsent=True) from None
                 self.session.forget(token)
 
     def _post(self, path: str, payload: dict, *, token: str | None, streamed: bool = False, login: bool = False) -> dict | None:
@@ -273,8 +274,8 @@ class Gateway:
         error = self._error(status, data)
         if login and "authentication is not enabled" in error.why:
             return None
-        if login and error.kind == "reauth":  # a login refused as such is a wrong password
-            raise EtcdError("fatal", f"etcd at {self.opts.where} rejected user {self.opts.user!r}: wrong user name or password")
+        if login and error.kind is ErrorKind.REAUTH:  # a login refused as such is a wrong password
+            raise EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} rejected user {self.opts.user!r}: wrong user name or password")
         raise error
 
     def _exchange(self, path: str, body: bytes, token: str | None, deadline: float, *, stream: bool = False):
@@ -307,7 +308,7 @@ class Gateway:
                 conn.close()
                 s.failed(ep)
                 self._fatal_tls(e)
-                raise EtcdError("retry", _describe(e)) from None
+                raise EtcdError(ErrorKind.RETRY, _describe(e)) from None
             if keep:
                 s.checkin(ep, conn)
             else:
@@ -318,11 +319,11 @@ class Gateway:
                 continue
             s.answered(ep)
             return status, data, None
-        raise EtcdError("retry", last, unsent=True)
+        raise EtcdError(ErrorKind.RETRY, last, unsent=True)
 
     def _error(self, status: int, data: bytes) -> EtcdError:
         if status == 400 and data.startswith(COMMON_NAME_REFUSED):
-            return EtcdError("fatal", f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
+            return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
                                       f"with a Common Name (--client-cert-auth with auth enabled): pip install "
                                       f"'launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
                                       f"without a Common Name")
@@ -340,10 +341,10 @@ class Gateway:
 
     def _not_gateway(self, status: int, data: bytes) -> EtcdError:
         if status == 404:
-            return EtcdError("fatal", f"etcd at {self.opts.where} has no v3 JSON gateway at /v3/ (HTTP 404): etcd 3.4 or later is needed")
+            return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} has no v3 JSON gateway at /v3/ (HTTP 404): etcd 3.4 or later is needed")
         if status >= 500:
-            return EtcdError("retry", f"HTTP {status} from etcd")
-        return EtcdError("fatal", f"etcd at {self.opts.where} gave an answer that is not etcd's: HTTP {status} {data[:120]!r}")
+            return EtcdError(ErrorKind.RETRY, f"HTTP {status} from etcd")
+        return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} gave an answer that is not etcd's: HTTP {status} {data[:120]!r}")
 
     def _fatal_tls(self, e: BaseException, ep: tuple[str, int] | None = None, deadline: float = 0.0) -> None:
         """Raise the user's one line for a TLS failure that no retry can mend (`ep`: in its handshake)."""
@@ -363,7 +364,7 @@ class Gateway:
                 return  # retried
         if plain:
             where = f"{ep[0]}:{ep[1]}" if ep else self.opts.where
-            raise EtcdError("fatal", f"etcd at {where} does not speak TLS (it answers plain HTTP); "
+            raise EtcdError(ErrorKind.FATAL, f"etcd at {where} does not speak TLS (it answers plain HTTP); "
                                      f"use http:// endpoints without cacert=, cert=, key=") from None
         detail = str(getattr(e, "reason", None) or e).replace("_", " ").lower()
         if "alert" in detail and "certificate" in detail and not self.opts.cert:
@@ -384,7 +385,7 @@ class GatewayWatch:
         while count:
             line = self._line(deadline)
             if line is None:
-                raise EtcdError("retry", "etcd did not create the watch in time")
+                raise EtcdError(ErrorKind.RETRY, "etcd did not create the watch in time")
             made, events = _watch_message(line, self.opts)
             count -= made
             self._early += events
@@ -416,7 +417,7 @@ class GatewayWatch:
             except (OSError, Closed) as e:
                 if self.woken:
                     return None
-                raise EtcdError("retry", f"watch stream: {_describe(e)}") from None
+                raise EtcdError(ErrorKind.RETRY, f"watch stream: {_describe(e)}") from None
             if line is None or line.strip():
                 return line
 
@@ -430,14 +431,14 @@ def _watch_message(line: bytes, opts: EtcdOptions) -> tuple[int, list[Event]]:
         result = doc["result"]
         if result.get("canceled"):
             if result.get("compact_revision"):
-                raise EtcdError("retry", "the watched revision was compacted")
+                raise EtcdError(ErrorKind.RETRY, "the watched revision was compacted")
             # A watch refused at creation says why in words only, e.g. "rpc error: code =
             # Unauthenticated desc = etcdserver: invalid auth token" after an etcd restart.
             raise classify(2, str(result.get("cancel_reason") or "watch canceled"), opts)
         events = [(_unb64(ev["kv"]["key"]), ev.get("type", "PUT") != "DELETE") for ev in result.get("events") or []]
         return (1 if result.get("created") else 0), events
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
-        raise EtcdError("fatal", f"etcd at {opts.where} sent a watch message that is not etcd's: {line[:120]!r}") from None
+        raise EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} sent a watch message that is not etcd's: {line[:120]!r}") from None
 
 
 def _stream_error(error, opts: EtcdOptions) -> EtcdError:
@@ -534,5 +535,5 @@ def _tls_context(opts: EtcdOptions):
         if opts.cert:
             context.load_cert_chain(opts.cert, opts.key)
     except (OSError, ValueError) as e:
-        raise EtcdError("fatal", f"cannot load the TLS files for etcd ({e}); check --rdzv_conf cacert=, cert=, key=") from None
+        raise EtcdError(ErrorKind.FATAL, f"cannot load the TLS files for etcd ({e}); check --rdzv_conf cacert=, cert=, key=") from None
     return context

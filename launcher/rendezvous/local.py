@@ -7,52 +7,51 @@ restart always meets a fresh store instead of the last attempt's keys (pytorch#1
 
 from __future__ import annotations
 
-import errno
-import socket
 from typing import Callable
 
-from ..config import LaunchConfig
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
-from ..process import free_port
+from ..net import free_port, port_taken
 from ..spec import Round
-from .api import Cause
+from .api import Cause, JobParams
+from .settings import LocalSettings, StaticSettings
 
 
 class LocalRendezvous:
     """Rounds decided by this node alone; the restart budget is this node's."""
 
-    def __init__(self, config: LaunchConfig, port_picker: Callable[[], int] = free_port):
-        self.config = config
+    def __init__(self, settings: LocalSettings | StaticSettings, job: JobParams, port_picker: Callable[[], int] = free_port):
+        self.settings = settings
+        self.job = job
         self._pick_port = port_picker
         self._round = -1
         self._restarts = 0
-        if config.rdzv_backend == "static" and config.node_rank == 0 and config.master_port:
-            taken = _port_taken(config.master_port)  # rank 0's store would die on it: say so before starting
+        self._rank = settings.node_rank if isinstance(settings, StaticSettings) else 0
+        if isinstance(settings, StaticSettings) and settings.node_rank == 0 and settings.master_port:
+            taken = port_taken(settings.master_port)  # rank 0's store would die on it: say so before starting
             if taken:
                 raise RendezvousConnectionError(
-                    f"--master_port {config.master_port} is already in use on this host ({taken}); "
+                    f"--master_port {settings.master_port} is already in use on this host ({taken}); "
                     "stop what holds it or pick another --master_port")
 
     def next_round(self, cause: Cause) -> Round:
-        c = self.config
+        s, job = self.settings, self.job
         if cause is Cause.FAILURE:
-            if self._restarts >= c.max_restarts:
-                raise RestartBudgetExhausted(f"no restarts left (--max_restarts {c.max_restarts})")
+            if self._restarts >= job.max_restarts:
+                raise RestartBudgetExhausted(f"no restarts left (--max_restarts {job.max_restarts})")
             self._restarts += 1
         self._round += 1
-        if c.rdzv_backend == "static":
-            addr, port = c.master_addr, c.master_port  # every node must agree without talking
+        if isinstance(s, StaticSettings):
+            addr, port = s.master_addr, s.master_port  # every node must agree without talking
         else:
-            addr, port = c.local_addr or "127.0.0.1", self._pick_port()
-        assert port is not None
+            addr, port = s.addr, self._pick_port()
         return Round(
-            run_id=c.run_id,
+            run_id=job.run_id,
             round=self._round,
             restart_count=self._restarts,
-            group_rank=c.node_rank,
-            group_world_size=c.max_nodes,
-            rank_offset=c.node_rank * c.nproc_per_node,
-            world_size=c.max_nodes * c.nproc_per_node,
+            group_rank=self._rank,
+            group_world_size=job.max_nodes,
+            rank_offset=self._rank * job.nproc_per_node,
+            world_size=job.max_nodes * job.nproc_per_node,
             master_addr=addr,
             master_port=port,
         )
@@ -63,15 +62,3 @@ class LocalRendezvous:
     def shutdown(self, succeeded: bool) -> None:
         """Nothing to leave."""
 
-
-def _port_taken(port: int) -> str:
-    """Why the worker with rank 0 could not listen on `port` (it binds every address), or ""."""
-    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is fine
-                s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return e.strerror
-    return ""

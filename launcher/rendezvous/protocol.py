@@ -24,13 +24,15 @@ Keys, under `<prefix>/<run_id>/`:
 
 from __future__ import annotations
 
+import enum
 import json
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, cast
 
-from ..config import RendezvousSettings
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -38,14 +40,40 @@ from ..errors import (
     RendezvousTimeoutError,
     RestartBudgetExhausted,
 )
+from ..net import hostname, interface_of, outward_address
 from ..spec import Round
-from .api import Cause, MembershipChanged
+from .api import Cause, JobParams, MembershipChanged
+from .settings import RendezvousSettings
 
+log = logging.getLogger(__name__)
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 
 
+class Capability(enum.Enum):
+    """An optional part of the `Store` interface; a store lists those it has in `capabilities`."""
+
+    DELETE = "delete"  # `DeletingStore.delete`: old rounds' per-node keys are deleted as the job goes on
+    LIVENESS = "liveness"  # `LivenessStore.hold`/`wait_change`: the store knows who is alive (no heartbeat ring)
+
+
+class Change(enum.Enum):
+    """What `LivenessStore.wait_change` saw before its timeout."""
+
+    CHANGED = "change"  # the round's `change` key exists
+    GONE = "gone"  # the watched `alive` key vanished: its agent died (or finished)
+
+
 class Store(Protocol):
-    """The handful of operations the protocol needs; each backend maps them onto its store."""
+    """The handful of operations the protocol needs; each backend maps them onto its store.
+
+    The optional parts are declared, not guessed: a store names them in `capabilities`, and
+    offers then the methods of `DeletingStore` (DELETE) and `LivenessStore` (LIVENESS). A store
+    without a `capabilities` attribute has the required operations only (see `capabilities_of`).
+    A wrapper that forwards attributes to a store (a counter in the benchmarks) forwards the
+    declaration with them.
+    """
+
+    capabilities: frozenset[Capability]
 
     def add(self, key: str, amount: int) -> int: ...
     def get(self, key: str) -> bytes | None: ...  # None when absent; never blocks
@@ -56,12 +84,28 @@ class Store(Protocol):
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
     def clone(self) -> "Store": ...  # a second connection, for the watcher thread
     def close(self) -> None: ...
-    # Optional, for a store that can delete (old rounds' per-node keys are then deleted as the job goes on):
-    #   delete(keys) -> None
-    # Optional, for a store that knows who is alive (then the heartbeat ring is not used):
-    #   hold(key) -> None: `key` exists for as long as this agent lives
-    #   wait_change(change, alive, timeout) -> "change" once `change` exists, "gone" once `alive`
-    #       is absent (never when it is None), None at the timeout; store trouble counts as a timeout
+
+
+class DeletingStore(Store, Protocol):
+    """A store with `Capability.DELETE`."""
+
+    def delete(self, keys: Sequence[str]) -> None: ...
+
+
+class LivenessStore(Store, Protocol):
+    """A store with `Capability.LIVENESS`: it knows which agents are alive (etcd: a lease each)."""
+
+    def hold(self, key: str) -> None:
+        """`key` exists for as long as this agent lives."""
+
+    def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
+        """CHANGED once `change` exists, GONE once `alive` is absent (never when it is None), None at
+        the timeout; store trouble counts as a timeout."""
+
+
+def capabilities_of(store: Store) -> frozenset[Capability]:
+    """The optional parts `store` declares; none when it declares nothing."""
+    return frozenset(getattr(store, "capabilities", ()))
 
 
 @dataclass(frozen=True)
@@ -76,6 +120,13 @@ class Node:
     max_restarts: int
     ifname: str | None = None  # the interface that carries `addr`
     token: str | None = field(default=None, repr=False)  # the job's join token, if it has one
+
+    @classmethod
+    def of_this_agent(cls, job: JobParams, store: tuple[str, int]) -> "Node":
+        """This agent as it joins: reached at --local_addr, else at its address on the route to `store`."""
+        addr = job.local_addr or outward_address(*store)
+        return cls(node_id=f"{hostname()}:{os.getpid()}", addr=addr, ifname=interface_of(addr), nproc=job.nproc_per_node,
+                   min_nodes=job.min_nodes, max_nodes=job.max_nodes, max_restarts=job.max_restarts, token=job.join_token)
 
 
 class ElasticRendezvous:
@@ -125,7 +176,7 @@ class ElasticRendezvous:
                 self._advance(r)
                 r = self._current_round()
             return self._join(r)
-        except (RendezvousError, RestartBudgetExhausted):
+        except RendezvousError:  # RestartBudgetExhausted is one too
             raise
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
@@ -152,8 +203,8 @@ class ElasticRendezvous:
             elif not self.store.get(self._k("closed")):
                 self.store.add(self._k(f"r{r}/left"), 1)
                 self._set_change(r, f"{self.node.node_id} left")
-        except Exception:
-            pass  # leaving must never fail the exit
+        except Exception:  # leaving must never fail the exit
+            log.debug("leaving the rendezvous failed", exc_info=True)
         finally:
             if self._watcher:
                 self._watcher.join(self.settings.keep_alive_interval + 1.0)
@@ -173,8 +224,8 @@ class ElasticRendezvous:
             # sealer counted it and waits for its entry.
             if k <= self.node.max_nodes and (sealed is None or k <= sealed):
                 self.ticket = k
-                if hasattr(st, "hold"):  # before the descriptor: a sealed member without one has died
-                    st.hold(self._k(f"r{r}/alive{k}"))
+                if Capability.LIVENESS in capabilities_of(st):  # before the descriptor: a sealed member without one has died
+                    cast(LivenessStore, st).hold(self._k(f"r{r}/alive{k}"))
                 port = self.pick_port()
                 desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
                 st.set(self._k(f"r{r}/node{k}"), json.dumps(desc).encode())
@@ -281,6 +332,7 @@ class ElasticRendezvous:
         try:
             st = self.store.clone()
         except Exception as e:
+            log.debug("the watcher could not connect to the store", exc_info=True)
             post(MembershipChanged(f"lost the rendezvous store: {e}"))
             return
         r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
@@ -288,8 +340,8 @@ class ElasticRendezvous:
         seen, seen_at = -1, self.clock()
         self._forget(st, r)
         try:
-            if hasattr(st, "wait_change"):
-                return self._watch_held(st, rnd, post, stop, peer)
+            if Capability.LIVENESS in capabilities_of(st):
+                return self._watch_held(cast(LivenessStore, st), rnd, post, stop, peer)
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
@@ -304,23 +356,24 @@ class ElasticRendezvous:
                 elif self.clock() - seen_at > s.liveness_timeout:
                     self._neighbour_died(st, r, n, right, "stopped heartbeating")
         except Exception as e:
+            log.debug("the watcher lost the store", exc_info=True)
             if not stop.is_set():
                 post(MembershipChanged(f"lost the rendezvous store: {e}"))
         finally:
             st.close()
 
-    def _watch_held(self, st, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
+    def _watch_held(self, st: LivenessStore, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
         """Liveness from the store: block until the round changes or the neighbour's alive key vanishes."""
         r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
         right = (g + 1) % n
         alive = self._k(f"r{r}/alive{peer}") if right != g and peer else None
         while not stop.is_set():
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
-            if what == "change":
+            if what is Change.CHANGED:
                 if not stop.is_set():
                     post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
                 return
-            if what == "gone":
+            if what is Change.GONE:
                 alive = None  # judged once; a finished neighbour simply went home
                 if not st.get(self._k(f"r{r}/done{right}")):
                     self._neighbour_died(st, r, n, right, "lost its lease")
@@ -336,13 +389,13 @@ class ElasticRendezvous:
         so a long job keeps a few counters per round, not O(nodes) keys. Their `change` and `sealed`
         markers stay: a node that wakes up in an old round still learns that it ended."""
         old = [m for m in self._mine if m[0] <= r - 2]
-        if not old or not hasattr(st, "delete"):
+        if not old or Capability.DELETE not in capabilities_of(st):
             return
         self._mine = [m for m in self._mine if m[0] > r - 2]
         try:
-            st.delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
-        except Exception:
-            pass  # tidying must never disturb the job
+            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
+        except Exception:  # tidying must never disturb the job
+            log.debug("deleting old rounds' keys failed", exc_info=True)
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")

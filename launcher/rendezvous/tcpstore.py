@@ -38,6 +38,7 @@ one of ours: no request or reply frame over 64 MiB. A frame past them closes tha
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import selectors
 import socket
@@ -45,6 +46,8 @@ import struct
 import threading
 import time
 from typing import Sequence
+
+log = logging.getLogger(__name__)
 
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
  CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
@@ -463,6 +466,7 @@ class StoreServer:
         except (BlockingIOError, InterruptedError):
             pass
         except Exception:  # the peer went away, broke the protocol, or hit a bug of ours: only it goes
+            log.debug("store client dropped", exc_info=True)
             self._drop(c)
 
     def _process(self, c: _Conn) -> None:
@@ -517,6 +521,7 @@ class StoreServer:
             try:
                 self._process(c)  # requests held back while its replies piled up
             except Exception:
+                log.debug("store client dropped", exc_info=True)
                 self._drop(c)
 
     def _drop(self, c: _Conn) -> None:

@@ -250,7 +250,7 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 
 def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str, engine: str) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are built, start on a line from stdin."""
-    from launcher.config import RendezvousSettings
+    from launcher.rendezvous.settings import RendezvousSettings
     from launcher.rendezvous.api import Cause
     from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
     from launcher.rendezvous.protocol import ElasticRendezvous, Node

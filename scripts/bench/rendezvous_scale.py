@@ -52,7 +52,7 @@ NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "
 def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.Counter):
     """Connect one simulated node; return the call that joins a round -> (rank, world size)."""
     if tool == "launcher":
-        from launcher.config import RendezvousSettings
+        from launcher.rendezvous.settings import RendezvousSettings
         from launcher.rendezvous.api import Cause
         from launcher.rendezvous.c10d import TCPStoreAdapter
         from launcher.rendezvous.protocol import ElasticRendezvous, Node
