@@ -111,6 +111,9 @@ class Starter(Protocol):
     def helpers(self) -> tuple[int, ...]:
         """Pids of the starter's own long-lived processes, which worker sweeps must spare."""
 
+    def check(self) -> None:
+        """Notice, cheaply, that a helper process died (said in one line); run once per loop turn."""
+
     def close(self) -> None:
         """Stop the starter's own processes (the job is over)."""
 
@@ -126,6 +129,9 @@ class Spawner:
 
     def helpers(self) -> tuple[int, ...]:
         return ()
+
+    def check(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -63,7 +63,7 @@ def run(config: LaunchConfig) -> int:
                 sinks.append(events)
         logs = LogRouter()
         supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard, starter=starter,
-                                sinks=sinks, periodic=[notifier.tick], console=console)
+                                sinks=sinks, periodic=[notifier.tick, starter.check], console=console)
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
         with _live_view(supervisor, console) if live else nullcontext():

@@ -117,6 +117,11 @@ class Preloaded:
     def helpers(self) -> tuple[int, ...]:
         return (self.proc.pid,) if self.proc is not None and self.state is not ZygoteState.GONE else ()
 
+    def check(self) -> None:
+        """Say at once when the zygote has died, not at the next restart (one waitpid per loop turn)."""
+        if self.proc is not None and self.state is not ZygoteState.GONE and self.proc.poll() is not None:
+            self._give_up(self._death() or "the zygote exited")
+
     def close(self) -> None:
         """End the zygote: it exits when its socket closes; SIGKILL if it has not within 2 s."""
         self._sock.close()
@@ -193,7 +198,7 @@ class Preloaded:
     def _give_up(self, why: str) -> None:
         if self.state is ZygoteState.GONE:
             return
-        log.warning("preload: %s; workers are spawned instead (--preload off)", why)
+        log.warning("preload: %s; workers are spawned instead, as without --preload", why)
         self.close()
 
 
@@ -237,11 +242,22 @@ def preload(modules: Sequence[str]) -> dict:
             importlib.import_module(name)
         except BaseException as e:  # SystemExit and KeyboardInterrupt included: report, never die silently
             first = (str(e).strip().splitlines() or [""])[0]
-            return {"error": f"preload module {name!r} failed to import ({type(e).__name__}: {first})"}
-        why = unsafe_to_fork()
+            return {"error": f"module {name!r} failed to import ({type(e).__name__}: {first})"}
+        why = unsafe_to_fork() or _cuda_driver_loaded()
         if why:
-            return {"error": f"preload module {name!r} {why}"}
+            return {"error": f"module {name!r} {why}"}
     return {"seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _cuda_driver_loaded() -> str:
+    """A CUDA driver initialised without torch knowing (cuInit through another library) is as unsafe."""
+    try:
+        with open("/proc/self/maps") as f:
+            if any("libcuda.so" in line for line in f):
+                return "loaded the CUDA driver (libcuda), which a forked worker cannot use"
+    except OSError:
+        pass
+    return ""
 
 
 def unsafe_to_fork() -> str:
