@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
-from conftest import ROOT, procs_with_token, wait_gone, worker
+from conftest import ROOT, procs_with_token, wait_for, wait_gone, worker
 
 # What legitimately differs between two launches of the same job (a fresh run folder, port, ids).
 PER_LAUNCH = {"DUMP_DIR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "LAUNCHER_AGENT_ID"}
@@ -26,16 +25,6 @@ def _dump(launch, tmp_path, name: str, args: list[str], env: dict) -> dict:
         d["env"] = {k: v for k, v in d["env"].items() if k not in PER_LAUNCH}
         dumps[path.stem] = d
     return dumps
-
-
-def _wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _zygote_of(token: str) -> int | None:
@@ -73,7 +62,7 @@ def test_forked_worker_matches_a_spawned_one(launch, tmp_path, monkeypatch, omp,
 def test_zygote_killed_mid_job_falls_back_to_spawning(launch, tmp_path):
     p = launch.start("--preload", "--nproc_per_node", "2", "--max_restarts", "1", worker("held.py"),
                      env={"DUMP_DIR": str(tmp_path)})
-    _wait_for(lambda: (tmp_path / "0-0").exists() and (tmp_path / "0-1").exists(), 60, "attempt 0's workers")
+    wait_for(lambda: (tmp_path / "0-0").exists() and (tmp_path / "0-1").exists(), 60, "attempt 0's workers")
     assert all((tmp_path / f"0-{r}").read_text().endswith(" 1") for r in (0, 1)), "attempt 0 was not forked"
     zygote = _zygote_of(launch.token)
     assert zygote, "no zygote found"
@@ -101,7 +90,7 @@ def test_preload_module_that_starts_a_thread_falls_back(launch, tmp_path):
     env = {"DUMP_DIR": str(tmp_path), "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'workers'}"}
     p = launch.start("--preload_modules", "threadmod", "--nproc_per_node", "1", "--max_restarts", "0",
                      worker("held.py"), env=env)
-    _wait_for(lambda: (tmp_path / "0-0").exists(), 60, "the worker")
+    wait_for(lambda: (tmp_path / "0-0").exists(), 60, "the worker")
     (tmp_path / "go").touch()
     _, err = p.communicate(timeout=60)
     lines = [line for line in err.splitlines() if "preload:" in line]
@@ -112,7 +101,7 @@ def test_preload_module_that_starts_a_thread_falls_back(launch, tmp_path):
 
 def test_agent_sigkill_takes_the_zygote_and_forked_workers(launch, tmp_path):
     p = launch.start("--preload", "--nproc_per_node", "2", worker("held.py"), env={"DUMP_DIR": str(tmp_path)})
-    _wait_for(lambda: (tmp_path / "0-0").exists() and (tmp_path / "0-1").exists(), 60, "the workers")
+    wait_for(lambda: (tmp_path / "0-0").exists() and (tmp_path / "0-1").exists(), 60, "the workers")
     assert _zygote_of(launch.token)
     p.kill()
     p.wait(10)
