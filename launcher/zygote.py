@@ -52,7 +52,7 @@ DEFAULT_MODULES = (
 # from the zygote's in one of these is spawned, so that it gets exactly what it asked for.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO_", "KMP_", "GOMP_", "LD_", "MALLOC_", "LC_", "LANG")
 APPLIED_AT_FORK = frozenset({"PYTHONFAULTHANDLER", "PYTHONUNBUFFERED"})  # the forked worker applies these itself
-READY_TIMEOUT = 300.0  # seconds for the preload imports; past that, workers are spawned
+READY_TIMEOUT = 120.0  # seconds for the preload imports; past that, workers are spawned (a Ctrl-C waits for it)
 REPLY_TIMEOUT = 30.0  # seconds for one fork
 
 
