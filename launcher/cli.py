@@ -131,9 +131,27 @@ def command(**flags) -> None:
     also takes its dashed spelling (--nproc-per-node) and a PET_<NAME> environment default.
     """
     config = cfg.from_flags(**flags)
+    if flags.get("no_python"):
+        check_command(flags["training_script"])
     from .run import run  # the machinery loads only once the flags are good
 
     sys.exit(run(config))
+
+
+def check_command(command: str) -> None:
+    """--no_python: the command must exist and be executable, found the way the workers' exec finds it."""
+    import shutil
+
+    if shutil.which(command, path=os.environ.get("PATH", os.defpath)):
+        return
+    if "/" not in command:
+        hint = f"; for a file here, write ./{command}" if os.path.isfile(command) else ""
+        raise ConfigError(f"--no_python command {command!r} is not on PATH{hint}")
+    if not os.path.exists(command):
+        raise ConfigError(f"--no_python command {command!r} does not exist")
+    if os.path.isdir(command):
+        raise ConfigError(f"--no_python command {command!r} is a folder, not a program")
+    raise ConfigError(f"--no_python command {command!r} is not executable (chmod +x {command})")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

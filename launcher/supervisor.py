@@ -209,7 +209,10 @@ class Supervisor:
             progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
-            proc = self.spawn(worker_argv(self.config, worker), env)
+            try:
+                proc = self.spawn(worker_argv(self.config, worker), env)
+            except OSError as e:  # e.g. a --no_python command removed since the last round
+                return self._spawn_failed(worker_argv(self.config, worker)[0], e)
             if self.guard:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
@@ -230,6 +233,15 @@ class Supervisor:
         self._set_state(GroupState.RUNNING)
         self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
                   group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)
+
+    def _spawn_failed(self, program: str, error: OSError) -> None:
+        """A worker that cannot be started ends the job with that reason; restarting cannot help."""
+        self.message = f"cannot start {program}: {error.strerror or error}"
+        say(self.message)
+        if not self.members:
+            return self._set_state(GroupState.FAILED)
+        self._set_state(GroupState.RUNNING)
+        self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then="fail")
 
     def reap_workers(self) -> None:
         """Collect every worker that ended, and decide what its exit means for the group."""
