@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import wait_gone, worker
+from conftest import LAUNCHER, wait_gone, worker
 from test_supervise import all_have, finish, marks, wait_for
 
 
@@ -55,4 +55,37 @@ def test_no_python_command_that_vanishes_between_rounds_is_a_clear_failure(launc
     assert r.returncode == 3, r.stderr  # the first attempt's root cause, as for any failed job
     assert "Traceback" not in r.stderr, r.stderr
     assert f"reason: cannot start {script}" in r.stderr, r.stderr
+    assert wait_gone(launch.token) == []
+
+
+# ---------------------------------------------------------------------------- 2. one signal delivered twice
+
+
+def test_timeout_sigint_lets_the_workers_save(launch, tmp_path):
+    """coreutils `timeout` signals the launcher, then its own process group: SIGINT twice, at once."""
+    r = subprocess.run(
+        ["timeout", "-s", "INT", "--preserve-status", "3", *LAUNCHER, "--nproc_per_node", "2", "--shutdown_timeout", "20",
+         worker("signals.py")],
+        capture_output=True, text=True, timeout=30, env=launch.env({"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"}),
+    )
+    assert r.returncode == 130, r.stderr
+    assert "second SIGINT" not in r.stderr, r.stderr
+    for rank in (0, 1):
+        assert marks(tmp_path, rank) == ["ready", "SIGINT", "exit"], marks(tmp_path, rank)  # saved, then left
+    assert wait_gone(launch.token) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_same_signal_twice_in_quick_succession_counts_once(launch, tmp_path, sig):
+    p = launch.start("--nproc_per_node", "2", "--shutdown_timeout", "20", worker("signals.py"),
+                     env={"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"})
+    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p.send_signal(sig)
+    time.sleep(0.05)
+    p.send_signal(sig)
+    out, err = finish(p)
+    assert p.returncode == 128 + sig, err
+    assert "second" not in err and err.count(f"got {sig.name}") == 1, err
+    for rank in (0, 1):
+        assert marks(tmp_path, rank) == ["ready", sig.name, "exit"], marks(tmp_path, rank)
     assert wait_gone(launch.token) == []
