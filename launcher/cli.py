@@ -62,6 +62,8 @@ class GroupedCommand(click.Command):
         for name, rows in sections.items():
             with formatter.section(name):
                 formatter.write_dl(rows)
+        with formatter.section("Subcommands"):  # each has its own --help
+            formatter.write_dl(SUBCOMMAND_HELP)
 
 
 def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
@@ -174,8 +176,27 @@ SUBCOMMANDS = {"store": store}
 WORKLOADS = {("check",): "launcher.preflight", ("bench", "allreduce"): "launcher.allreduce"}
 
 
+SUBCOMMAND_HELP = [
+    ("check", "Pre-flight check of the job's ranks and fabric."),
+    ("bench allreduce", "all_reduce bus bandwidth, as nccl-tests reports it."),
+    ("store", "A c10d rendezvous store on its own, off the training nodes."),
+]
+
+
+def bench_help() -> None:
+    """`launcher bench --help`: the benchmarks there are."""
+    click.echo("Usage: launcher bench NAME [launcher flags] [-- benchmark args]\n\nBenchmarks:")
+    for name, text in SUBCOMMAND_HELP:
+        if name.startswith("bench "):
+            click.echo(f"  {name[6:]:<12}{text}")
+    click.echo("\nEach has its own help: launcher bench NAME --help")
+    sys.exit(0)
+
+
 def workload(args: list[str]) -> tuple[str, list[str]]:
     """`check ...` or `bench allreduce ...` -> (its name, the arguments of the normal launch)."""
+    if args[0] == "bench" and args[1:2] in (["-h"], ["--help"]):
+        bench_help()
     words = next((w for w in WORKLOADS if tuple(args[: len(w)]) == w), None)
     if words is None:
         raise click.UsageError("the benchmark there is: bench allreduce" + (f" (not {args[1]!r})" if args[1:] else ""))
