@@ -70,8 +70,9 @@ def run(config: LaunchConfig) -> int:
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
             say(f"job succeeded after {result.restarts} restart(s)")
-        print_summary(result, rich_ok=tty)
-    if temporary and not _has_logs(run_dir) and not result.failures:
+        kept = temporary and (_has_logs(run_dir) or bool(result.failures))
+        print_summary(result, rich_ok=tty, kept=run_dir if kept else "")
+    if temporary and not kept:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code
 
@@ -117,9 +118,16 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
     except OSError as e:  # no writable temporary folder either: every file below fails and says so
         path = os.path.join(tempfile.gettempdir(), f"launcher-{name}-{os.getpid()}")
         CONSOLE.write_err(f"cannot create a folder for logs and error files in {tempfile.gettempdir()}: {e.strerror or e}")
-    if config.log_dir:
-        say(f"logs in {path}")
+    if config.log_dir or _writes_files(config):
+        say(f"logs in {path}" + ("" if config.log_dir else " (a temporary folder; --log_dir DIR to choose)"))
     return path, True
+
+
+def _writes_files(config: LaunchConfig) -> bool:
+    """Whether --redirects, --tee or --local_ranks_filter send some worker stream to a file."""
+    from .logs import destinations
+
+    return any(destinations(config, r, s)[1] for r in range(config.nproc_per_node) for s in ("stdout", "stderr"))
 
 
 def _has_logs(run_dir: str) -> bool:

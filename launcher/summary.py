@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from .logs import CONSOLE, CONSOLE_LOCK
 from .spec import Failure, RunResult
 
@@ -27,12 +29,16 @@ def _who(f: Failure) -> str:
     return f"rank {f.worker.rank} (local rank {f.worker.local_rank}) on {f.host}, pid {f.pid}"
 
 
-def summary_lines(result: RunResult) -> list[str]:
-    """The summary as plain lines; empty when there is nothing to explain."""
+def summary_lines(result: RunResult, kept: str = "") -> list[str]:
+    """The summary as plain lines; empty when there is nothing to explain.
+
+    `kept`: the temporary folder left behind with the logs and error files, named last.
+    """
     root = result.root_cause
-    if result.exit_code == 0 or (root is None and not result.message):
+    if result.exit_code == 0 or (root is None and not result.message and not kept):
         return []
-    lines = [f"job failed (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    how = f"stopped by {signal.Signals(result.signal).name}" if result.signal else "failed"
+    lines = [f"job {how} (exit code {result.exit_code}) after {result.restarts} restart(s)"]
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
@@ -53,12 +59,14 @@ def summary_lines(result: RunResult) -> list[str]:
     stopped = [f for f in result.failures if f.collateral and f.round == (root.round if root else -1)]
     if stopped:
         lines.append("stopped by the launcher: " + ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped))
+    if kept:
+        lines.append(f"logs and error files kept in {kept}")
     return lines
 
 
-def print_summary(result: RunResult, rich_ok: bool) -> None:
+def print_summary(result: RunResult, rich_ok: bool, kept: str = "") -> None:
     """Write the summary to stderr: a rich panel on a terminal, plain lines elsewhere."""
-    lines = summary_lines(result)
+    lines = summary_lines(result, kept)
     if not lines:
         return
     if not rich_ok:
