@@ -211,6 +211,27 @@ def workload(args: list[str]) -> tuple[str, list[str]]:
     return " ".join(words), [*flags, "-m", module, *extra]
 
 
+def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
+    """`--nproc_per 2` -> `--nproc_per_node 2`: an unambiguous prefix of a long option, as torchrun's
+    argparse accepts, in either spelling; only before the script (what follows is the script's).
+    An ambiguous or unknown option is left alone, for click's error and its suggestion."""
+    params = [p for p in cmd.get_params(click.Context(cmd)) if isinstance(p, click.Option)]
+    names = {o: (p, o in p.secondary_opts) for p in params for o in p.opts + p.secondary_opts}
+    out, i = list(args), 0
+    while i < len(out) and out[i].startswith("-") and out[i] not in ("-", "--"):
+        name, eq, _ = out[i].partition("=")
+        if name.startswith("--") and name not in names:
+            key = name[2:].replace("-", "_")
+            found = {(id(p), sec): o for o, (p, sec) in names.items() if o.startswith("--") and o[2:].replace("-", "_").startswith(key)}
+            if len(found) == 1:
+                name = next(iter(found.values()))
+                out[i] = name + out[i][len(out[i].partition("=")[0]):]
+        param = names.get(name if name.startswith("--") else name[:2])
+        attached = eq or (not name.startswith("--") and len(name) > 2)
+        i += 2 if param and not param[0].is_flag and not attached else 1
+    return out
+
+
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -222,6 +243,8 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         if cmd is command and args and args[0] in ("check", "bench"):
             name, args = workload(args)
             prog_name = f"{prog_name} {name}"
+        if cmd is command:
+            args = expand_prefixes(cmd, args)
         extra = {}
         if cmd is command and slurm.in_step(os.environ):  # precedence: flag > PET_* > Slurm > default
             extra["default_map"] = {**(cmd.context_settings.get("default_map") or {}), **slurm.defaults(os.environ)}
