@@ -143,3 +143,4 @@ class Snapshot:
     round: int = 0
     restarts: int = 0
     workers: list[dict] = field(default_factory=list)
+    signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is

@@ -369,7 +369,7 @@ class Supervisor:
              "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else ""}
             for m in list(self.members)
         ]
-        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
+        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers, self.exit_signal)
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0

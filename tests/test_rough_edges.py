@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -171,3 +172,33 @@ def test_ambiguous_prefix_or_typo_is_one_line_with_a_suggestion(launch, args, hi
     r = launch.run(*args, worker("echo_args.py"))
     one_line_exit_2(r)
     assert "Did you mean" in r.stderr and hint in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------- 6. the live view after Ctrl-C
+
+
+def test_live_view_renders_a_signalled_round_as_stopped_by_the_signal():
+    from rich.console import Console
+
+    from launcher.spec import GroupState, Snapshot
+    from launcher.view import render
+
+    def shown(snap):
+        console = Console(file=io.StringIO(), width=120)
+        console.print(render(snap, lambda pid: (None, None), 0.0))
+        return console.file.getvalue()
+
+    workers = [{"rank": 0, "local_rank": 0, "pid": 1, "state": "stopped", "started": 0.0, "last_line": ""}]
+    assert "stopped by SIGINT" in shown(Snapshot(GroupState.FAILED, 0, 0, workers, signal=signal.SIGINT))
+    assert "stopping on SIGTERM" in shown(Snapshot(GroupState.STOPPING, 0, 0, workers, signal=signal.SIGTERM))
+    assert "· failed ·" in shown(Snapshot(GroupState.FAILED, 0, 0, workers))
+
+
+def test_live_table_after_ctrl_c_says_stopped_by_sigint(launch, tmp_path):
+    p = launch.start("--live", "--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path), "COLUMNS": "150"})
+    wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
+    p.send_signal(signal.SIGINT)
+    out, err = finish(p)
+    assert p.returncode == 130, err
+    final_table = err.split("got SIGINT")[-1]
+    assert "round 0 · stopped by SIGINT" in final_table and "· failed ·" not in final_table, err
