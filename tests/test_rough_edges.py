@@ -202,3 +202,31 @@ def test_live_table_after_ctrl_c_says_stopped_by_sigint(launch, tmp_path):
     assert p.returncode == 130, err
     final_table = err.split("got SIGINT")[-1]
     assert "round 0 · stopped by SIGINT" in final_table and "· failed ·" not in final_table, err
+
+
+# ---------------------------------------------------------------------------- 7. bench allreduce -b/-e
+
+
+def row_sizes(stdout: str) -> list[int]:
+    return [int(line.split()[1]) for line in stdout.splitlines() if re.match(r"\[rank0\]:\s+\d", line)]
+
+
+@pytest.mark.timeout(120)
+def test_bench_allreduce_with_only_b_and_e_doubles_the_size(launch):
+    r = launch.run("bench", "allreduce", "--nproc_per_node", "2", "--", "-b", "1K", "-e", "8K", "-w", "0", "-n", "1", timeout=100)
+    assert r.returncode == 0, r.stderr
+    assert row_sizes(r.stdout) == [1024, 2048, 4096, 8192], r.stdout
+
+
+def test_bench_allreduce_explicit_steps_are_nccl_tests_steps():
+    from launcher.allreduce import parser, plan
+
+    def planned(*argv):
+        return plan(parser().parse_args(list(argv)))
+
+    assert planned("-b", "1K", "-e", "1M") == [2**k for k in range(10, 21)]
+    assert planned("-b", "1K", "-e", "3K", "-i", "1K") == [1024, 2048, 3072]  # -i alone: add it each step
+    assert planned("-b", "1K", "-e", "8K", "-f", "4") == [1024, 4096]
+    assert planned("-b", "1K", "-e", "3M", "-f", "1") == [1024, 1024 + 2**20, 1024 + 2 * 2**20]  # nccl-tests' -i 1M
+    assert planned() == [32 * 2**20]
+    assert "factor 2" in parser().format_help()
