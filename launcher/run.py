@@ -16,7 +16,7 @@ from .errors import EXIT_OK, LauncherError
 from .logs import CONSOLE, LogRouter, say
 from .notify import Notifier
 from .rendezvous import create_rendezvous
-from .summary import print_summary
+from .summary import copy_root_cause, print_summary
 from .supervisor import Supervisor
 
 
@@ -72,6 +72,9 @@ def run(config: LaunchConfig) -> int:
             say(f"job succeeded after {result.restarts} restart(s)")
         kept = temporary and (_has_logs(run_dir) or bool(result.failures))
         print_summary(result, rich_ok=tty, kept=run_dir if kept else "")
+        problem = copy_root_cause(result, os.environ.get("TORCHELASTIC_ERROR_FILE"))
+        if problem:
+            CONSOLE.write_err(problem)
     if temporary and not kept:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code

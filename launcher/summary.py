@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 from .logs import CONSOLE, CONSOLE_LOCK
@@ -23,6 +24,29 @@ def read_error_file(path: str | None) -> tuple[str, str]:
         return str(msg.get("message", "")), str(msg.get("extraInfo", {}).get("py_callstack", ""))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return "", ""
+
+
+def copy_root_cause(result: RunResult, dest: str | None) -> str:
+    """torchrun's `dump_error_file`: the root cause's error file, its exit code as `errorCode`,
+    into the launcher's own $TORCHELASTIC_ERROR_FILE (what a scheduler that wraps it reads).
+    Nothing without a root-cause error file; returns a one-line problem, or ""."""
+    root = result.root_cause
+    if not dest or root is None or not root.error_file:
+        return ""
+    import json
+
+    try:
+        with open(root.error_file) as f:
+            data = json.load(f)
+        if root.exit.returncode and isinstance(data.get("message"), dict):
+            data["message"]["errorCode"] = root.exit.returncode
+        if os.path.isfile(dest):
+            os.remove(dest)
+        with open(dest, "w") as f:
+            json.dump(data, f)
+    except (OSError, ValueError, AttributeError) as e:
+        return f"cannot copy the root cause's error file to TORCHELASTIC_ERROR_FILE={dest}: {getattr(e, 'strerror', None) or e}"
+    return ""
 
 
 def _who(f: Failure) -> str:
