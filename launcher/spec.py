@@ -65,7 +65,6 @@ TRANSITIONS: Mapping[GroupState, frozenset[GroupState]] = {
 }
 
 SIGNAL_HINTS = {
-    signal.SIGKILL: "out of memory? (check dmesg for the OOM killer)",
     signal.SIGSEGV: "segmentation fault in native code",
     signal.SIGBUS: "bus error: shared memory (/dev/shm) too small?",
     signal.SIGABRT: "aborted: a C++ exception or an assertion in native code",

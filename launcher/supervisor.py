@@ -25,6 +25,7 @@ from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
 from .logs import CONSOLE, LogRouter, Stream, destinations, prefix_for, say
+from .oom import oom_kills, oom_reason
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
@@ -103,6 +104,7 @@ class Supervisor:
         self.stop: _Stop | None = None
         self.exit_signal: int | None = None
         self.message = ""
+        self._oom_kills: int | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -198,6 +200,7 @@ class Supervisor:
             say(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
                 f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
+        self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
         for worker in workers_of(rnd, self.config.nproc_per_node):
             folder = os.path.join(attempt, str(worker.local_rank))
@@ -408,7 +411,8 @@ class Supervisor:
             host=self.host,
             round=self.round.round if self.round else 0,
             collateral=m.signalled and not m.hung,
-            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else "",
+            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else
+            oom_reason(m.proc.pid, self._oom_kills, m.started) if ex.signal == signal.SIGKILL and not m.signalled else "",
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )

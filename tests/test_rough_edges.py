@@ -322,3 +322,73 @@ def test_an_unwritable_launcher_error_file_is_one_line_and_keeps_the_exit_code(l
     assert r.returncode == 1, r.stderr
     assert "launcher/run.py" not in r.stderr and "FileNotFoundError" not in r.stderr, r.stderr  # no traceback of ours
     assert sum(f"TORCHELASTIC_ERROR_FILE={dest}" in line for line in r.stderr.splitlines()) == 1, r.stderr
+
+
+# ---------------------------------------------------------------------------- 11. SIGKILL is not always the OOM killer
+
+
+def test_sigkill_from_outside_is_not_called_out_of_memory(launch):
+    r = launch.run("--nproc_per_node", "2", worker("kill_self.py"))
+    assert r.returncode == 1, r.stderr
+    root = next(line for line in r.stderr.splitlines() if "root cause:" in line)
+    assert "killed by SIGKILL" in root and "memory" not in root.lower(), root
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_oom_kill_count_is_read_from_the_cgroup(tmp_path, version):
+    from launcher.oom import oom_kills
+
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "sys"
+    if version == 2:
+        proc.write_text("0::/job/step\n")
+        (root / "job" / "step").mkdir(parents=True)
+        (root / "job" / "step" / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n")
+    else:
+        proc.write_text("5:devices:/\n4:memory:/job/step\n0::/\n")
+        (root / "memory" / "job" / "step").mkdir(parents=True)
+        (root / "memory" / "job" / "step" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert oom_kills(str(proc), str(root)) == 2
+    assert oom_kills(str(tmp_path / "missing"), str(root)) is None
+    assert isinstance(oom_kills(), (int, type(None)))  # this machine's own, whatever it has
+
+
+def memory_cgroup_of_our_own():
+    """A child cgroup v2 with the memory controller, under ours; None where none can be made."""
+    try:
+        ours = open("/proc/self/cgroup").read().split("0::", 1)[1].split("\n")[0]
+    except (OSError, IndexError):
+        return None
+    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        parent = mount + ours.rstrip("/")
+        try:
+            if "memory" not in open(parent + "/cgroup.subtree_control").read().split():
+                continue
+            child = f"{parent}/launcher-oom-{os.getpid()}"
+            os.mkdir(child)
+            return child
+        except OSError:
+            continue
+    return None
+
+
+OOM_WORKER = "import os, time\nif os.environ['RANK'] == '0':\n    b = bytearray(1 << 30)\ntime.sleep(30)\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_real_oom_kill_is_called_out_of_memory(launch, tmp_path):
+    child = memory_cgroup_of_our_own()
+    if child is None:
+        pytest.skip("no cgroup v2 with the memory controller delegated here to make a small one")
+    try:
+        open(f"{child}/memory.max", "w").write(str(200 << 20))
+        open(f"{child}/memory.swap.max", "w").write("0")
+        script = tmp_path / "hog.py"
+        script.write_text(OOM_WORKER)
+        r = subprocess.run(["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh", *LAUNCHER, "--nproc_per_node", "2",
+                            str(script)], capture_output=True, text=True, timeout=50, env=launch.env())
+        root = next(line for line in r.stderr.splitlines() if "root cause:" in line)
+        assert "killed by SIGKILL" in root and "out of memory" in root, r.stderr
+    finally:
+        assert wait_gone(launch.token) == []
+        os.rmdir(child)
