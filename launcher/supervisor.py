@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from . import process
 from .config import LaunchConfig
+from .bootstrap import BootstrapStore
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
 from .logs import CONSOLE, LogRouter, Stream, destinations, prefix_for, say
@@ -105,6 +106,7 @@ class Supervisor:
         self.exit_signal: int | None = None
         self.message = ""
         self._oom_kills: int | None = None
+        self.bootstrap = BootstrapStore(self.environ)  # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -134,8 +136,11 @@ class Supervisor:
         so that a signal arriving while the last lines are flushed is a no-op, not a crash.
         """
         self.begin_round(Cause.START)
-        while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
-            self.step()
+        try:
+            while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
+                self.step()
+        finally:
+            self.bootstrap.close()
         return self.result()
 
     def step(self, timeout: float | None = None) -> None:
@@ -194,6 +199,9 @@ class Supervisor:
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
     def spawn_workers(self, rnd: Round) -> None:
+        rnd, problem = self.bootstrap.open(rnd)
+        if problem:
+            say(problem)
         previous, self.round = self.round, rnd
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
@@ -297,6 +305,7 @@ class Supervisor:
                 self.signal_workers(signal.SIGKILL)
             return
         self.sweep(graceful=False)
+        self.bootstrap.close()  # before the next round: no worker may meet this round's keys
         then, self.stop = self.stop.then, None
         if then == "restart":
             self.begin_round(Cause.FAILURE)
