@@ -402,8 +402,12 @@ def worker_lines(stdout: str) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_every_rank_a_store_client_works_and_each_round_has_a_fresh_store(launch):
-    r = launch.run("--nproc_per_node", "2", "--max_restarts", "1", worker("agent_store.py"),
+@pytest.mark.parametrize("backend", ["standalone", "static"])
+def test_every_rank_a_store_client_works_and_each_round_has_a_fresh_store(launch, backend):
+    from launcher.process import free_port
+
+    same_port = ["--rdzv_backend", "static", "--master_port", str(free_port())] if backend == "static" else []
+    r = launch.run(*same_port, "--nproc_per_node", "2", "--max_restarts", "1", worker("agent_store.py"),
                    env={"MODE": "client", "FAIL_RANK": "1", "STORE_TIMEOUT": "15"}, timeout=100)
     assert r.returncode == 0, r.stderr
     assert worker_lines(r.stdout) == [f"rank={k} round={n} sum=3 agent_store=True stale=False" for k in (0, 1) for n in (0, 1)]
