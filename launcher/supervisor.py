@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import process
-from .config import LaunchConfig
 from .bootstrap import BootstrapStore
+from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
 from .logs import CONSOLE, LogRouter, Stream, destinations, prefix_for, say

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import stat
 import subprocess
 import time
 
