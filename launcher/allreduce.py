@@ -4,7 +4,7 @@
     python -m launcher --nproc_per_node 2 -m launcher.allreduce -b 1K -e 16M -f 4   # the same
 
 Sizes go from -b to -e (bytes; 8, 1K, 64M, 1G: K/M/G are powers of 1024), times -f each step
-(or plus -i when -f is 1). For each size and each placement (out-of-place: separate send and
+(or plus -i when -f is 1); with neither -f nor -i, times 2 (nccl-tests would add 1M, one row for -b 1K -e 1M). For each size and each placement (out-of-place: separate send and
 receive buffers; in-place: one buffer) it runs -w untimed iterations, a barrier, then -n timed
 iterations back to back; time = wall time / n, averaged over the ranks (nccl-tests' `-a 1`).
   algbw = size / time   (GB/s, 1 GB = 1e9 bytes)
@@ -66,13 +66,20 @@ def sizes(minbytes: int, maxbytes: int, factor: float, step: int) -> list[int]:
     return out
 
 
+def plan(args: argparse.Namespace) -> list[int]:
+    """The sizes to run: -f and -i as in nccl-tests; with only -b/-e, a factor of 2 (not one row)."""
+    factor = args.stepfactor if args.stepfactor is not None else (1 if args.stepbytes is not None else 2)
+    return sizes(args.minbytes, args.maxbytes, factor, args.stepbytes or parse_size("1M"))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(usage="python -m launcher bench allreduce [launcher flags] [-- options]",
                                 description="all_reduce bandwidth, nccl-tests style (rank 0 prints the table).")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"), help="smallest size (default 32M)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size (default 32M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=1, help="multiply the size by this each step")
-    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"), help="add this each step when -f is 1")
+    p.add_argument("-f", "--stepfactor", type=float, default=None,
+                   help="multiply the size by this each step (default: factor 2 unless -i is given)")
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=None, help="add this each step when -f is 1 (default 1M)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations per size (default 5)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-d", "--datatype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
               f"  {'time':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
         print(f"# {'(B)':>10} {'(elements)':>12} {'':>8}  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"
               f"  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}", flush=True)
-    for size in sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes):
+    for size in plan(args):
         count = size // elem
         if count == 0:
             continue

@@ -62,6 +62,8 @@ class GroupedCommand(click.Command):
         for name, rows in sections.items():
             with formatter.section(name):
                 formatter.write_dl(rows)
+        with formatter.section("Subcommands"):  # each has its own --help
+            formatter.write_dl(SUBCOMMAND_HELP)
 
 
 def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
@@ -138,9 +140,27 @@ def command(**flags) -> None:
     also takes its dashed spelling (--nproc-per-node) and a PET_<NAME> environment default.
     """
     config = cfg.from_flags(**flags)
+    if flags.get("no_python"):
+        check_command(flags["training_script"])
     from .run import run  # the machinery loads only once the flags are good
 
     sys.exit(run(config))
+
+
+def check_command(command: str) -> None:
+    """--no_python: the command must exist and be executable, found the way the workers' exec finds it."""
+    import shutil
+
+    if shutil.which(command, path=os.environ.get("PATH", os.defpath)):
+        return
+    if "/" not in command:
+        hint = f"; for a file here, write ./{command}" if os.path.isfile(command) else ""
+        raise ConfigError(f"--no_python command {command!r} is not on PATH{hint}")
+    if not os.path.exists(command):
+        raise ConfigError(f"--no_python command {command!r} does not exist")
+    if os.path.isdir(command):
+        raise ConfigError(f"--no_python command {command!r} is a folder, not a program")
+    raise ConfigError(f"--no_python command {command!r} is not executable (chmod +x {command})")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -163,8 +183,27 @@ SUBCOMMANDS = {"store": store}
 WORKLOADS = {("check",): "launcher.preflight", ("bench", "allreduce"): "launcher.allreduce"}
 
 
+SUBCOMMAND_HELP = [
+    ("check", "Pre-flight check of the job's ranks and fabric."),
+    ("bench allreduce", "all_reduce bus bandwidth, as nccl-tests reports it."),
+    ("store", "A c10d rendezvous store on its own, off the training nodes."),
+]
+
+
+def bench_help() -> None:
+    """`launcher bench --help`: the benchmarks there are."""
+    click.echo("Usage: launcher bench NAME [launcher flags] [-- benchmark args]\n\nBenchmarks:")
+    for name, text in SUBCOMMAND_HELP:
+        if name.startswith("bench "):
+            click.echo(f"  {name[6:]:<12}{text}")
+    click.echo("\nEach has its own help: launcher bench NAME --help")
+    sys.exit(0)
+
+
 def workload(args: list[str]) -> tuple[str, list[str]]:
     """`check ...` or `bench allreduce ...` -> (its name, the arguments of the normal launch)."""
+    if args[0] == "bench" and args[1:2] in (["-h"], ["--help"]):
+        bench_help()
     words = next((w for w in WORKLOADS if tuple(args[: len(w)]) == w), None)
     if words is None:
         raise click.UsageError("the benchmark there is: bench allreduce" + (f" (not {args[1]!r})" if args[1:] else ""))
@@ -179,6 +218,27 @@ def workload(args: list[str]) -> tuple[str, list[str]]:
     return " ".join(words), [*flags, "-m", module, *extra]
 
 
+def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
+    """`--nproc_per 2` -> `--nproc_per_node 2`: an unambiguous prefix of a long option, as torchrun's
+    argparse accepts, in either spelling; only before the script (what follows is the script's).
+    An ambiguous or unknown option is left alone, for click's error and its suggestion."""
+    params = [p for p in cmd.get_params(click.Context(cmd)) if isinstance(p, click.Option)]
+    names = {o: (p, o in p.secondary_opts) for p in params for o in p.opts + p.secondary_opts}
+    out, i = list(args), 0
+    while i < len(out) and out[i].startswith("-") and out[i] not in ("-", "--"):
+        name, eq, _ = out[i].partition("=")
+        if name.startswith("--") and name not in names:
+            key = name[2:].replace("-", "_")
+            found = {(id(p), sec): o for o, (p, sec) in names.items() if o.startswith("--") and o[2:].replace("-", "_").startswith(key)}
+            if len(found) == 1:
+                name = next(iter(found.values()))
+                out[i] = name + out[i][len(out[i].partition("=")[0]):]
+        param = names.get(name if name.startswith("--") else name[:2])
+        attached = eq or (not name.startswith("--") and len(name) > 2)
+        i += 2 if param and not param[0].is_flag and not attached else 1
+    return out
+
+
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -190,6 +250,8 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         if cmd is command and args and args[0] in ("check", "bench"):
             name, args = workload(args)
             prog_name = f"{prog_name} {name}"
+        if cmd is command:
+            args = expand_prefixes(cmd, args)
         extra = {}
         if cmd is command and slurm.in_step(os.environ):  # precedence: flag > PET_* > Slurm > default
             extra["default_map"] = {**(cmd.context_settings.get("default_map") or {}), **slurm.defaults(os.environ)}

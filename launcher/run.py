@@ -21,7 +21,7 @@ from .errors import EXIT_OK, LauncherError
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
-from .summary import summary_lines
+from .summary import copy_root_cause, summary_lines
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,12 @@ def run(config: LaunchConfig) -> int:
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
             log.info(f"job succeeded after {result.restarts} restart(s)")
-        print_summary(result, rich_ok=tty)
-    if temporary and not _has_logs(run_dir) and not result.failures:
+        kept = temporary and (_has_logs(run_dir) or bool(result.failures))
+        print_summary(result, rich_ok=tty, kept=run_dir if kept else "")
+        problem = copy_root_cause(result, os.environ.get("TORCHELASTIC_ERROR_FILE"))
+        if problem:
+            log.warning(problem)
+    if temporary and not kept:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code
 
@@ -117,9 +121,10 @@ class _live_view:
         self.console.stdout, self.console.stderr = self.saved
 
 
-def print_summary(result, rich_ok: bool) -> None:
-    """The failure summary on stderr: a rich panel on a terminal, plain `launcher:` lines elsewhere."""
-    lines = summary_lines(result)
+def print_summary(result, rich_ok: bool, kept: str = "") -> None:
+    """The failure summary on stderr: a rich panel on a terminal, plain `launcher:` lines elsewhere;
+    `kept` names the temporary folder a failed or interrupted run keeps."""
+    lines = summary_lines(result, kept)
     if not lines:
         return
     if not rich_ok:
@@ -152,9 +157,16 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
     except OSError as e:  # no writable temporary folder either: every file below fails and says so
         path = os.path.join(tempfile.gettempdir(), f"launcher-{name}-{os.getpid()}")
         log.warning(f"cannot create a folder for logs and error files in {tempfile.gettempdir()}: {e.strerror or e}")
-    if config.log_dir:
-        log.info(f"logs in {path}")
+    if config.log_dir or _writes_files(config):
+        log.info(f"logs in {path}" + ("" if config.log_dir else " (a temporary folder; --log_dir DIR to choose)"))
     return path, True
+
+
+def _writes_files(config: LaunchConfig) -> bool:
+    """Whether --redirects, --tee or --local_ranks_filter send some worker stream to a file."""
+    from .logs import destinations
+
+    return any(destinations(config, r, s)[1] for r in range(config.nproc_per_node) for s in ("stdout", "stderr"))
 
 
 def _has_logs(run_dir: str) -> bool:

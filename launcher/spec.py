@@ -65,7 +65,6 @@ TRANSITIONS: Mapping[GroupState, frozenset[GroupState]] = {
 }
 
 SIGNAL_HINTS = {
-    signal.SIGKILL: "out of memory? (check dmesg for the OOM killer)",
     signal.SIGSEGV: "segmentation fault in native code",
     signal.SIGBUS: "bus error: shared memory (/dev/shm) too small?",
     signal.SIGABRT: "aborted: a C++ exception or an assertion in native code",
@@ -143,3 +142,4 @@ class Snapshot:
     round: int = 0
     restarts: int = 0
     workers: list[dict] = field(default_factory=list)
+    signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 from .spec import Failure, RunResult
 
 
@@ -22,16 +25,43 @@ def read_error_file(path: str | None) -> tuple[str, str]:
         return "", ""
 
 
+def copy_root_cause(result: RunResult, dest: str | None) -> str:
+    """torchrun's `dump_error_file`: the root cause's error file, its exit code as `errorCode`,
+    into the launcher's own $TORCHELASTIC_ERROR_FILE (what a scheduler that wraps it reads).
+    Nothing without a root-cause error file; returns a one-line problem, or ""."""
+    root = result.root_cause
+    if not dest or root is None or not root.error_file:
+        return ""
+    import json
+
+    try:
+        with open(root.error_file) as f:
+            data = json.load(f)
+        if root.exit.returncode and isinstance(data.get("message"), dict):
+            data["message"]["errorCode"] = root.exit.returncode
+        if os.path.isfile(dest):
+            os.remove(dest)
+        with open(dest, "w") as f:
+            json.dump(data, f)
+    except (OSError, ValueError, AttributeError) as e:
+        return f"cannot copy the root cause's error file to TORCHELASTIC_ERROR_FILE={dest}: {getattr(e, 'strerror', None) or e}"
+    return ""
+
+
 def _who(f: Failure) -> str:
     return f"rank {f.worker.rank} (local rank {f.worker.local_rank}) on {f.host}, pid {f.pid}"
 
 
-def summary_lines(result: RunResult) -> list[str]:
-    """The summary as plain lines; empty when there is nothing to explain."""
+def summary_lines(result: RunResult, kept: str = "") -> list[str]:
+    """The summary as plain lines; empty when there is nothing to explain.
+
+    `kept`: the temporary folder left behind with the logs and error files, named last.
+    """
     root = result.root_cause
-    if result.exit_code == 0 or (root is None and not result.message):
+    if result.exit_code == 0 or (root is None and not result.message and not kept):
         return []
-    lines = [f"job failed (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    how = f"stopped by {signal.Signals(result.signal).name}" if result.signal else "failed"
+    lines = [f"job {how} (exit code {result.exit_code}) after {result.restarts} restart(s)"]
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
@@ -52,5 +82,7 @@ def summary_lines(result: RunResult) -> list[str]:
     stopped = [f for f in result.failures if f.collateral and f.round == (root.round if root else -1)]
     if stopped:
         lines.append("stopped by the launcher: " + ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped))
+    if kept:
+        lines.append(f"logs and error files kept in {kept}")
     return lines
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import net, process
+from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
+from .oom import oom_kills, oom_reason
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
@@ -67,6 +69,7 @@ class Then(enum.Enum):
     RESTART = "restart"  # a worker failed: a new round, charged to the restart budget
     MEMBERSHIP = "membership"  # another node joined, left or died: a new round, free of charge
     SIGNAL = "signal"  # the launcher was told to stop: the group ends FAILED with 128+N
+    FAIL = "fail"  # a worker cannot be started (its command vanished): the group ends FAILED
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Supervisor:
         self.stop: _Stop | None = None
         self.exit_signal: int | None = None
         self.message = ""
+        self._oom_kills: int | None = None
+        self.bootstrap = BootstrapStore(self.environ)  # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -145,8 +150,11 @@ class Supervisor:
         so that a signal arriving while the last lines are flushed is a no-op, not a crash.
         """
         self.begin_round(Cause.START)
-        while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
-            self.step()
+        try:
+            while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
+                self.step()
+        finally:
+            self.bootstrap.close()
         return self.result()
 
     def step(self, timeout: float | None = None) -> None:
@@ -205,12 +213,16 @@ class Supervisor:
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
     def spawn_workers(self, rnd: Round) -> None:
+        rnd, problem = self.bootstrap.open(rnd)
+        if problem:
+            log.warning(problem)
         previous, self.round = self.round, rnd
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
             log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
                 f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
+        self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
         for worker in workers_of(rnd, self.config.nproc_per_node):
             folder = os.path.join(attempt, str(worker.local_rank))
@@ -222,7 +234,10 @@ class Supervisor:
             progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
-            proc = self.starter.start(worker_argv(self.config, worker), env)
+            try:
+                proc = self.starter.start(worker_argv(self.config, worker), env)
+            except OSError as e:  # e.g. a --no_python command removed since the last round
+                return self._spawn_failed(worker_argv(self.config, worker)[0], e)
             if self.guard:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
@@ -244,6 +259,15 @@ class Supervisor:
         self._set_state(GroupState.RUNNING)
         self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
                   group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)
+
+    def _spawn_failed(self, program: str, error: OSError) -> None:
+        """A worker that cannot be started ends the job with that reason; restarting cannot help."""
+        self.message = f"cannot start {program}: {error.strerror or error}"
+        log.error(self.message)
+        if not self.members:
+            return self._set_state(GroupState.FAILED)
+        self._set_state(GroupState.RUNNING)
+        self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.FAIL)
 
     def reap_workers(self) -> None:
         """Collect every worker that ended, and decide what its exit means for the group."""
@@ -296,6 +320,7 @@ class Supervisor:
                 self.signal_workers(signal.SIGKILL)
             return
         self.sweep(graceful=False)
+        self.bootstrap.close()  # before the next round: no worker may meet this round's keys
         then, self.stop = self.stop.then, None
         if then is Then.RESTART:
             self.begin_round(Cause.FAILURE)
@@ -371,7 +396,7 @@ class Supervisor:
              "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else ""}
             for m in list(self.members)
         ]
-        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
+        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers, self.exit_signal)
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
@@ -410,7 +435,8 @@ class Supervisor:
             host=self.host,
             round=self.round.round if self.round else 0,
             collateral=m.signalled and not m.hung,
-            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else "",
+            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else
+            oom_reason(m.proc.pid, self._oom_kills, m.started) if ex.signal == signal.SIGKILL and not m.signalled else "",
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )

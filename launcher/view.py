@@ -7,6 +7,7 @@ plain lines instead and this module is not loaded.
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import IO, Callable
 
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .logs import CONSOLE_LOCK
-from .spec import Snapshot
+from .spec import GroupState, Snapshot
 
 STATE_STYLE = {"running": "green", "succeeded": "cyan", "failed": "bold red", "stopped": "yellow"}
 
@@ -47,9 +48,17 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def _state(snap: Snapshot) -> str:
+    """The group's state; a job ended by a signal was stopped by it, it did not fail."""
+    if snap.signal is None or snap.state not in (GroupState.STOPPING, GroupState.FAILED):
+        return snap.state.value
+    name = signal.Signals(snap.signal).name
+    return f"stopping on {name}" if snap.state is GroupState.STOPPING else f"stopped by {name}"
+
+
 def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None]], now: float) -> Table:
     """The table for one snapshot (pure but for `stats`): tests render it into a file console."""
-    title = f"round {snap.round} · {snap.state.value} · {snap.restarts} restart(s)"
+    title = f"round {snap.round} · {_state(snap)} · {snap.restarts} restart(s)"
     table = Table(title=title, title_justify="left", expand=True, header_style="bold")
     for name, kw in (("rank", {"justify": "right"}), ("pid", {"justify": "right"}), ("state", {}),
                      ("cpu %", {"justify": "right"}), ("rss", {"justify": "right"}), ("restarts", {"justify": "right"}),

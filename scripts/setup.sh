@@ -8,14 +8,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+# The editable install only changes when the packaging does: a stamp of setup.cfg, pyproject.toml,
+# this checkout's path and the extras lets a second run (demo.sh's) skip pip's ~5 s.
+extras=$([ "${1:-}" = "--test" ] && echo '[test]' || true)
+stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)" $PWD ."
+installed=$(cat .venv/.launcher-installed 2>/dev/null || true)
+if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; then  # [test] covers both
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+    fi
+    .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
+    echo "$stamp$extras" > .venv/.launcher-installed
 fi
-if [ "${1:-}" != "--test" ]; then
-    .venv/bin/pip install -q --disable-pip-version-check -e .
-    exit 0
-fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+[ "${1:-}" = "--test" ] || exit 0
 
 missing=""
 for p in etcd:etcd-server slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge \

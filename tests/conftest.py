@@ -294,6 +294,18 @@ def infos(out: str) -> list[dict]:
     return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in out.splitlines() if " info " in line]
 
 
+def marks(mark_dir, rank: int) -> list[str]:
+    """The words tests/workers/signals.py noted for `rank` in `mark_dir`."""
+    try:
+        return (mark_dir / str(rank)).read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+def all_have(mark_dir, word: str, ranks=(0, 1)):
+    return lambda: all(word in marks(mark_dir, r) for r in ranks)
+
+
 def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
     """Poll `predicate` until true; on timeout fail with `what` (and the launcher's output if it ended)."""
     deadline = time.monotonic() + timeout

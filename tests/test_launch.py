@@ -121,9 +121,8 @@ def _dump(cmd: list[str], dump_dir, env) -> dict[int, dict]:
 
 
 # What may differ, and why: ports and ids are fresh per run; the error-file folder has our name;
-# MASTER_ADDR is loopback on one node (torchrun uses the FQDN, which needs working DNS); workers'
-# rank 0 hosts the bootstrap store (USE_AGENT_STORE False), which gives every restart a fresh store.
-INTENDED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE", "_"}
+# MASTER_ADDR is loopback on one node (torchrun uses the FQDN, which needs working DNS).
+INTENDED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "_"}
 OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND"}
 
 
@@ -140,7 +139,7 @@ def test_environment_matches_torchrun(launch, tmp_path):
         assert set(t) - set(o) == set()
         for key in set(t) - INTENDED - {"DUMP_DIR"}:
             assert o[key] == t[key], key
-        assert o["TORCHELASTIC_USE_AGENT_STORE"] == "False" and t["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert o["TORCHELASTIC_USE_AGENT_STORE"] == t["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the agent serves it
         assert o["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
         assert o["MASTER_ADDR"] == "127.0.0.1" and o["MASTER_PORT"].isdigit()
         assert theirs[rank]["argv"] == ours[rank]["argv"] == ["a", "--b"]

@@ -12,22 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import procs_with_token, wait_for, wait_gone, worker
+from conftest import all_have, marks, procs_with_token, wait_for, wait_gone, worker
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def marks(mark_dir: Path, rank: int) -> list[str]:
-    """The words signals.py noted for `rank`."""
-    try:
-        return (mark_dir / str(rank)).read_text().split()
-    except FileNotFoundError:
-        return []
-
-
-def all_have(mark_dir: Path, word: str, ranks=(0, 1)):
-    return lambda: all(word in marks(mark_dir, r) for r in ranks)
 
 
 def signal_workers(launch, mark_dir: Path, *flags: str, **env: str):
@@ -77,7 +65,7 @@ def test_worker_killed_by_sigkill(launch):
     r = launch.run("--nproc_per_node", "2", worker("kill_self.py"), timeout=60)
     assert r.returncode == 1, r.stderr
     root = next(l for l in r.stderr.splitlines() if "root cause:" in l)
-    assert "rank 0" in root and "killed by SIGKILL" in root and "out of memory" in root, root
+    assert "rank 0" in root and "killed by SIGKILL" in root and "out of memory" not in root, root  # only the OOM killer is OOM
     assert "stopped by the launcher: rank 1" in r.stderr
 
 
@@ -140,11 +128,13 @@ def test_second_sigint_kills_at_once(launch, tmp_path):
     events = tmp_path / "events.jsonl"
     p = signal_workers(launch, tmp_path, "--shutdown_timeout", "60", "--events_file", str(events), IGNORE="SIGINT,SIGTERM")
     p.send_signal(signal.SIGINT)
+    first = time.monotonic()
     wait_for(all_have(tmp_path, "SIGINT"), what="workers to get the first SIGINT", proc=p)
     stopping = {"event": "stopping", "reason": "signal", "signal": "SIGINT", "grace": 60.0}
     wait_for(lambda: any(stopping.items() <= json.loads(l).items() for l in events.read_text().splitlines()),
              what="the graceful stop to begin", proc=p)
     assert p.poll() is None  # the graceful stop waits out its 60 s: the workers ignore SIGINT
+    time.sleep(max(0.0, 0.6 - (time.monotonic() - first)))  # past the 0.5 s window that folds a repeat into one
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)

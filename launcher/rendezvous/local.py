@@ -1,8 +1,8 @@
 """Rendezvous without a store: one node (`local`) or fixed ranks given on the command line (`static`).
 
 Nothing is exchanged between nodes, so nothing can be lost: every round is decided here. The
-worker with global rank 0 hosts the bootstrap store (TORCHELASTIC_USE_AGENT_STORE=False), so a
-restart always meets a fresh store instead of the last attempt's keys (pytorch#135712).
+agent of group rank 0 serves a fresh bootstrap store every round (`bootstrap.py`), so a restart
+never meets the last attempt's keys (pytorch#135712).
 """
 
 from __future__ import annotations
