@@ -221,6 +221,9 @@ class Supervisor:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
             log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
                 f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
+        # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
+        # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
+        self.rendezvous.watch(rnd, self.post)
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
@@ -255,7 +258,6 @@ class Supervisor:
                                        progress_file=progress_file))
             self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round,
                       forked=proc.forked)
-        self.rendezvous.watch(rnd, self.post)
         self._set_state(GroupState.RUNNING)
         self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
                   group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)

@@ -162,6 +162,16 @@ def test_every_worker_succeeds(tmp_path):
     assert summary_lines(result) == []
 
 
+def test_the_round_is_watched_before_its_workers_start(tmp_path):
+    """Starting workers may wait (a zygote still importing): peers must keep seeing this node alive."""
+    rig = Rig(tmp_path, nproc=2)
+    seen: list[list[int]] = []
+    spawn = rig.spawn.__call__
+    rig.sup.starter = process.Spawner(lambda argv, env: seen.append(list(rig.rdzv.watched)) or spawn(argv, env))
+    rig.start()
+    assert seen == [[0], [0]]
+
+
 def test_a_failure_stops_the_group_and_restarts_it(tmp_path):
     rig = Rig(tmp_path, nproc=2, max_restarts=1)
     rig.start()
