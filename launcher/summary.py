@@ -29,13 +29,20 @@ def _who(f: Failure) -> str:
 def summary_lines(result: RunResult) -> list[str]:
     """The summary as plain lines; empty when there is nothing to explain."""
     root = result.root_cause
-    if result.exit_code == 0 or (root is None and not result.message):
+    if result.exit_code == 0 or (root is None and not result.message and not result.verdict):
         return []
     lines = [f"job failed (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    v = result.verdict
+    if v:  # the job's root cause, on another node: first, whatever happened here
+        lines.append(f"root cause (remote, node {v.node}): {v.describe()}")
+        if v.error:
+            lines.append(f"  error: {v.error}")
+        if v.log:
+            lines.append(f"  log: {v.log} (on {v.host})")
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
-        lines.append(f"root cause: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
+        lines.append(f"{'also failed here' if v else 'root cause'}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
         message, trace = read_error_file(root.error_file)
         if message:
             lines.append(f"  error: {message}")

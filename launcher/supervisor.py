@@ -25,11 +25,12 @@ from typing import Callable, Sequence
 from . import net, process
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
-from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
+from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
+from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
+from .summary import read_error_file
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class Supervisor:
         self.stop: _Stop | None = None
         self.exit_signal: int | None = None
         self.message = ""
+        self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -181,22 +183,27 @@ class Supervisor:
             self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
             self.message = str(event.error)
+            if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
+                self.verdict = event.error.verdict
             self._set_state(GroupState.FAILED)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
-            log.info(f"membership changed ({event.reason}); re-forming the job")
+            if event.closed:
+                log.info(f"the job was closed ({event.reason}); stopping the workers")
+            else:
+                log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
 
     # ------------------------------------------------------------------ verbs
 
-    def begin_round(self, cause: Cause) -> None:
+    def begin_round(self, cause: Cause, verdict: Verdict | None = None) -> None:
         """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
         self._set_state(GroupState.RENDEZVOUS)
         self.emit("rendezvous", cause=cause.value)
 
         def ask() -> None:
             try:
-                self.post(RoundReady(self.rendezvous.next_round(cause)))
+                self.post(RoundReady(self.rendezvous.next_round(cause, verdict)))
             except RendezvousError as e:
                 self.post(RoundFailed(e))
             except Exception as e:  # a backend bug must end the job with a message, never hang it
@@ -298,7 +305,7 @@ class Supervisor:
         self.sweep(graceful=False)
         then, self.stop = self.stop.then, None
         if then is Then.RESTART:
-            self.begin_round(Cause.FAILURE)
+            self.begin_round(Cause.FAILURE, self._verdict())
         elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
         else:
@@ -381,10 +388,9 @@ class Supervisor:
             code = exit_code_for_signal(self.exit_signal)
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-            code = EXIT_WORKERS_FAILED
-            if root and root.exit.signal is None and 1 <= root.exit.returncode <= 125:
-                code = root.exit.returncode
-        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message)
+            returncode = self.verdict.returncode if self.verdict else root.exit.returncode if root else 0
+            code = returncode if 1 <= returncode <= 125 else EXIT_WORKERS_FAILED
+        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message, self.verdict)
 
     # ------------------------------------------------------------------ helpers
 
@@ -414,6 +420,16 @@ class Supervisor:
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )
+
+    def _verdict(self) -> Verdict | None:
+        """This node's root cause, as the rendezvous publishes it should it close the job."""
+        root = RunResult(self.state, 0, tuple(self.failures)).root_cause
+        if root is None:
+            return None
+        message = root.reason or read_error_file(root.error_file)[0]
+        return Verdict(host=self.host, node="", rank=root.worker.rank, local_rank=root.worker.local_rank,
+                       returncode=root.exit.returncode, round=root.round, error=(message.splitlines() or [""])[0],
+                       log=next(iter(root.log_files), root.error_file or ""))
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, finish, free_port, infos, wait_line, worker
+from conftest import ROOT, assert_one_story, finish, free_port, infos, wait_line, worker
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
@@ -275,6 +275,17 @@ def test_worker_failure_restarts_every_node_once(launch, etcd):
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
     for _, out, _ in results:
         assert [i["restart"] for i in infos(out)] == ["0", "0", "1", "1"]  # one job-wide charge
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(launch, etcd):
+    procs = [launch.start(*args(etcd.endpoint, "2", nproc=2, run_id="verdict"), worker("raise_rank.py"),
+                          env={"FAIL_RANK": "3", "SLEEP": "60"}) for _ in range(2)]
+    results = finish(procs, timeout=45)
+    assert [rc for rc, _, _ in results] == [1, 1], [e for _, _, e in results]
+    assert_one_story([e for _, _, e in results], 3, "RuntimeError: loss is NaN at step 7 on rank 3")
+    assert keys_of(etcd, "verdict") == []  # the verdict went with the run's other keys
 
 
 @needs_etcd

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Agent, Cluster, free_port, network_hosts, sh, wait_gone, worker
+from conftest import Agent, Cluster, assert_one_story, free_port, network_hosts, sh, wait_gone, worker
 from conftest import c10d as shared_c10d
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
@@ -107,6 +107,17 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     assert len(dumps) == 1, list(logs.rglob("*"))  # the stacks are in the hung rank's log file too
     assert checkpoint(tmp_path)["step"] == 60
     assert time.monotonic() - t0 < 60
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-second-node", "on-the-store-host"])
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_rank):
+    port = free_port()
+    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
+    agents = [cluster.start(*c10d(port, "2", nproc=2), worker("raise_rank.py"), env=env) for _ in range(2)]
+    assert [a.wait(60) for a in agents] == [1, 1], [a.stderr[-3000:] for a in agents]
+    assert_one_story([a.stderr for a in agents], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}")
     assert cluster.leftovers() == {}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,8 @@ from conftest import FakeClock
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import ElasticRendezvous, Node, assign
+from launcher.rendezvous.protocol import MAX_VERDICT, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
 
@@ -173,7 +175,7 @@ def test_failures_are_charged_to_the_budget_until_it_is_spent():
     assert a.next_round(Cause.FAILURE).restart_count == 2
     with pytest.raises(RestartBudgetExhausted, match=r"no restarts left \(--max_restarts 2\)"):
         a.next_round(Cause.FAILURE)
-    assert store.data["job/closed"] == b"restart budget spent (--max_restarts 2)"
+    assert store.data["job/closed"] == b"restart budget spent (--max_restarts 2); closed by node a"
     with pytest.raises(RendezvousClosedError, match="the job was closed: restart budget spent"):
         agent(store, node("late"), clock).next_round(Cause.START)
 
@@ -281,3 +283,73 @@ def test_leaving_tells_the_others():
     a.next_round(Cause.START)
     a.shutdown(succeeded=False)
     assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left"
+
+
+# ---------------------------------------------------------------------------- the job's verdict
+
+
+VERDICT = Verdict(host="h1", node="", rank=3, local_rank=1, returncode=1, round=0, error="RuntimeError: loss is NaN",
+                  log="/logs/attempt_0/1/stderr.log")
+
+
+def test_the_node_that_spends_the_budget_publishes_the_verdict_and_every_node_reads_it():
+    store = MemoryStore()
+    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    other = agent(store, node("n1", lo=2, hi=2, restarts=0))
+    join_all([host, other])
+    with pytest.raises(RestartBudgetExhausted):
+        host.next_round(Cause.FAILURE, VERDICT)
+    assert store.data["job/r0/change"] == b"restart budget spent (--max_restarts 0); closed by node n0"
+    with pytest.raises(RendezvousClosedError, match="closed by node n0") as closed:
+        other.next_round(Cause.MEMBERSHIP)
+    assert closed.value.verdict == replace(VERDICT, node="n0")  # the closer names itself
+    assert store.data["job/acks"] == b"2"  # the closer and the reader
+    done = threading.Thread(target=host.shutdown, args=(False,), daemon=True)
+    done.start()
+    done.join(5)  # both acknowledged: the host's store may go at once
+    assert not done.is_alive()
+
+
+def test_the_store_host_waits_for_the_readers_at_most_the_exit_barrier_timeout():
+    store = MemoryStore()
+    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    join_all([host, agent(store, node("n1", lo=2, hi=2, restarts=0))])
+    store.clock = host.clock = FakeClock()  # from here on, waits move simulated time
+    with pytest.raises(RestartBudgetExhausted):
+        host.next_round(Cause.FAILURE, VERDICT)
+    host.shutdown(succeeded=False)  # n1 never reads it
+    assert SETTINGS.exit_barrier_timeout <= host.clock.now < SETTINGS.exit_barrier_timeout + 1
+
+
+def test_a_verdict_is_cut_to_its_limits_and_made_printable():
+    assert decode_verdict(encode_verdict(VERDICT)) == VERDICT
+    long = replace(VERDICT, host="evil\nhost", error="E" * 10_000 + "\x1b[31m", log="/x" * 2000)
+    raw = encode_verdict(long)
+    back = decode_verdict(raw)
+    assert len(raw) <= MAX_VERDICT and back.host == "evil host" and back.error == "E" * 300 and len(back.log) == 1024
+
+
+def _verdict_with(**fields) -> bytes:
+    return json.dumps({**json.loads(encode_verdict(VERDICT)), **fields}).encode()
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"{" + b" " * MAX_VERDICT + b"}", "oversized verdict"),
+    (b"not json", "verdict that is not JSON"),
+    (b"[1, 2]", "malformed verdict"),
+    (_verdict_with(rank=True), "malformed verdict"),
+    (_verdict_with(rank=-1), "malformed verdict"),
+    (_verdict_with(returncode="1"), "malformed verdict"),
+    (_verdict_with(error="line one\nline two"), "malformed verdict"),
+    (_verdict_with(error="x" * 301), "malformed verdict"),
+    (_verdict_with(host=None), "malformed verdict"),
+])
+def test_hostile_verdicts_are_rejected_and_the_close_still_says_why(raw, message):
+    with pytest.raises(RendezvousError, match=message):
+        decode_verdict(raw)
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    store.data.update({"job/verdict": raw, "job/closed": b"restart budget spent; closed by node x"})
+    with pytest.raises(RendezvousClosedError, match="restart budget spent; closed by node x") as closed:
+        agent(store, node("late"), clock).next_round(Cause.START)
+    assert closed.value.verdict is None

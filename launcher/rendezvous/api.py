@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from ..spec import Round
+from ..spec import Round, Verdict
 
 
 class Cause(enum.Enum):
@@ -31,20 +31,23 @@ class JobParams:
 
 
 class MembershipChanged:
-    """Posted by a backend's watch: another node joined, left or failed; start a new round."""
+    """Posted by a backend's watch: another node joined, left or failed; start a new round.
+    `closed`: the job was closed, so the next round will not form (its error says why)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, closed: bool = False):
         self.reason = reason
+        self.closed = closed
 
     def __repr__(self) -> str:
-        return f"MembershipChanged({self.reason!r})"
+        return f"MembershipChanged({self.reason!r}, closed={self.closed})"
 
 
 class RendezvousHandler(Protocol):
     """What every backend offers the supervisor."""
 
-    def next_round(self, cause: Cause) -> Round:
-        """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout)."""
+    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
+        """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
+        `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job."""
 
     def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
         """Start watching `rnd`: post `MembershipChanged` when the job must re-form."""

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
 from ..net import free_port, port_taken
-from ..spec import Round
+from ..spec import Round, Verdict
 from .api import Cause, JobParams
 from .settings import LocalSettings, StaticSettings
 
@@ -33,7 +33,7 @@ class LocalRendezvous:
                     f"--master_port {settings.master_port} is already in use on this host ({taken}); "
                     "stop what holds it or pick another --master_port")
 
-    def next_round(self, cause: Cause) -> Round:
+    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
         s, job = self.settings, self.job
         if cause is Cause.FAILURE:
             if self._restarts >= job.max_restarts:

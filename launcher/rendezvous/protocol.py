@@ -16,6 +16,7 @@ an `alive` key from the moment it takes a ticket, and watches only its right-han
 
 Keys, under `<prefix>/<run_id>/`:
     round, closed, restarts                      job-wide
+    verdict  acks  acked<k>                      the job's root cause, written before `closed`; who read it
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
@@ -30,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence, cast
 
 from ..errors import (
@@ -41,12 +42,13 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..net import hostname, interface_of, outward_address
-from ..spec import Round
+from ..spec import Round, Verdict
 from .api import Cause, JobParams, MembershipChanged
 from .settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
+MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
 
 
 class Capability(enum.Enum):
@@ -158,11 +160,14 @@ class ElasticRendezvous:
         self._mine: list[tuple[int, int, int]] = []  # (round, ticket, group rank) of recent rounds, to tidy
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._acked = False  # this node told the store host it read the job's verdict
 
     # ------------------------------------------------------------------ the handler interface
 
-    def next_round(self, cause: Cause) -> Round:
-        """Leave the current round (reporting a failure if that is the cause) and join the next one."""
+    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
+        """Leave the current round (reporting a failure if that is the cause) and join the next one.
+
+        `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job."""
         self._stop_watch.set()
         try:
             if self.current is None:
@@ -171,7 +176,7 @@ class ElasticRendezvous:
             else:
                 r = self.current.round
                 if cause is Cause.FAILURE:
-                    self._report_failure(r)
+                    self._report_failure(r, verdict)
                 self._set_change(r, f"{self.node.node_id}: {cause.value}")
                 self._advance(r)
                 r = self._current_round()
@@ -203,6 +208,8 @@ class ElasticRendezvous:
             elif not self.store.get(self._k("closed")):
                 self.store.add(self._k(f"r{r}/left"), 1)
                 self._set_change(r, f"{self.node.node_id} left")
+            elif self.is_host:  # the others still read the verdict from this store: wait for them
+                self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
             log.debug("leaving the rendezvous failed", exc_info=True)
         finally:
@@ -317,14 +324,18 @@ class ElasticRendezvous:
 
     # ------------------------------------------------------------------ rounds ending
 
-    def _report_failure(self, r: int) -> None:
-        """Charge the job-wide budget once per round, whichever node reports first; close when spent."""
+    def _report_failure(self, r: int, verdict: Verdict | None) -> None:
+        """Charge the job-wide budget once per round, whichever node reports first; close when spent,
+        with this node's root cause as the job's verdict."""
         if self.store.add(self._k(f"r{r}/failed"), 1) != 1:
             return
         used = self.store.add(self._k("restarts"), 1)
         if used > self.node.max_restarts:
-            self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
-            self._set_change(r, "closed")
+            if verdict is not None:
+                self.store.compare_set(self._k("verdict"), b"", encode_verdict(replace(verdict, node=self.node.node_id)))
+            reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
+            self._ack()
+            self._set_change(r, reason)
             raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.node.max_restarts})")
 
     def _watch(self, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
@@ -346,7 +357,7 @@ class ElasticRendezvous:
                 st.add(self._k(f"r{r}/hb{g}"), 1)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
                     if not stop.is_set():
-                        post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                        post(self._changed(st, r))
                     return
                 if right == g or st.get(self._k(f"r{r}/done{right}")):
                     continue
@@ -371,7 +382,7 @@ class ElasticRendezvous:
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
             if what is Change.CHANGED:
                 if not stop.is_set():
-                    post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                    post(self._changed(st, r))
                 return
             if what is Change.GONE:
                 alive = None  # judged once; a finished neighbour simply went home
@@ -396,6 +407,24 @@ class ElasticRendezvous:
             cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
+
+    def _changed(self, st: Store, r: int) -> MembershipChanged:
+        reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
+        return MembershipChanged(reason, closed=bool(st.get(self._k("closed"))))
+
+    def _wait_acks(self, rnd: Round) -> None:
+        """The store host, at a closed job's end: keep the store up until every live member of the
+        last round read the verdict (each sets `acked<k>`), or exit_barrier_timeout."""
+        deadline = self.clock() + self.settings.exit_barrier_timeout
+        while self.clock() < deadline:
+            live = rnd.group_world_size - self.store.add(self._k(f"r{rnd.round}/left"), 0)
+            if self.store.wait([self._k(f"acked{k}") for k in range(1, live + 1)], self._slice(deadline, 0.5)):
+                return
+
+    def _ack(self) -> None:
+        if not self._acked:
+            self._acked = True
+            self.store.set(self._k(f"acked{self.store.add(self._k('acks'), 1)}"), b"1")
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
@@ -466,13 +495,30 @@ class ElasticRendezvous:
     def _set_change(self, r: int, reason: str, store: Store | None = None) -> None:
         (store or self.store).compare_set(self._k(f"r{r}/change"), b"", reason.encode())
 
-    def _close(self, reason: str, store: Store | None = None) -> None:
-        (store or self.store).compare_set(self._k("closed"), b"", reason.encode())
+    def _close(self, reason: str, store: Store | None = None) -> str:
+        """Close the job for everyone (first closer wins); returns the reason as written."""
+        text = f"{reason}; closed by node {self.node.node_id}"
+        (store or self.store).compare_set(self._k("closed"), b"", text.encode())
+        return text
 
     def _check_closed(self) -> None:
+        """Raise RendezvousClosedError, with the job's verdict, once the job is closed; tell the host it was read."""
         reason = self.store.get(self._k("closed"))
-        if reason:
-            raise RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}")
+        if not reason:
+            return
+        message = f"the job was closed: {reason[:300].decode(errors='replace')}"
+        verdict = None
+        raw = self.store.get(self._k("verdict"))
+        if raw is not None:
+            try:
+                verdict = decode_verdict(raw)
+            except RendezvousError as e:
+                log.warning(f"{e}; ignored")
+        try:
+            self._ack()
+        except Exception:  # the host may be gone already: it waits for nobody then
+            log.debug("telling the store host the verdict was read failed", exc_info=True)
+        raise RendezvousClosedError(message, verdict)
 
 
 def assign(descs: list[dict], restarts: int) -> list[dict]:
@@ -518,6 +564,33 @@ PLAN_FIELDS = {
     "group_rank": _int(0, 1 << 31), "group_world_size": _int(1, 1 << 31), "rank_offset": _int(0, 1 << 31),
     "world_size": _int(1, 1 << 31), "master_addr": _addr, "master_port": _int(1, 65536), "restarts": _int(0, 1 << 31),
 }
+
+
+def _text(limit: int) -> Callable[[object], bool]:
+    return lambda v: type(v) is str and len(v) <= limit and v.isprintable()
+
+
+VERDICT_LIMITS = {"host": 255, "node": 255, "error": 300, "log": 1024}
+VERDICT_FIELDS = {
+    **{name: _text(limit) for name, limit in VERDICT_LIMITS.items()},
+    "rank": _int(0, 1 << 31), "local_rank": _int(0, 1 << 20), "returncode": _int(-255, 256), "round": _int(0, 1 << 31),
+}
+
+
+def encode_verdict(v: Verdict) -> bytes:
+    """The verdict as the store keeps it: JSON, its text fields cut to their limits and made printable."""
+    fields = {name: getattr(v, name) for name in VERDICT_FIELDS}
+    for name, limit in VERDICT_LIMITS.items():
+        fields[name] = "".join(c if c.isprintable() else " " for c in fields[name])[:limit]
+    return json.dumps(fields).encode()
+
+
+def decode_verdict(raw: bytes) -> Verdict:
+    """A verdict read back from the store, checked field by field; anything else is a RendezvousError."""
+    if len(raw) > MAX_VERDICT:
+        raise RendezvousError("rendezvous store holds an oversized verdict under this job's prefix")
+    value = _checked(_load(raw, "verdict"), VERDICT_FIELDS, "verdict")
+    return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
 
 
 def _load(raw: bytes | None, what: str) -> dict:
