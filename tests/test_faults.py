@@ -121,6 +121,16 @@ def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_
     assert cluster.leftovers() == {}
 
 
+@pytest.mark.timeout(60)
+def test_a_node_that_never_comes_is_waited_for_out_loud(cluster):
+    alone = cluster.start(*c10d(free_port(), "2", conf="join_timeout=30"), worker("node_info.py"))
+    t0 = time.monotonic()
+    alone.wait_for(r"launcher: waiting for nodes in round 0: 1 joined \(min 2, max 2\); join timeout in 2\d s", stream="err", timeout=20)
+    assert time.monotonic() - t0 < 15  # the first line comes after 5 s (with the start and the interpreter's import)
+    alone.signal(signal.SIGTERM)
+    assert alone.wait(20) == 128 + signal.SIGTERM
+
+
 # ---------------------------------------------------------------------------- agents
 
 

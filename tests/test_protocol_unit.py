@@ -15,7 +15,7 @@ from conftest import FakeClock
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import MAX_VERDICT, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.rendezvous.protocol import MAX_VERDICT, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
 from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
@@ -353,3 +353,27 @@ def test_hostile_verdicts_are_rejected_and_the_close_still_says_why(raw, message
     with pytest.raises(RendezvousClosedError, match="restart budget spent; closed by node x") as closed:
         agent(store, node("late"), clock).next_round(Cause.START)
     assert closed.value.verdict is None
+
+
+# ---------------------------------------------------------------------------- what a forming round waits for
+
+
+def test_a_forming_round_says_every_few_seconds_how_many_joined_and_how_long_is_left(caplog):
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
+        agent(store, node("a", lo=2, hi=3), clock).next_round(Cause.START)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
+    assert len(lines) == pytest.approx(SETTINGS.join_timeout / WAIT_REPORT_EVERY, abs=1)
+    assert lines[0] == "waiting for nodes in round 0: 1 joined (min 2, max 3); join timeout in 55 s"
+
+
+def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2)) for name in ("a", "b"))
+    join_all([a, b])
+    store.clock = a.clock = FakeClock()  # b never comes back: a waits alone, in simulated time
+    with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
+        a.next_round(Cause.MEMBERSHIP)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
+    assert lines[0] == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"

@@ -49,6 +49,8 @@ from .settings import RendezvousSettings
 log = logging.getLogger(__name__)
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
+WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
+MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
 
 
 class Capability(enum.Enum):
@@ -257,12 +259,16 @@ class ElasticRendezvous:
         """Block until round r is sealed; seal it ourselves when the rules say it is time."""
         s, st, n = self.settings, self.store, self.node
         last_call: float | None = None
+        report_at = self.clock() + WAIT_REPORT_EVERY
         if k >= n.max_nodes:  # the last ticket of a full round: nothing to wait for
             self._seal(r, k)
         while not st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 0.1 if k >= n.min_nodes else 1.0)):
             self._check_closed()
             if self.clock() >= deadline:
                 raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
+            if self.clock() >= report_at:
+                report_at = self.clock() + WAIT_REPORT_EVERY
+                log.info(self._waiting_for(r, k, deadline, last_call))
             if k < n.min_nodes:
                 continue  # a node with a later ticket will seal
             count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
@@ -270,6 +276,42 @@ class ElasticRendezvous:
             last_call = last_call if last_call is not None else self.clock() + s.last_call_timeout
             if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
                 self._seal(r, count)
+
+    def _waiting_for(self, r: int, k: int, deadline: float, last_call: float | None) -> str:
+        """One line on a forming round: who joined of how many, who is missing, how long until what.
+
+        Only the first ticket names the missing nodes (an O(N) read); the others count, so a round
+        of N waiting nodes costs O(N) store operations per interval.
+        """
+        n, now = self.node, self.clock()
+        joined = min(self.store.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
+        line = f"waiting for nodes in round {r}: {joined} joined (min {n.min_nodes}, max {n.max_nodes})"
+        expected = self._expected(r)
+        if expected:
+            line += f", {expected} expected back from round {r - 1}"
+            missing = self._missing(r, joined) if k == 1 else []
+            if missing:
+                more = f" and {len(missing) - MISSING_NAMED} more" if len(missing) > MISSING_NAMED else ""
+                line += f"; missing: {', '.join(missing[:MISSING_NAMED])}{more}"
+        if last_call is not None:
+            line += f"; last call in {max(0.0, last_call - now):.0f} s"
+        return line + f"; join timeout in {max(0.0, deadline - now):.0f} s"
+
+    def _missing(self, r: int, joined: int) -> list[str]:
+        """Node ids of round r - 1 that have not joined round r (those whose entries still read well)."""
+        def ids(rnd: int, count: int) -> list[str]:
+            found = []
+            for i in range(1, count + 1):
+                try:
+                    node_id = _load(self.store.get(self._k(f"r{rnd}/node{i}")), "node entry").get("id")
+                except RendezvousError:
+                    continue
+                if _addr(node_id):
+                    found.append(node_id)
+            return found
+
+        here = set(ids(r, joined))
+        return [i for i in ids(r - 1, self._sealed(r - 1) or 0) if i not in here]
 
     def _seal(self, r: int, count: int) -> None:
         """Freeze the membership at `count` tickets and write every member's plan (sealer only).
