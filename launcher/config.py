@@ -7,6 +7,7 @@ message that names the fix.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import signal
@@ -436,3 +437,40 @@ def from_flags(
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
     )
+
+
+# ---------------------------------------------------------------------------- launcher status
+
+
+class StatusFormat(enum.Enum):
+    """How `launcher status` shows the job."""
+
+    TABLE = "table"  # a rich table (plain text off a terminal)
+    JSON = "json"  # one JSON object per read, for scripts
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """`launcher status`: which job, in which store, with which credentials, shown how."""
+
+    rdzv_backend: str
+    rdzv_id: str
+    rendezvous: Settings
+    join_token: str | None = field(default=None, repr=False)
+    format: StatusFormat = StatusFormat.TABLE
+    watch: float | None = None  # refresh every this many seconds; None: read once
+
+
+def status_from_flags(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str = "", json: bool = False,
+                      watch: float | str | None = None, environ: Mapping[str, str] = os.environ) -> StatusConfig:
+    """Validate `launcher status` flags: the rendezvous flags of the job, as on its nodes."""
+    backend = str(rdzv_backend).strip().lower()
+    if backend not in ("c10d", "etcd"):
+        raise ConfigError(f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; give --rdzv_backend as on the job's nodes")
+    if not rdzv_id or rdzv_id == "none":
+        raise ConfigError("launcher status needs --rdzv_id, the job's id")
+    conf = parse_kv(rdzv_conf)
+    token = read_join_token(conf, environ)
+    settings = BACKENDS[backend].parse(Flags(endpoint=rdzv_endpoint, conf=conf, environ=environ))
+    every = parse_seconds(watch, "--watch", minimum=0.5) if watch not in (None, "") else None
+    return StatusConfig(backend, rdzv_id, settings, token, StatusFormat.JSON if json else StatusFormat.TABLE, every)

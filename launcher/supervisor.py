@@ -11,6 +11,7 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -19,7 +20,7 @@ import selectors
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from . import net, process
@@ -60,6 +61,10 @@ class Member:
     hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
+    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
+
+
+RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
 class Then(enum.Enum):
@@ -226,7 +231,7 @@ class Supervisor:
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
             error_file = os.path.join(folder, "error.json")
-            progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
+            progress_file = os.path.join(folder, "progress")
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
             proc = self.starter.start(worker_argv(self.config, worker), env)
@@ -247,7 +252,7 @@ class Supervisor:
                                        progress_file=progress_file))
             self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round,
                       forked=proc.forked)
-        self.rendezvous.watch(rnd, self.post)
+        self.rendezvous.watch(rnd, self.post, self.report)
         self._set_state(GroupState.RUNNING)
         self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
                   group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)
@@ -320,15 +325,10 @@ class Supervisor:
         limit = self.config.hang_timeout
         if not limit or self.state is not GroupState.RUNNING:
             return
-        now, wall = self.clock(), time.time()
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung:
                 continue
-            idle = now - max([m.started] + [s.last_at for s in m.streams if s.last_at])
-            try:
-                idle = min(idle, wall - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
-            except (OSError, TypeError):
-                pass
+            idle = self._idle(m)
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
@@ -380,6 +380,19 @@ class Supervisor:
         ]
         return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
 
+    def report(self) -> dict:
+        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+        seconds, from its thread): the group, and each worker's state, progress and step rate."""
+        rnd = self.round
+        restarts = rnd.restart_count if rnd else 0
+        workers = []
+        for m in list(self.members):
+            step, rate = self._step_rate(m)
+            workers.append({"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
+                            "restarts": restarts, "progress_age": round(self._idle(m), 1), "step": step, "rate": rate})
+        return {"host": self.host, "state": self.state.value, "round": rnd.round if rnd else 0, "restarts": restarts,
+                "max_restarts": self.config.max_restarts, "workers": workers}
+
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
         if self.state is GroupState.SUCCEEDED:
@@ -420,6 +433,29 @@ class Supervisor:
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )
+
+    def _idle(self, m: Member) -> float:
+        """Seconds since the worker last printed a line or called launcher.progress()."""
+        idle = self.clock() - max([m.started] + [s.last_at for s in m.streams if s.last_at])
+        try:
+            idle = min(idle, time.time() - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            pass
+        return max(0.0, idle)
+
+    def _step_rate(self, m: Member) -> tuple[int | None, float | None]:
+        """The worker's last `launcher.progress(step=)` and its steps per second over RATE_WINDOW (None: unknown)."""
+        try:
+            with open(m.progress_file, "rb") as f:  # type: ignore[arg-type]
+                step = int(f.read(64).strip() or b"x")
+        except (OSError, TypeError, ValueError):
+            return None, None
+        now = self.clock()
+        m.steps.append((now, step))
+        while len(m.steps) > 2 and now - m.steps[1][0] >= RATE_WINDOW:
+            m.steps.popleft()
+        then, first = m.steps[0]
+        return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
 
     def _verdict(self) -> Verdict | None:
         """This node's root cause, as the rendezvous publishes it should it close the job."""

@@ -102,6 +102,49 @@ class LiveView:
         self._live.stop()
 
 
+def _age(seconds: object) -> str:
+    return "" if not isinstance(seconds, (int, float)) else f"{seconds:.0f} s"
+
+
+def render_status(job: dict) -> Table:
+    """`launcher status` as one table: a row per rank under its node's row (pure: tests render it)."""
+    budget = f"{job.get('restarts', 0)} of {job['max_restarts']}" if job.get("max_restarts") is not None else str(job.get("restarts", 0))
+    title = f"job {job['run_id']} · {job['state']} · round {job.get('round', '-')} · restarts {budget}"
+    if job.get("forming"):
+        title += f" · round {job['forming']['round']} forming, {job['forming']['joined']} joined"
+    caption = []
+    if job.get("closed"):
+        caption.append(f"closed: {job['closed']}")
+    v = job.get("verdict")
+    if v:
+        caption.append(f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}")
+    if job.get("stragglers"):
+        caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
+    table = Table(title=title, title_justify="left", caption="\n".join(caption) or None, caption_justify="left",
+                  expand=False, header_style="bold")
+    for name in ("node / rank", "host", "state", "heartbeat", "pid", "restarts", "progress", "step", "steps/s"):
+        table.add_column(name, justify="right" if name in ("pid", "restarts", "step", "steps/s") else "left")
+    for n in job["nodes"]:
+        table.add_row(Text(f"node {n['group_rank']}", style="bold"), n["host"], Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
+                      _age(n.get("heartbeat_age")) + " ago", "", "", "", "", "")
+        for w in n["workers"]:
+            state = Text(w["state"] + (" · straggler" if w.get("straggler") else ""),
+                         style="bold yellow" if w.get("straggler") else STATE_STYLE.get(w["state"], ""))
+            table.add_row(f"  rank {w['rank']}", "", state, "", str(w["pid"]), str(w["restarts"]),
+                          _age(w.get("progress_age")) + (" ago" if w.get("progress_age") is not None else ""),
+                          "" if w.get("step") is None else str(w["step"]), "" if w.get("rate") is None else f"{w['rate']:.2f}")
+    if not job["nodes"]:
+        table.add_row("", "", "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+                      "", "", "", "", "", "")
+    return table
+
+
+def show_status(job: dict) -> None:
+    """Print `launcher status`'s table on stdout (plain text when stdout is not a terminal)."""
+    console = Console()
+    (console if console.is_terminal else Console(width=160)).print(render_status(job))  # a pipe gets whole columns
+
+
 def print_panel(lines: list[str]) -> None:
     """The failure summary on a terminal: its first line as the title of a red panel, on stderr."""
     from rich.panel import Panel

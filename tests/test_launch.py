@@ -124,7 +124,7 @@ def _dump(cmd: list[str], dump_dir, env) -> dict[int, dict]:
 # MASTER_ADDR is loopback on one node (torchrun uses the FQDN, which needs working DNS); workers'
 # rank 0 hosts the bootstrap store (USE_AGENT_STORE False), which gives every restart a fresh store.
 INTENDED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE", "_"}
-OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND"}
+OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND", "LAUNCHER_PROGRESS_FILE"}
 
 
 @pytest.mark.skipif(not shutil.which("torchrun", path=os.path.dirname(sys.executable)), reason="torchrun not installed")

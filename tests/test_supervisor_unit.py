@@ -94,7 +94,7 @@ class FakeRendezvous:
         return Round(run_id="unit", round=self.round, restart_count=self.restarts, group_rank=0, group_world_size=1,
                      rank_offset=0, world_size=self.nproc, master_addr="127.0.0.1", master_port=29500)
 
-    def watch(self, rnd: Round, post) -> None:
+    def watch(self, rnd: Round, post, report=None) -> None:
         self.watched.append(rnd.round)
 
     def shutdown(self, succeeded: bool) -> None:

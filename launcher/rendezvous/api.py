@@ -49,8 +49,9 @@ class RendezvousHandler(Protocol):
         """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
         `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job."""
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
-        """Start watching `rnd`: post `MembershipChanged` when the job must re-form."""
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+        """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
+        (this node's snapshot, for `launcher status`) at a bounded rate where the backend has a store."""
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the job: close it for everyone when this node is done or gave up."""

@@ -56,7 +56,7 @@ class LocalRendezvous:
             master_port=port,
         )
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
         """Nothing to watch: no other node can change this round."""
 
     def shutdown(self, succeeded: bool) -> None:

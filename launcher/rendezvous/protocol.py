@@ -21,6 +21,7 @@ Keys, under `<prefix>/<run_id>/`:
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
+    r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not our
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
 WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
 MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
+SNAPSHOT_EVERY = 2.0  # seconds between a node's snapshots (one key per node: O(N) store writes per interval)
 
 
 class Capability(enum.Enum):
@@ -163,6 +165,8 @@ class ElasticRendezvous:
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         self._acked = False  # this node told the store host it read the job's verdict
+        self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
+        self._reported_at = float("-inf")
 
     # ------------------------------------------------------------------ the handler interface
 
@@ -188,8 +192,10 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
-        """Heartbeat, judge the neighbour, and post MembershipChanged when the round ends."""
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+        """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
+        MembershipChanged when the round ends."""
+        self._report, self._reported_at = report, float("-inf")
         self._stop_watch = stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
@@ -201,6 +207,7 @@ class ElasticRendezvous:
         if rnd is None:
             return
         try:
+            self._publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
@@ -397,6 +404,7 @@ class ElasticRendezvous:
                 return self._watch_held(cast(LivenessStore, st), rnd, post, stop, peer)
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
+                self._publish(st, rnd)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
                     if not stop.is_set():
                         post(self._changed(st, r))
@@ -421,6 +429,7 @@ class ElasticRendezvous:
         right = (g + 1) % n
         alive = self._k(f"r{r}/alive{peer}") if right != g and peer else None
         while not stop.is_set():
+            self._publish(st, rnd)
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
             if what is Change.CHANGED:
                 if not stop.is_set():
@@ -446,9 +455,23 @@ class ElasticRendezvous:
             return
         self._mine = [m for m in self._mine if m[0] > r - 2]
         try:
-            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
+            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}", f"snap{g}")])
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
+
+    def _publish(self, st: Store, rnd: Round, force: bool = False) -> None:
+        """This node's snapshot under `r<r>/snap<g>`, at most every SNAPSHOT_EVERY s; never fails the job."""
+        if self._report is None or (not force and self.clock() - self._reported_at < SNAPSHOT_EVERY):
+            return
+        self._reported_at = self.clock()
+        try:
+            snap = {**self._report(), "node": self.node.node_id, "group_rank": rnd.group_rank, "time": time.time()}
+            raw = json.dumps(snap).encode()
+            if len(raw) > MAX_VALUE:  # a node of very many workers: the node's line without them
+                raw = json.dumps({**snap, "workers": []}).encode()
+            st.set(self._k(f"r{rnd.round}/snap{rnd.group_rank}"), raw)
+        except Exception:
+            log.debug("publishing this node's snapshot failed", exc_info=True)
 
     def _changed(self, st: Store, r: int) -> MembershipChanged:
         reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
@@ -485,11 +508,7 @@ class ElasticRendezvous:
 
     def _check_token(self) -> None:
         """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
-        token, mine = self.node.token, b"none"
-        if token:
-            import hmac  # loads OpenSSL: only for a job with a token
-
-            mine = hmac.new(token.encode(), f"launcher-join:{self.run_id}".encode(), "sha256").hexdigest().encode()
+        token, mine = self.node.token, token_check(self.node.token, self.run_id)
         theirs = self.store.compare_set(self._k("token"), b"", mine)
         if theirs == mine:
             return
@@ -561,6 +580,15 @@ class ElasticRendezvous:
         except Exception:  # the host may be gone already: it waits for nobody then
             log.debug("telling the store host the verdict was read failed", exc_info=True)
         raise RendezvousClosedError(message, verdict)
+
+
+def token_check(token: str | None, run_id: str) -> bytes:
+    """What the store keeps under `token`: an HMAC of the run id with the join token, or `none`."""
+    if not token:
+        return b"none"
+    import hmac  # loads OpenSSL: only for a job with a token
+
+    return hmac.new(token.encode(), f"launcher-join:{run_id}".encode(), "sha256").hexdigest().encode()
 
 
 def assign(descs: list[dict], restarts: int) -> list[dict]:

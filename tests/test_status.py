@@ -1,0 +1,106 @@
+"""`launcher status` against real jobs: running (JSON), failed (on a standalone store, which outlives
+the nodes), never formed; a wrong join token is one line and exit 2. Read-only: it never joins."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import LAUNCHER, ROOT, Cluster, c10d, free_port, wait_for, worker
+
+STEPPER = worker("stepper.py")
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.cleanup()
+
+
+def status(port: int, *extra: str, run_id: str = "job", env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([*LAUNCHER, "status", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                           "--rdzv_id", run_id, *extra], capture_output=True, text=True, timeout=30, env=full)
+
+
+def job(port: int, **kw) -> dict:
+    r = status(port, "--json", **kw)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_status_of_a_running_job_shows_every_node_and_rank_with_step_rates(cluster):
+    port = free_port()
+    for _ in range(2):
+        cluster.start(*c10d(port, "2", "--max_restarts", "3", nproc=2), STEPPER, env={"STEP_TIME": "0.05"})
+    seen: dict = {}
+
+    def rates_known() -> bool:
+        seen.update(job(port))
+        return seen.get("state") == "running" and len(seen["nodes"]) == 2 and all(
+            w["rate"] for n in seen["nodes"] for w in n["workers"])
+
+    wait_for(rates_known, timeout=40, what="both nodes' snapshots with step rates")
+    assert (seen["round"], seen["restarts"], seen["max_restarts"]) == (0, 0, 3)
+    assert sorted(w["rank"] for n in seen["nodes"] for w in n["workers"]) == [0, 1, 2, 3]
+    for n in seen["nodes"]:
+        assert n["state"] == "running" and n["heartbeat_age"] < 10
+        for w in n["workers"]:
+            assert w["state"] == "running" and w["pid"] > 0 and w["step"] > 0 and 2 < w["rate"] < 40 and w["progress_age"] < 5
+    table = status(port)
+    assert table.returncode == 0 and "running" in table.stdout and "rank 3" in table.stdout, table.stdout
+
+
+@pytest.mark.timeout(90)
+def test_status_of_a_failed_job_names_the_root_cause(cluster):
+    port = free_port()
+    cluster.store("127.0.0.1", port)
+    agents = [cluster.start(*c10d(port, "2", nproc=2, conf="is_host=false"), worker("raise_rank.py"),
+                            env={"FAIL_RANK": "2", "SLEEP": "60"}) for _ in range(2)]
+    assert [a.wait(60) for a in agents] == [1, 1]
+    seen = job(port)
+    assert seen["state"] == "closed" and "restart budget spent" in seen["closed"]
+    assert seen["verdict"]["rank"] == 2 and seen["verdict"]["error"] == "RuntimeError: loss is NaN at step 7 on rank 2"
+    assert {n["state"] for n in seen["nodes"]} == {"failed"}  # each node's last word
+    table = status(port)
+    assert "root cause: rank 2" in table.stdout, table.stdout
+
+
+@pytest.mark.timeout(60)
+def test_status_of_a_job_that_never_formed_and_of_no_job(cluster):
+    port = free_port()
+    alone = cluster.start(*c10d(port, "2", conf="join_timeout=60"), STEPPER)
+    wait_for(lambda: job(port).get("forming", {}).get("joined") == 1, timeout=30, what="one node joined")
+    seen = job(port)
+    assert seen["state"] == "forming" and seen["nodes"] == [] and seen["round"] == 0
+    assert job(port, run_id="other")["state"] == "absent"
+    assert alone.popen.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_status_with_a_wrong_or_missing_token_is_one_line_and_exit_2(cluster):
+    port = free_port()
+    cluster.start(*c10d(port, "2", conf="join_timeout=60"), STEPPER, env={"LAUNCHER_JOIN_TOKEN": "right"})
+    wait_for(lambda: status(port, env={"LAUNCHER_JOIN_TOKEN": "right"}).returncode == 0, timeout=30, what="the job in the store")
+    for env in ({"LAUNCHER_JOIN_TOKEN": "wrong"}, {}):
+        r = status(port, "--json", env=env)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("launcher status: error: wrong join token for job 'job'"), r.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra, rc, message", [
+    (("--rdzv_backend", "static"), 2, "launcher status reads a c10d or etcd rendezvous, not 'static'"),
+    (("--watch", "0.1"), 2, "--watch '0.1' must be at least 0.5"),
+    ((), 1, "cannot reach the rendezvous store at 127.0.0.1:"),
+])
+def test_status_bad_flags_or_no_store_are_one_line(extra, rc, message):
+    r = status(free_port(), *extra)
+    assert r.returncode == rc and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
