@@ -111,6 +111,9 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
 @flag("hang-timeout", group=SIG, default=None, metavar="SEC",
       help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.")
+@flag("straggler-threshold", group=SIG, default="0.5", metavar="FRACTION",
+      help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).")
+@flag("straggler-period", group=SIG, default="60", metavar="SEC", help="How long a rank must stay below it to be flagged.")
 @flag("signals-to-handle", group=SIG, default=cfg.DEFAULT_SIGNALS, metavar="SIGS", help="Signals that stop the job (forwarded first).")
 @flag("passthrough-signals", group=SIG, default="", metavar="SIGS", help="Signals forwarded to workers that go on, e.g. SIGUSR1.")
 @flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")

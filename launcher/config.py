@@ -76,6 +76,8 @@ class LaunchConfig:
     quiet: bool = False
     log_level: str = "info"  # the launcher's own messages: debug, info, warning or error
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
+    straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
+    straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
 
@@ -91,7 +93,7 @@ class LaunchConfig:
     def job(self) -> JobParams:
         """What every rendezvous backend gets beside its own settings."""
         return JobParams(self.run_id, self.nproc_per_node, self.min_nodes, self.max_nodes, self.max_restarts,
-                         self.local_addr, self.join_token)
+                         self.local_addr, self.join_token, self.straggler_threshold, self.straggler_period)
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -300,6 +302,17 @@ def parse_log_level(text: str | None) -> str:
     return level
 
 
+def parse_fraction(value: float | str, flag: str) -> float:
+    """A number from 0 to 1 (0: off)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a number") from None
+    if not 0 <= x < 1:
+        raise ConfigError(f"{flag} {value!r} must be from 0 (off) to below 1, a fraction of the job's median")
+    return x
+
+
 def parse_whole(value: int | str, flag: str) -> int:
     try:
         return int(value)
@@ -361,6 +374,8 @@ def from_flags(
     quiet: bool = False,
     log_level: str | None = "info",
     hang_timeout: float | str | None = None,
+    straggler_threshold: float | str = 0.5,
+    straggler_period: float | str = 60.0,
     preload: bool = False,
     preload_modules: str | None = None,
     environ: Mapping[str, str] = os.environ,
@@ -434,6 +449,8 @@ def from_flags(
         quiet=quiet,
         log_level=parse_log_level(log_level),
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
+        straggler_threshold=parse_fraction(straggler_threshold, "--straggler_threshold"),
+        straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
     )

@@ -11,11 +11,7 @@ from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
-from .rendezvous.protocol import Store, _addr, _count, _load, decode_verdict, token_check
-
-WORKER_FIELDS = {"rank": int, "local_rank": int, "pid": int, "state": str, "restarts": int}
-OPTIONAL_WORKER_FIELDS = {"progress_age": (int, float), "step": int, "rate": (int, float), "straggler": bool}
-NODE_FIELDS = {"host": str, "state": str, "round": int, "restarts": int, "max_restarts": int, "time": (int, float)}
+from .rendezvous.protocol import Store, _count, decode_verdict, read_snapshot, token_check
 
 
 def open_store(config: StatusConfig) -> Store:
@@ -57,7 +53,7 @@ def read_status(store: Store, config: StatusConfig) -> dict:
         members = sealed(shown) if r > 0 else None
     nodes = []
     for g in range(members or 0):
-        snap = _snapshot(store.get(k(f"r{shown}/snap{g}")))
+        snap = read_snapshot(store.get(k(f"r{shown}/snap{g}")))
         if snap is not None:
             age = round(max(0.0, time.time() - snap.pop("time")), 1)  # of its last snapshot: clocks may differ by host
             nodes.append({**snap, "group_rank": g, "heartbeat_age": age})
@@ -79,37 +75,6 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     else:
         job["state"] = "running"
     return job
-
-
-def _snapshot(raw: bytes | None) -> dict | None:
-    """One node's snapshot, field by field; a missing or hostile one is left out."""
-    try:
-        value = _load(raw, "snapshot")
-    except RendezvousError:
-        return None
-    if not (_addr(value.get("node")) and _fields_ok(value, NODE_FIELDS) and isinstance(value.get("workers"), list)):
-        return None
-    snap = {name: value[name] for name in (*NODE_FIELDS, "node")}
-    snap["workers"] = [_worker(w) for w in value["workers"][:1024] if _worker(w) is not None]
-    return snap
-
-
-def _worker(w: object) -> dict | None:
-    if not isinstance(w, dict) or not _fields_ok(w, WORKER_FIELDS):
-        return None
-    out = {name: w[name] for name in WORKER_FIELDS}
-    for name, kind in OPTIONAL_WORKER_FIELDS.items():
-        v = w.get(name)
-        out[name] = v if isinstance(v, kind) and not (kind is not bool and isinstance(v, bool)) else None
-    return out
-
-
-def _fields_ok(value: dict, fields: dict) -> bool:
-    for name, kind in fields.items():
-        v = value.get(name)
-        if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable())):
-            return False
-    return True
 
 
 def status_main(config: StatusConfig, show) -> int:

@@ -28,7 +28,7 @@ from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
 from .summary import read_error_file
@@ -62,6 +62,7 @@ class Member:
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
     steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
+    straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
 
 
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
@@ -191,6 +192,8 @@ class Supervisor:
             if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
                 self.verdict = event.error.verdict
             self._set_state(GroupState.FAILED)
+        elif isinstance(event, Stragglers):
+            self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
                 log.info(f"the job was closed ({event.reason}); stopping the workers")
@@ -316,6 +319,23 @@ class Supervisor:
         else:
             self._set_state(GroupState.FAILED)
 
+    def flag_stragglers(self, event: Stragglers) -> None:
+        """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
+        c = self.config
+        for m in self.members:
+            slow = m.worker.rank in event.ranks
+            if slow == m.straggler or m.state is not WorkerState.RUNNING:
+                continue
+            m.straggler = slow
+            if slow:
+                rate = event.ranks[m.worker.rank]
+                log.warning(f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
+                            f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)")
+                self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
+            else:
+                log.info(f"rank {m.worker.rank} on {self.host} caught up with the job's median step rate")
+                self.emit("straggler_cleared", rank=m.worker.rank)
+
     def check_hangs(self) -> None:
         """--hang_timeout: a worker with no output and no progress() call for that long is hung.
 
@@ -375,7 +395,8 @@ class Supervisor:
         rnd = self.round
         workers = [
             {"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
-             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else ""}
+             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
+             "straggler": m.straggler}
             for m in list(self.members)
         ]
         return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
@@ -389,7 +410,8 @@ class Supervisor:
         for m in list(self.members):
             step, rate = self._step_rate(m)
             workers.append({"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
-                            "restarts": restarts, "progress_age": round(self._idle(m), 1), "step": step, "rate": rate})
+                            "restarts": restarts, "progress_age": round(self._idle(m), 1), "step": step, "rate": rate,
+                            "straggler": m.straggler})
         return {"host": self.host, "state": self.state.value, "round": rnd.round if rnd else 0, "restarts": restarts,
                 "max_restarts": self.config.max_restarts, "workers": workers}
 

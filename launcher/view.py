@@ -42,6 +42,13 @@ class ProcessStats:
             return None, None
 
 
+def _state(w: dict) -> Text:
+    """A worker's state, marked when --straggler_threshold flagged it."""
+    if w.get("straggler"):
+        return Text(f"{w['state']} · straggler", style="bold yellow")
+    return Text(w["state"], style=STATE_STYLE.get(w["state"], ""))
+
+
 def _duration(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
@@ -58,7 +65,8 @@ def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None
     for w in snap.workers:
         cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
         table.add_row(
-            str(w["rank"]), str(w["pid"]), Text(w["state"], style=STATE_STYLE.get(w["state"], "")),
+            str(w["rank"]), str(w["pid"]),
+            _state(w),
             "" if cpu is None else f"{cpu:.0f}", "" if rss is None else f"{rss / 2**20:.0f} MiB",
             str(snap.restarts), _duration(now - w["started"]) if w["state"] == "running" else "",
             Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
@@ -128,9 +136,7 @@ def render_status(job: dict) -> Table:
         table.add_row(Text(f"node {n['group_rank']}", style="bold"), n["host"], Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
                       _age(n.get("heartbeat_age")) + " ago", "", "", "", "", "")
         for w in n["workers"]:
-            state = Text(w["state"] + (" · straggler" if w.get("straggler") else ""),
-                         style="bold yellow" if w.get("straggler") else STATE_STYLE.get(w["state"], ""))
-            table.add_row(f"  rank {w['rank']}", "", state, "", str(w["pid"]), str(w["restarts"]),
+            table.add_row(f"  rank {w['rank']}", "", _state(w), "", str(w["pid"]), str(w["restarts"]),
                           _age(w.get("progress_age")) + (" ago" if w.get("progress_age") is not None else ""),
                           "" if w.get("step") is None else str(w["step"]), "" if w.get("rate") is None else f"{w['rate']:.2f}")
     if not job["nodes"]:

@@ -104,3 +104,40 @@ def test_status_with_a_wrong_or_missing_token_is_one_line_and_exit_2(cluster):
 def test_status_bad_flags_or_no_store_are_one_line(extra, rc, message):
     r = status(free_port(), *extra)
     assert r.returncode == rc and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------- stragglers
+
+
+def straggler_job(cluster, tmp_path, env: dict) -> tuple[int, list]:
+    port = free_port()
+    flags = ("--straggler_threshold", "0.5", "--straggler_period", "4")
+    agents = [cluster.start(*c10d(port, "2", *flags, "--events_file", str(tmp_path / f"events{i}.jsonl"), nproc=2), STEPPER, env=env)
+              for i in range(2)]
+    return port, agents
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_slowed_on_purpose_is_flagged_in_bounded_time(cluster, tmp_path):
+    port, agents = straggler_job(cluster, tmp_path, {"STEP_TIME": "0.05", "SLOW_RANK": "3", "SLOW_TIME": "0.4"})
+    t0 = time.monotonic()
+    wait_for(lambda: any("rank 3 on" in e and "is a straggler" in e for a in agents for e in a.err), timeout=40,
+             what="the straggler line")
+    assert time.monotonic() - t0 < 40  # 4 s below half the median, once rates are known (2 s snapshots, 10 s window)
+    said = [e for a in agents for e in a.err if "is a straggler" in e]
+    assert len(said) == 1 and "(--straggler_threshold)" in said[0] and "below 0.5 of the job's median" in said[0], said
+    events = [json.loads(l) for p in tmp_path.glob("events*.jsonl") for l in p.read_text().splitlines()]
+    assert [e["rank"] for e in events if e["event"] == "straggler"] == [3]
+    wait_for(lambda: job(port)["stragglers"] == [3], timeout=10, what="status naming the straggler")
+    assert "rank 3" in status(port).stdout and "straggler" in status(port).stdout
+
+
+@pytest.mark.timeout(90)
+def test_a_uniformly_slow_job_has_no_straggler(cluster, tmp_path):
+    port, agents = straggler_job(cluster, tmp_path, {"STEP_TIME": "0.4"})
+    wait_for(lambda: len(job(port)["nodes"]) == 2 and all(w["rate"] for n in job(port)["nodes"] for w in n["workers"]),
+             timeout=40, what="every rank's step rate")
+    time.sleep(8)  # twice the period, with every rate known
+    seen = job(port)
+    assert seen["stragglers"] == [] and not any("straggler" in e for a in agents for e in a.err)
+    assert all(0.5 < w["rate"] < 3.5 for n in seen["nodes"] for w in n["workers"]), seen

@@ -28,6 +28,8 @@ class JobParams:
     max_restarts: int = 0
     local_addr: str | None = None  # --local_addr: this node's address as the others reach it
     join_token: str | None = field(default=None, repr=False)
+    straggler_threshold: float = 0.0  # --straggler_threshold (0: off)
+    straggler_period: float = 60.0  # --straggler_period
 
 
 class MembershipChanged:
@@ -40,6 +42,14 @@ class MembershipChanged:
 
     def __repr__(self) -> str:
         return f"MembershipChanged({self.reason!r}, closed={self.closed})"
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Posted by a backend's watch when the job's flagged ranks change: rank -> its steps/s."""
+
+    median: float
+    ranks: dict[int, float]
 
 
 class RendezvousHandler(Protocol):

@@ -40,6 +40,7 @@ from ..net import free_port
 from .api import JobParams
 from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
 from .etcd_settings import EtcdOptions, EtcdSettings
+from ..stragglers import Judge
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import RendezvousSettings
 
@@ -500,7 +501,7 @@ class EtcdRendezvous(ElasticRendezvous):
             lease.close()
             store.close()
             raise
-        super().__init__(store, job.run_id, node, s, port_picker=free_port)
+        super().__init__(store, job.run_id, node, s, port_picker=free_port, judge=Judge(job.straggler_threshold, job.straggler_period))
 
     def shutdown(self, succeeded: bool) -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""

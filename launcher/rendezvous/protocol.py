@@ -22,6 +22,7 @@ Keys, under `<prefix>/<run_id>/`:
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
     r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
+    r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from ..errors import (
 )
 from ..net import hostname, interface_of, outward_address
 from ..spec import Round, Verdict
-from .api import Cause, JobParams, MembershipChanged
+from ..stragglers import Judge
+from .api import Cause, JobParams, MembershipChanged, Stragglers
 from .settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ class ElasticRendezvous:
         port_picker: Callable[[], int],
         is_host: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        judge: Judge | None = None,
     ):
         self.store = store
         self.node = node
@@ -166,6 +169,8 @@ class ElasticRendezvous:
         self._watcher: threading.Thread | None = None
         self._acked = False  # this node told the store host it read the job's verdict
         self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
+        self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
+        self._flagged: frozenset[int] = frozenset()
         self._reported_at = float("-inf")
 
     # ------------------------------------------------------------------ the handler interface
@@ -195,7 +200,7 @@ class ElasticRendezvous:
     def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
         """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
         MembershipChanged when the round ends."""
-        self._report, self._reported_at = report, float("-inf")
+        self._report, self._reported_at, self._flagged = report, float("-inf"), frozenset()
         self._stop_watch = stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
@@ -404,7 +409,7 @@ class ElasticRendezvous:
                 return self._watch_held(cast(LivenessStore, st), rnd, post, stop, peer)
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
-                self._publish(st, rnd)
+                self._publish(st, rnd, post)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
                     if not stop.is_set():
                         post(self._changed(st, r))
@@ -429,7 +434,7 @@ class ElasticRendezvous:
         right = (g + 1) % n
         alive = self._k(f"r{r}/alive{peer}") if right != g and peer else None
         while not stop.is_set():
-            self._publish(st, rnd)
+            self._publish(st, rnd, post)
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
             if what is Change.CHANGED:
                 if not stop.is_set():
@@ -459,8 +464,10 @@ class ElasticRendezvous:
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
 
-    def _publish(self, st: Store, rnd: Round, force: bool = False) -> None:
-        """This node's snapshot under `r<r>/snap<g>`, at most every SNAPSHOT_EVERY s; never fails the job."""
+    def _publish(self, st: Store, rnd: Round, post: Callable[[object], None] | None = None, force: bool = False) -> None:
+        """This node's snapshot under `r<r>/snap<g>`, at most every SNAPSHOT_EVERY s; then the stragglers
+        (judged by group rank 0 over every snapshot: O(N) reads, one write; read by each node: one
+        get). Never fails the job."""
         if self._report is None or (not force and self.clock() - self._reported_at < SNAPSHOT_EVERY):
             return
         self._reported_at = self.clock()
@@ -470,8 +477,32 @@ class ElasticRendezvous:
             if len(raw) > MAX_VALUE:  # a node of very many workers: the node's line without them
                 raw = json.dumps({**snap, "workers": []}).encode()
             st.set(self._k(f"r{rnd.round}/snap{rnd.group_rank}"), raw)
+            if post is not None and self.judge is not None and self.judge.threshold:
+                self._stragglers(st, rnd, post)
         except Exception:
             log.debug("publishing this node's snapshot failed", exc_info=True)
+
+    def _stragglers(self, st: Store, rnd: Round, post: Callable[[object], None]) -> None:
+        key = self._k(f"r{rnd.round}/stragglers")
+        if rnd.group_rank == 0 and self.judge is not None:
+            rates = {}
+            for g in range(rnd.group_world_size):
+                for w in (read_snapshot(st.get(self._k(f"r{rnd.round}/snap{g}"))) or {}).get("workers", []):
+                    if w["state"] == "running" and w["rate"] is not None:
+                        rates[w["rank"]] = float(w["rate"])
+            flagged = self.judge(rates, self.clock())
+            if flagged is not None:
+                st.set(key, json.dumps({"median": flagged.median, "ranks": {str(k): v for k, v in flagged.ranks.items()}}).encode())
+        try:
+            raw = st.get(key)
+            value = _load(raw, "straggler list") if raw is not None else {"median": 0.0, "ranks": {}}
+            ranks = {int(k): float(v) for k, v in value["ranks"].items() if k.isdigit() and len(k) <= 9 and _number(v)}
+            median = float(value["median"]) if _number(value["median"]) else 0.0
+        except (RendezvousError, KeyError, AttributeError, TypeError):
+            return
+        if frozenset(ranks) != self._flagged:
+            self._flagged = frozenset(ranks)
+            post(Stragglers(median, ranks))
 
     def _changed(self, st: Store, r: int) -> MembershipChanged:
         reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
@@ -636,6 +667,10 @@ PLAN_FIELDS = {
 }
 
 
+def _number(v: object) -> bool:
+    return type(v) in (int, float) and v == v and abs(v) < 1e12  # type: ignore[operator]
+
+
 def _text(limit: int) -> Callable[[object], bool]:
     return lambda v: type(v) is str and len(v) <= limit and v.isprintable()
 
@@ -661,6 +696,43 @@ def decode_verdict(raw: bytes) -> Verdict:
         raise RendezvousError("rendezvous store holds an oversized verdict under this job's prefix")
     value = _checked(_load(raw, "verdict"), VERDICT_FIELDS, "verdict")
     return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
+
+
+# A node's snapshot (`launcher status`, the straggler judge): checked like every value read back.
+WORKER_FIELDS = {"rank": int, "local_rank": int, "pid": int, "state": str, "restarts": int}
+OPTIONAL_WORKER_FIELDS = {"progress_age": (int, float), "step": int, "rate": (int, float), "straggler": bool}
+NODE_FIELDS = {"host": str, "state": str, "round": int, "restarts": int, "max_restarts": int, "time": (int, float)}
+
+
+def read_snapshot(raw: bytes | None) -> dict | None:
+    """One node's snapshot, field by field; a missing or hostile one is left out."""
+    try:
+        value = _load(raw, "snapshot")
+    except RendezvousError:
+        return None
+    if not (_addr(value.get("node")) and _fields_ok(value, NODE_FIELDS) and isinstance(value.get("workers"), list)):
+        return None
+    snap = {name: value[name] for name in (*NODE_FIELDS, "node")}
+    snap["workers"] = [_worker(w) for w in value["workers"][:1024] if _worker(w) is not None]
+    return snap
+
+
+def _worker(w: object) -> dict | None:
+    if not isinstance(w, dict) or not _fields_ok(w, WORKER_FIELDS):
+        return None
+    out = {name: w[name] for name in WORKER_FIELDS}
+    for name, kind in OPTIONAL_WORKER_FIELDS.items():
+        v = w.get(name)
+        out[name] = v if isinstance(v, kind) and not (kind is not bool and isinstance(v, bool)) else None
+    return out
+
+
+def _fields_ok(value: dict, fields: dict) -> bool:
+    for name, kind in fields.items():
+        v = value.get(name)
+        if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable())):
+            return False
+    return True
 
 
 def _load(raw: bytes | None, what: str) -> dict:
