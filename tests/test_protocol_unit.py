@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -15,7 +16,7 @@ from conftest import FakeClock
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import MAX_VERDICT, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.rendezvous.protocol import MAX_VERDICT, SNAPSHOT_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
 from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
@@ -377,3 +378,49 @@ def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
         a.next_round(Cause.MEMBERSHIP)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
     assert lines[0] == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+
+
+# ---------------------------------------------------------------------------- snapshots: O(N) per interval
+
+
+class KeyCounting(MemoryStore):
+    """A MemoryStore that counts reads and writes per key kind (the key's last part, digits dropped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_kind: dict[tuple[str, str], int] = {}
+
+    def _count(self, op: str, key: str) -> None:
+        kind = key.rsplit("/", 1)[-1].rstrip("0123456789")
+        self.by_kind[op, kind] = self.by_kind.get((op, kind), 0) + 1
+
+    def get(self, key: str) -> bytes | None:
+        self._count("get", key)
+        return super().get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._count("set", key)
+        super().set(key, value)
+
+
+def test_snapshots_and_the_straggler_judge_cost_o_n_store_operations_per_interval():
+    from launcher.stragglers import Judge
+
+    n, store = 12, KeyCounting()
+    nodes = [ElasticRendezvous(store, "job", node(f"n{i}", lo=n, hi=n), SETTINGS, port_picker=lambda: 1, judge=Judge(0.5, 60))
+             for i in range(n)]
+    rounds = join_all(nodes)
+    def report(rank: int):
+        return lambda: {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3,
+                        "workers": [{"rank": rank, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": 1.0}]}
+
+    for a, rnd in zip(nodes, rounds):
+        a.watch(rnd, lambda event: None, report(rnd.group_rank))
+    time.sleep(SNAPSHOT_EVERY + 0.5)  # two intervals begun: every node published twice at most
+    for a in nodes:
+        a._stop_watch.set()
+    for a in nodes:
+        a._watcher.join(5)
+    assert n <= store.by_kind["set", "snap"] <= 2 * n  # one write per node per interval
+    assert store.by_kind["get", "snap"] <= 2 * n  # group rank 0 alone reads them: N per interval
+    assert 1 <= store.by_kind["set", "stragglers"] <= 2 and store.by_kind["get", "stragglers"] <= 2 * n
