@@ -6,8 +6,8 @@ killed or restarted.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,17 @@ class Flagged:
 
     median: float
     ranks: dict[int, float]
+
+
+def running_rates(snapshots: Iterable[dict | None]) -> dict[int, float]:
+    """rank -> steps/s of every running worker with a known rate, from nodes' snapshots."""
+    return {w["rank"]: float(w["rate"]) for snap in snapshots if snap for w in snap.get("workers", [])
+            if w.get("state") == "running" and w.get("rate") is not None}
+
+
+def _median(values: list[float]) -> float:
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 class Judge:
@@ -30,7 +41,7 @@ class Judge:
         (off, fewer than 3 ranks with a rate, or a median of 0)."""
         if not self.threshold or len(rates) < 3:
             return None
-        median = statistics.median(rates.values())
+        median = _median(list(rates.values()))
         if median <= 0:
             return None
         slow = {rank for rank, rate in rates.items() if rate < self.threshold * median}

@@ -282,8 +282,8 @@ def test_leaving_tells_the_others():
     store = MemoryStore()
     a = agent(store, node("a"))
     a.next_round(Cause.START)
-    a.shutdown(succeeded=False)
-    assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left"
+    a.shutdown(succeeded=False, why="stopped by SIGTERM")
+    assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left: stopped by SIGTERM"
 
 
 # ---------------------------------------------------------------------------- the job's verdict

@@ -141,3 +141,12 @@ def test_a_uniformly_slow_job_has_no_straggler(cluster, tmp_path):
     seen = job(port)
     assert seen["stragglers"] == [] and not any("straggler" in e for a in agents for e in a.err)
     assert all(0.5 < w["rate"] < 3.5 for n in seen["nodes"] for w in n["workers"]), seen
+
+
+@pytest.mark.timeout(90)
+def test_a_slow_rank_of_a_single_node_job_is_flagged_too(cluster):
+    alone = cluster.start("--nproc_per_node", "3", "--straggler_threshold", "0.5", "--straggler_period", "3", STEPPER,
+                          env={"STEP_TIME": "0.05", "SLOW_RANK": "1", "SLOW_TIME": "0.4"})
+    alone.wait_for(r"launcher: rank 1 on \S+ is a straggler: [\d.]+ steps/s, below 0.5 of the job's median [\d.]+ for 3 s",
+                   stream="err", timeout=40)
+    assert sum("is a straggler" in e for e in alone.err) == 1

@@ -97,7 +97,7 @@ class FakeRendezvous:
     def watch(self, rnd: Round, post, report=None) -> None:
         self.watched.append(rnd.round)
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         pass
 
 

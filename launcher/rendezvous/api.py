@@ -63,5 +63,6 @@ class RendezvousHandler(Protocol):
         """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
         (this node's snapshot, for `launcher status`) at a bounded rate where the backend has a store."""
 
-    def shutdown(self, succeeded: bool) -> None:
-        """Leave the job: close it for everyone when this node is done or gave up."""
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
+        """Leave the job: close it for everyone when this node is done or gave up. `why`: what the
+        others are told when it leaves a running job (e.g. "stopped by SIGTERM")."""

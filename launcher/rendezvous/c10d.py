@@ -104,9 +104,9 @@ class C10dRendezvous(ElasticRendezvous):
         super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None,
                          judge=Judge(job.straggler_threshold, job.straggler_period))
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job, then close the connection and the store server (the host leaves last)."""
-        super().shutdown(succeeded)
+        super().shutdown(succeeded, why)
         self.store.close()
         if self.server is not None:
             self.server.close()

@@ -503,11 +503,11 @@ class EtcdRendezvous(ElasticRendezvous):
             raise
         super().__init__(store, job.run_id, node, s, port_picker=free_port, judge=Judge(job.straggler_threshold, job.straggler_period))
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""
         self._stop_watch.set()
         self.store.lease.wake()  # the watcher leaves now, not at the end of its wait
-        super().shutdown(succeeded)
+        super().shutdown(succeeded, why)
         try:
             self.store.leave(self.run_id)
         except Exception:  # the lease expires on its own; the next run wipes what is left

@@ -45,7 +45,7 @@ from ..errors import (
 )
 from ..net import hostname, interface_of, outward_address
 from ..spec import Round, Verdict
-from ..stragglers import Judge
+from ..stragglers import Judge, running_rates
 from .api import Cause, JobParams, MembershipChanged, Stragglers
 from .settings import RendezvousSettings
 
@@ -54,6 +54,7 @@ MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not our
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
 WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
 MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
+HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
 SNAPSHOT_EVERY = 2.0  # seconds between a node's snapshots (one key per node: O(N) store writes per interval)
 
 
@@ -168,6 +169,8 @@ class ElasticRendezvous:
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
         self._acked = False  # this node told the store host it read the job's verdict
+        self._ack_lock = threading.Lock()
+        self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
         self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
         self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
         self._flagged: frozenset[int] = frozenset()
@@ -180,6 +183,8 @@ class ElasticRendezvous:
 
         `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job."""
         self._stop_watch.set()
+        if self._seen_closed is not None:  # the watcher saw the close: the store may be gone already
+            raise self._seen_closed
         try:
             if self.current is None:
                 self._check_token()
@@ -205,7 +210,7 @@ class ElasticRendezvous:
         self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
         self._stop_watch.set()
         rnd = self.current
@@ -220,8 +225,14 @@ class ElasticRendezvous:
                 if self.is_host:  # the others still need the store: wait for them (exit barrier)
                     self._wait_finished(rnd)
             elif not self.store.get(self._k("closed")):
-                self.store.add(self._k(f"r{r}/left"), 1)
-                self._set_change(r, f"{self.node.node_id} left")
+                left = f"{self.node.node_id} left" + (f": {why}" if why else "")
+                if self.is_host:  # the store goes with this node: the job ends, and the others learn why
+                    self._set_change(r, self._close(f"the node hosting the store ({left})"))
+                    self._ack()
+                    self._wait_acks(rnd, HOST_LEAVING_WAIT)
+                else:
+                    self.store.add(self._k(f"r{r}/left"), 1)
+                    self._set_change(r, left)
             elif self.is_host:  # the others still read the verdict from this store: wait for them
                 self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
@@ -485,12 +496,8 @@ class ElasticRendezvous:
     def _stragglers(self, st: Store, rnd: Round, post: Callable[[object], None]) -> None:
         key = self._k(f"r{rnd.round}/stragglers")
         if rnd.group_rank == 0 and self.judge is not None:
-            rates = {}
-            for g in range(rnd.group_world_size):
-                for w in (read_snapshot(st.get(self._k(f"r{rnd.round}/snap{g}"))) or {}).get("workers", []):
-                    if w["state"] == "running" and w["rate"] is not None:
-                        rates[w["rank"]] = float(w["rate"])
-            flagged = self.judge(rates, self.clock())
+            snaps = (read_snapshot(st.get(self._k(f"r{rnd.round}/snap{g}"))) for g in range(rnd.group_world_size))
+            flagged = self.judge(running_rates(snaps), self.clock())
             if flagged is not None:
                 st.set(key, json.dumps({"median": flagged.median, "ranks": {str(k): v for k, v in flagged.ranks.items()}}).encode())
         try:
@@ -505,22 +512,26 @@ class ElasticRendezvous:
             post(Stragglers(median, ranks))
 
     def _changed(self, st: Store, r: int) -> MembershipChanged:
+        """The round ended: why, and whether the job was closed (read, acknowledged and kept now: the
+        store host may go as soon as every node has acknowledged)."""
         reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
-        return MembershipChanged(reason, closed=bool(st.get(self._k("closed"))))
+        return MembershipChanged(reason, closed=self._closed(st) is not None)
 
-    def _wait_acks(self, rnd: Round) -> None:
+    def _wait_acks(self, rnd: Round, at_most: float | None = None) -> None:
         """The store host, at a closed job's end: keep the store up until every live member of the
-        last round read the verdict (each sets `acked<k>`), or exit_barrier_timeout."""
-        deadline = self.clock() + self.settings.exit_barrier_timeout
+        last round read the verdict (each sets `acked<k>`), or exit_barrier_timeout (or `at_most`)."""
+        deadline = self.clock() + min(self.settings.exit_barrier_timeout, at_most or float("inf"))
         while self.clock() < deadline:
             live = rnd.group_world_size - self.store.add(self._k(f"r{rnd.round}/left"), 0)
             if self.store.wait([self._k(f"acked{k}") for k in range(1, live + 1)], self._slice(deadline, 0.5)):
                 return
 
-    def _ack(self) -> None:
-        if not self._acked:
-            self._acked = True
-            self.store.set(self._k(f"acked{self.store.add(self._k('acks'), 1)}"), b"1")
+    def _ack(self, store: Store | None = None) -> None:
+        st = store or self.store
+        with self._ack_lock:
+            if not self._acked:
+                self._acked = True
+                st.set(self._k(f"acked{st.add(self._k('acks'), 1)}"), b"1")
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
@@ -594,23 +605,31 @@ class ElasticRendezvous:
         return text
 
     def _check_closed(self) -> None:
-        """Raise RendezvousClosedError, with the job's verdict, once the job is closed; tell the host it was read."""
-        reason = self.store.get(self._k("closed"))
+        """Raise RendezvousClosedError, with the job's verdict, once the job is closed."""
+        closed = self._seen_closed or self._closed(self.store)
+        if closed is not None:
+            raise closed
+
+    def _closed(self, st: Store) -> RendezvousClosedError | None:
+        """The job's close as an error with its verdict, once closed (then kept); the host is told it was read."""
+        if self._seen_closed is not None:
+            return self._seen_closed
+        reason = st.get(self._k("closed"))
         if not reason:
-            return
-        message = f"the job was closed: {reason[:300].decode(errors='replace')}"
+            return None
         verdict = None
-        raw = self.store.get(self._k("verdict"))
+        raw = st.get(self._k("verdict"))
         if raw is not None:
             try:
                 verdict = decode_verdict(raw)
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
+        self._seen_closed = RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}", verdict)
         try:
-            self._ack()
+            self._ack(st)
         except Exception:  # the host may be gone already: it waits for nobody then
             log.debug("telling the store host the verdict was read failed", exc_info=True)
-        raise RendezvousClosedError(message, verdict)
+        return self._seen_closed
 
 
 def token_check(token: str | None, run_id: str) -> bytes:
