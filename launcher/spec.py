@@ -165,3 +165,4 @@ class Snapshot:
     round: int = 0
     restarts: int = 0
     workers: list[dict] = field(default_factory=list)
+    waiting: str = ""  # while a round forms: what it waits for

@@ -47,6 +47,13 @@ class RoundFailed:
     error: RendezvousError
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """What the forming round waits for (the rendezvous says so every few seconds)."""
+
+    line: str
+
+
 @dataclass(eq=False)
 class Member:
     """A worker of the current round and its live process."""
@@ -124,6 +131,7 @@ class Supervisor:
         self.exit_signal: int | None = None
         self.message = ""
         self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
+        self.waiting = ""  # what the forming round waits for, while in RENDEZVOUS
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -192,6 +200,8 @@ class Supervisor:
             if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
                 self.verdict = event.error.verdict
             self._set_state(GroupState.FAILED)
+        elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
+            self.waiting = event.line
         elif isinstance(event, Stragglers):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
@@ -211,7 +221,7 @@ class Supervisor:
 
         def ask() -> None:
             try:
-                self.post(RoundReady(self.rendezvous.next_round(cause, verdict)))
+                self.post(RoundReady(self.rendezvous.next_round(cause, verdict, lambda line: self.post(Waiting(line)))))
             except RendezvousError as e:
                 self.post(RoundFailed(e))
             except Exception as e:  # a backend bug must end the job with a message, never hang it
@@ -220,7 +230,7 @@ class Supervisor:
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
     def spawn_workers(self, rnd: Round) -> None:
-        previous, self.round = self.round, rnd
+        previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
             log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
@@ -399,7 +409,8 @@ class Supervisor:
              "straggler": m.straggler}
             for m in list(self.members)
         ]
-        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers)
+        waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
+        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers, waiting)
 
     def report(self) -> dict:
         """This node as `launcher status` shows it (published by the rendezvous watcher every few

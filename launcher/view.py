@@ -57,7 +57,8 @@ def _duration(seconds: float) -> str:
 def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None]], now: float) -> Table:
     """The table for one snapshot (pure but for `stats`): tests render it into a file console."""
     title = f"round {snap.round} · {snap.state.value} · {snap.restarts} restart(s)"
-    table = Table(title=title, title_justify="left", expand=True, header_style="bold")
+    table = Table(title=title, title_justify="left", expand=True, header_style="bold",
+                  caption=snap.waiting or None, caption_justify="left")
     for name, kw in (("rank", {"justify": "right"}), ("pid", {"justify": "right"}), ("state", {}),
                      ("cpu %", {"justify": "right"}), ("rss", {"justify": "right"}), ("restarts", {"justify": "right"}),
                      ("uptime", {"justify": "right"}), ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):

@@ -362,10 +362,12 @@ def test_hostile_verdicts_are_rejected_and_the_close_still_says_why(raw, message
 def test_a_forming_round_says_every_few_seconds_how_many_joined_and_how_long_is_left(caplog):
     clock = FakeClock()
     store = MemoryStore(clock)
+    told: list[str] = []
     with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
-        agent(store, node("a", lo=2, hi=3), clock).next_round(Cause.START)
+        agent(store, node("a", lo=2, hi=3), clock).next_round(Cause.START, waiting=told.append)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
     assert len(lines) == pytest.approx(SETTINGS.join_timeout / WAIT_REPORT_EVERY, abs=1)
+    assert told == lines  # the same line for the live view
     assert lines[0] == "waiting for nodes in round 0: 1 joined (min 2, max 3); join timeout in 55 s"
 
 

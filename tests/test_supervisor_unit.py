@@ -83,7 +83,7 @@ class FakeRendezvous:
         self.watched: list[int] = []
         self.verdicts: list = []
 
-    def next_round(self, cause: Cause, verdict=None) -> Round:
+    def next_round(self, cause: Cause, verdict=None, waiting=None) -> Round:
         self.causes.append(cause)
         self.verdicts.append(verdict)
         if cause is Cause.FAILURE:
@@ -216,7 +216,7 @@ def test_a_job_closed_elsewhere_fails_with_the_remote_root_cause_first(tmp_path)
                       error="RuntimeError: loss is NaN", log="/logs/attempt_0/1/stderr.log")
     reason = "restart budget spent (--max_restarts 0); closed by node h2:9"
 
-    def closed(cause, verdict_=None):
+    def closed(cause, verdict_=None, waiting=None):
         raise RendezvousClosedError(f"the job was closed: {reason}", verdict)
 
     rig.rdzv.next_round = closed
@@ -372,7 +372,7 @@ def test_a_membership_change_re_forms_without_charging_the_budget(tmp_path):
 def test_a_rendezvous_error_fails_with_its_message(tmp_path):
     rig = Rig(tmp_path, nproc=1)
 
-    def broken(cause, verdict=None):
+    def broken(cause, verdict=None, waiting=None):
         raise KeyError("boom")
 
     rig.rdzv.next_round = broken
@@ -381,3 +381,31 @@ def test_a_rendezvous_error_fails_with_its_message(tmp_path):
     result = rig.sup.result()
     assert result.exit_code == 1 and result.message == "rendezvous failed unexpectedly: KeyError: 'boom'"
     assert summary_lines(result) == ["job failed (exit code 1) after 0 restart(s)", f"reason: {result.message}"]
+
+
+def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from launcher.view import render
+
+    rig = Rig(tmp_path, nproc=1)
+    release, real = threading.Event(), rig.rdzv.next_round
+    line = "waiting for nodes in round 0: 1 joined (min 2, max 2); join timeout in 55 s"
+
+    def forming(cause, verdict=None, waiting=None):
+        waiting(line)
+        release.wait(10)
+        return real(cause, verdict)
+
+    rig.rdzv.next_round = forming
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.snapshot().waiting == line, "the waiting line in the snapshot")
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(render(rig.sup.snapshot(), lambda pid: (None, None), now=0.0))
+    assert "round 0 · rendezvous" in out.getvalue() and line in out.getvalue(), out.getvalue()
+    release.set()
+    rig.running(1)
+    assert rig.sup.snapshot().waiting == ""

@@ -55,9 +55,10 @@ class Stragglers:
 class RendezvousHandler(Protocol):
     """What every backend offers the supervisor."""
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
         """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
-        `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job."""
+        `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
+        `waiting`: told every few seconds what a forming round waits for (the line also logged)."""
 
     def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
         """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`

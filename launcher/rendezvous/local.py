@@ -42,7 +42,7 @@ class LocalRendezvous:
                     f"--master_port {settings.master_port} is already in use on this host ({taken}); "
                     "stop what holds it or pick another --master_port")
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
         self._stop.set()
         s, job = self.settings, self.job
         if cause is Cause.FAILURE:

@@ -171,6 +171,7 @@ class ElasticRendezvous:
         self._acked = False  # this node told the store host it read the job's verdict
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
+        self._on_wait: Callable[[str], None] | None = None
         self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
         self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
         self._flagged: frozenset[int] = frozenset()
@@ -178,11 +179,13 @@ class ElasticRendezvous:
 
     # ------------------------------------------------------------------ the handler interface
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None) -> Round:
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
         """Leave the current round (reporting a failure if that is the cause) and join the next one.
 
-        `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job."""
+        `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job.
+        `waiting`: told each WAIT_REPORT_EVERY s what the forming round waits for (the live view's row)."""
         self._stop_watch.set()
+        self._on_wait = waiting
         if self._seen_closed is not None:  # the watcher saw the close: the store may be gone already
             raise self._seen_closed
         try:
@@ -291,7 +294,10 @@ class ElasticRendezvous:
                 raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
             if self.clock() >= report_at:
                 report_at = self.clock() + WAIT_REPORT_EVERY
-                log.info(self._waiting_for(r, k, deadline, last_call))
+                line = self._waiting_for(r, k, deadline, last_call)
+                log.info(line)
+                if self._on_wait is not None:
+                    self._on_wait(line)
             if k < n.min_nodes:
                 continue  # a node with a later ticket will seal
             count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
