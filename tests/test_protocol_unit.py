@@ -426,3 +426,24 @@ def test_snapshots_and_the_straggler_judge_cost_o_n_store_operations_per_interva
     assert n <= store.by_kind["set", "snap"] <= 2 * n  # one write per node per interval
     assert store.by_kind["get", "snap"] <= 2 * n  # group rank 0 alone reads them: N per interval
     assert 1 <= store.by_kind["set", "stragglers"] <= 2 and store.by_kind["get", "stragglers"] <= 2 * n
+
+
+GOOD_SNAPSHOT = {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3, "time": 1.5, "node": "h:1",
+                 "workers": [{"rank": 0, "local_rank": 0, "pid": 9, "state": "running", "restarts": 0, "rate": 2.5, "step": 7}]}
+
+
+@pytest.mark.parametrize("change", [
+    {"host": "evil\x1b[2J"}, {"round": True}, {"time": "now"}, {"workers": "all"}, {"node": "has space"}, {"max_restarts": None},
+])
+def test_a_hostile_snapshot_is_left_out(change):
+    from launcher.rendezvous.protocol import read_snapshot
+    from launcher.stragglers import running_rates
+
+    assert read_snapshot(json.dumps(GOOD_SNAPSHOT).encode())["workers"][0]["rate"] == 2.5
+    assert read_snapshot(json.dumps({**GOOD_SNAPSHOT, **change}).encode()) is None
+    assert read_snapshot(b"[" * 10 + b"x") is None and read_snapshot(b"{}" + b" " * (1 << 17)) is None
+    bad_workers = [{"rank": True, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0},
+                   {"rank": 1, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": "fast"}]
+    snap = read_snapshot(json.dumps({**GOOD_SNAPSHOT, "workers": bad_workers}).encode())
+    assert [w["rank"] for w in snap["workers"]] == [1] and snap["workers"][0]["rate"] is None
+    assert running_rates([snap]) == {}  # a rate that is not a number never reaches the judge
