@@ -150,3 +150,21 @@ def test_a_slow_rank_of_a_single_node_job_is_flagged_too(cluster):
     alone.wait_for(r"launcher: rank 1 on \S+ is a straggler: [\d.]+ steps/s, below 0.5 of the job's median [\d.]+ for 3 s",
                    stream="err", timeout=40)
     assert sum("is a straggler" in e for e in alone.err) == 1
+
+
+@pytest.mark.timeout(60)
+def test_status_watch_refreshes_until_interrupted(cluster):
+    import os
+    import signal as sig
+
+    port = free_port()
+    cluster.start(*c10d(port, "2", conf="join_timeout=60"), STEPPER)
+    wait_for(lambda: job(port).get("forming", {}).get("joined") == 1, timeout=30, what="one node joined")
+    watch = subprocess.Popen([*LAUNCHER, "status", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job", "--json",
+                              "--watch", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(3)
+    watch.send_signal(sig.SIGINT)
+    out, err = watch.communicate(timeout=10)
+    reads = [json.loads(line) for line in out.splitlines()]
+    assert watch.returncode == 0 and len(reads) >= 3 and {r["state"] for r in reads} == {"forming"}, (out, err)
