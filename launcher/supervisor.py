@@ -207,6 +207,8 @@ class Supervisor:
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
                 log.info(f"the job was closed ({event.reason}); stopping the workers")
+            elif event.failed:
+                log.info(f"a worker failed on another node: {event.reason}; restarting the group")
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)

@@ -447,3 +447,19 @@ def test_a_hostile_snapshot_is_left_out(change):
     snap = read_snapshot(json.dumps({**GOOD_SNAPSHOT, "workers": bad_workers}).encode())
     assert [w["rank"] for w in snap["workers"]] == [1] and snap["workers"][0]["rate"] is None
     assert running_rates([snap]) == {}  # a rate that is not a number never reaches the judge
+
+
+def test_the_others_are_told_which_rank_failed_when_a_failure_ends_the_round():
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2)) for name in ("a", "b"))
+    rounds = join_all([a, b])
+    posted: list = []
+    got = threading.Event()
+    b.watch(rounds[1], lambda event: (posted.append(event), got.set()))
+    result: list = []
+    threading.Thread(target=lambda: result.append(a.next_round(Cause.FAILURE, VERDICT)), daemon=True).start()
+    assert got.wait(10)
+    assert posted[0].reason == "rank 3 (local rank 1) on h1 exited with code 1 (attempt 0): RuntimeError: loss is NaN, node a"
+    assert posted[0].failed and not posted[0].closed
+    b._stop_watch.set()
+    b.next_round(Cause.MEMBERSHIP)  # both meet again, restart charged once

@@ -34,14 +34,16 @@ class JobParams:
 
 class MembershipChanged:
     """Posted by a backend's watch: another node joined, left or failed; start a new round.
-    `closed`: the job was closed, so the next round will not form (its error says why)."""
+    `closed`: the job was closed, so the next round will not form (its error says why).
+    `failed`: a worker failed on another node (`reason` names it): a restart, not a membership change."""
 
-    def __init__(self, reason: str, closed: bool = False):
+    def __init__(self, reason: str, closed: bool = False, failed: bool = False):
         self.reason = reason
         self.closed = closed
+        self.failed = failed
 
     def __repr__(self) -> str:
-        return f"MembershipChanged({self.reason!r}, closed={self.closed})"
+        return f"MembershipChanged({self.reason!r}, closed={self.closed}, failed={self.failed})"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ Keys, under `<prefix>/<run_id>/`:
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
+    r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
     r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
     r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
 """
@@ -400,10 +401,13 @@ class ElasticRendezvous:
         with this node's root cause as the job's verdict."""
         if self.store.add(self._k(f"r{r}/failed"), 1) != 1:
             return
+        raw = encode_verdict(replace(verdict, node=self.node.node_id)) if verdict is not None else None
+        if raw is not None:  # the others say why their round ended, restart or not
+            self.store.set(self._k(f"r{r}/cause"), raw)
         used = self.store.add(self._k("restarts"), 1)
         if used > self.node.max_restarts:
-            if verdict is not None:
-                self.store.compare_set(self._k("verdict"), b"", encode_verdict(replace(verdict, node=self.node.node_id)))
+            if raw is not None:
+                self.store.compare_set(self._k("verdict"), b"", raw)
             reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
             self._ack()
             self._set_change(r, reason)
@@ -521,7 +525,17 @@ class ElasticRendezvous:
         """The round ended: why, and whether the job was closed (read, acknowledged and kept now: the
         store host may go as soon as every node has acknowledged)."""
         reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
-        return MembershipChanged(reason, closed=self._closed(st) is not None)
+        closed = self._closed(st) is not None
+        raw = None if closed else st.get(self._k(f"r{r}/cause"))
+        if raw is not None:
+            try:
+                cause = decode_verdict(raw)
+            except RendezvousError as e:
+                log.debug(f"{e}; ignored")
+            else:
+                reason = f"{cause.describe()}" + (f": {cause.error}" if cause.error else "") + f", node {cause.node}"
+                return MembershipChanged(reason, failed=True)
+        return MembershipChanged(reason, closed=closed)
 
     def _wait_acks(self, rnd: Round, at_most: float | None = None) -> None:
         """The store host, at a closed job's end: keep the store up until every live member of the
