@@ -113,6 +113,9 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
 @flag("hang-timeout", group=SIG, default=None, metavar="SEC",
       help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.")
+@flag("straggler-threshold", group=SIG, default="0.5", metavar="FRACTION",
+      help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).")
+@flag("straggler-period", group=SIG, default="60", metavar="SEC", help="How long a rank must stay below it to be flagged.")
 @flag("signals-to-handle", group=SIG, default=cfg.DEFAULT_SIGNALS, metavar="SIGS", help="Signals that stop the job (forwarded first).")
 @flag("passthrough-signals", group=SIG, default="", metavar="SIGS", help="Signals forwarded to workers that go on, e.g. SIGUSR1.")
 @flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
@@ -176,7 +179,38 @@ def store(host: str, port: int) -> None:
         raise click.UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
 
 
-SUBCOMMANDS = {"store": store}
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@flag("rdzv-backend", group=RDZV, default="c10d", metavar="NAME", help="c10d or etcd, as on the job's nodes.")
+@flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
+@flag("rdzv-id", group=RDZV, default="none", metavar="ID", help="The job's id.")
+@flag("rdzv-conf", group=RDZV, default="", metavar="K=V,...", help="As on the nodes: TLS, credentials, join_token_file=PATH.")
+@click.option("--json", "json_out", is_flag=True, help="One JSON object (per refresh), for scripts.")
+@click.option("--watch", "watch", default=None, metavar="SEC", is_flag=False, flag_value="2",
+              help="Refresh every SEC seconds (2 when given alone) until Ctrl-C.")
+def status(rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str, json_out: bool, watch: str | None) -> None:
+    """Show a running, failed or forming job from its rendezvous store: round, restarts of the budget,
+    nodes (state, heartbeat age), ranks (pid, state, restarts, last progress, step rate). Read-only."""
+    config = cfg.status_from_flags(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                                   rdzv_conf=rdzv_conf, json=json_out, watch=watch)
+    from .status import StatusUnreachable, status_main
+
+    if config.format is cfg.StatusFormat.JSON:
+        import json
+
+        def show(job: dict) -> None:
+            click.echo(json.dumps(job))
+    else:
+        from .view import show_status as show  # type: ignore[assignment]
+    try:
+        sys.exit(status_main(config, show))
+    except StatusUnreachable as e:
+        sys.stderr.write(f"launcher status: error: {e}\n")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+SUBCOMMANDS = {"store": store, "status": status}
 
 # Subcommands that are launches of a worker-side module (imported by workers only, never here):
 #   launcher check [launcher flags] [-- args]  ==  launcher [launcher flags] -m launcher.preflight [args]

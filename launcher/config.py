@@ -7,6 +7,7 @@ message that names the fix.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import signal
@@ -75,6 +76,8 @@ class LaunchConfig:
     quiet: bool = False
     log_level: str = "info"  # the launcher's own messages: debug, info, warning or error
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
+    straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
+    straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
 
@@ -90,7 +93,7 @@ class LaunchConfig:
     def job(self) -> JobParams:
         """What every rendezvous backend gets beside its own settings."""
         return JobParams(self.run_id, self.nproc_per_node, self.min_nodes, self.max_nodes, self.max_restarts,
-                         self.local_addr, self.join_token)
+                         self.local_addr, self.join_token, self.straggler_threshold, self.straggler_period)
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -299,6 +302,17 @@ def parse_log_level(text: str | None) -> str:
     return level
 
 
+def parse_fraction(value: float | str, flag: str) -> float:
+    """A number from 0 to 1 (0: off)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a number") from None
+    if not 0 <= x < 1:
+        raise ConfigError(f"{flag} {value!r} must be from 0 (off) to below 1, a fraction of the job's median")
+    return x
+
+
 def parse_whole(value: int | str, flag: str) -> int:
     try:
         return int(value)
@@ -360,6 +374,8 @@ def from_flags(
     quiet: bool = False,
     log_level: str | None = "info",
     hang_timeout: float | str | None = None,
+    straggler_threshold: float | str = 0.5,
+    straggler_period: float | str = 60.0,
     preload: bool = False,
     preload_modules: str | None = None,
     environ: Mapping[str, str] = os.environ,
@@ -433,6 +449,45 @@ def from_flags(
         quiet=quiet,
         log_level=parse_log_level(log_level),
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
+        straggler_threshold=parse_fraction(straggler_threshold, "--straggler_threshold"),
+        straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
     )
+
+
+# ---------------------------------------------------------------------------- launcher status
+
+
+class StatusFormat(enum.Enum):
+    """How `launcher status` shows the job."""
+
+    TABLE = "table"  # a rich table (plain text off a terminal)
+    JSON = "json"  # one JSON object per read, for scripts
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """`launcher status`: which job, in which store, with which credentials, shown how."""
+
+    rdzv_backend: str
+    rdzv_id: str
+    rendezvous: Settings
+    join_token: str | None = field(default=None, repr=False)
+    format: StatusFormat = StatusFormat.TABLE
+    watch: float | None = None  # refresh every this many seconds; None: read once
+
+
+def status_from_flags(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str = "", json: bool = False,
+                      watch: float | str | None = None, environ: Mapping[str, str] = os.environ) -> StatusConfig:
+    """Validate `launcher status` flags: the rendezvous flags of the job, as on its nodes."""
+    backend = str(rdzv_backend).strip().lower()
+    if backend not in ("c10d", "etcd"):
+        raise ConfigError(f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; give --rdzv_backend as on the job's nodes")
+    if not rdzv_id or rdzv_id == "none":
+        raise ConfigError("launcher status needs --rdzv_id, the job's id")
+    conf = parse_kv(rdzv_conf)
+    token = read_join_token(conf, environ)
+    settings = BACKENDS[backend].parse(Flags(endpoint=rdzv_endpoint, conf=conf, environ=environ))
+    every = parse_seconds(watch, "--watch", minimum=0.5) if watch not in (None, "") else None
+    return StatusConfig(backend, rdzv_id, settings, token, StatusFormat.JSON if json else StatusFormat.TABLE, every)

@@ -10,7 +10,7 @@ from .rendezvous.etcd_settings import ETCD_PASSWORD_ENV
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
-PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(), watched with --hang_timeout
+PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(step=), watched with --hang_timeout, read for step rates
 # systemd talks to the agent alone; the join token and the etcd password are the agent's secrets
 AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", JOIN_TOKEN_ENV, ETCD_PASSWORD_ENV)
 
@@ -52,8 +52,9 @@ def worker_env(
         LAUNCHER_ROUND=str(rnd.round),
     )
     env[AGENT_ID_VAR] = agent_id
-    if progress_file:  # --hang_timeout: a hung worker's stacks are dumped on SIGABRT by faulthandler
+    if progress_file:
         env[PROGRESS_VAR] = progress_file
+    if config.hang_timeout:  # a hung worker's stacks are dumped on SIGABRT by faulthandler
         env.setdefault("PYTHONFAULTHANDLER", "1")
     env.update(_thread_defaults(base, worker.local_world_size))
     if rnd.ifname and rnd.group_world_size > 1 and "GLOO_SOCKET_IFNAME" not in base:

@@ -29,7 +29,14 @@ class RendezvousError(LauncherError):
 
 
 class RendezvousClosedError(RendezvousError):
-    """The job was closed by another node (it finished, failed or gave up)."""
+    """The job was closed by another node (it finished, failed or gave up).
+
+    `verdict`: the job's root cause as the closing node published it (a `spec.Verdict`), if any.
+    """
+
+    def __init__(self, message: str, verdict: object = None):
+        super().__init__(message)
+        self.verdict = verdict
 
 
 class RendezvousTimeoutError(RendezvousError):

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -77,7 +78,8 @@ def run(config: LaunchConfig) -> int:
                 logs.close()
                 starter.close()
                 guard.stop()
-        rendezvous.shutdown(result.exit_code == EXIT_OK)
+        why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
             log.info(f"job succeeded after {result.restarts} restart(s)")

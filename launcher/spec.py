@@ -114,6 +114,27 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """The job's root cause as one node published it to the others when it closed the job.
+
+    Small and bounded (the protocol writes and checks it: `rendezvous.protocol.encode_verdict`);
+    `log` is a path on `host`, `node` the agent that wrote it.
+    """
+
+    host: str
+    node: str
+    rank: int
+    local_rank: int
+    returncode: int  # negative: killed by that signal
+    round: int
+    error: str = ""  # the first line of the error file's message
+    log: str = ""  # where the full log (or the error file) is, on `host`
+
+    def describe(self) -> str:
+        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {Exit(self.returncode).describe()} (attempt {self.round})"
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What the supervisor hands back: final state, failures, restarts used, exit code."""
 
@@ -123,6 +144,7 @@ class RunResult:
     restarts: int = 0
     signal: int | None = None
     message: str = ""
+    verdict: Verdict | None = None  # the job's root cause as another node published it (None: local or unknown)
 
     @property
     def root_cause(self) -> Failure | None:
@@ -143,3 +165,4 @@ class Snapshot:
     restarts: int = 0
     workers: list[dict] = field(default_factory=list)
     signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is
+    waiting: str = ""  # while a round forms: what it waits for

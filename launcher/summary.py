@@ -58,14 +58,21 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     `kept`: the temporary folder left behind with the logs and error files, named last.
     """
     root = result.root_cause
-    if result.exit_code == 0 or (root is None and not result.message and not kept):
+    if result.exit_code == 0 or (root is None and not result.message and not kept and not result.verdict):
         return []
     how = f"stopped by {signal.Signals(result.signal).name}" if result.signal else "failed"
     lines = [f"job {how} (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    v = result.verdict
+    if v:  # the job's root cause, on another node: first, whatever happened here
+        lines.append(f"root cause (remote, node {v.node}): {v.describe()}")
+        if v.error:
+            lines.append(f"  error: {v.error}")
+        if v.log:
+            lines.append(f"  log: {v.log} (on {v.host})")
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
-        lines.append(f"root cause: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
+        lines.append(f"{'also failed here' if v else 'root cause'}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
         message, trace = read_error_file(root.error_file)
         if message:
             lines.append(f"  error: {message}")

@@ -11,6 +11,7 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -19,19 +20,20 @@ import selectors
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from . import net, process
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
-from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousError, exit_code_for_signal
+from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .oom import oom_kills, oom_reason
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Worker, WorkerState
+from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
+from .summary import read_error_file
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
@@ -45,6 +47,13 @@ class RoundReady:
 @dataclass(frozen=True)
 class RoundFailed:
     error: RendezvousError
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What the forming round waits for (the rendezvous says so every few seconds)."""
+
+    line: str
 
 
 @dataclass(eq=False)
@@ -61,6 +70,11 @@ class Member:
     hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
+    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
+    straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
+
+
+RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
 class Then(enum.Enum):
@@ -121,6 +135,8 @@ class Supervisor:
         self.message = ""
         self._oom_kills: int | None = None
         self.bootstrap = BootstrapStore(self.environ)  # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
+        self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
+        self.waiting = ""  # what the forming round waits for, while in RENDEZVOUS
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -189,22 +205,33 @@ class Supervisor:
             self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
             self.message = str(event.error)
+            if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
+                self.verdict = event.error.verdict
             self._set_state(GroupState.FAILED)
+        elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
+            self.waiting = event.line
+        elif isinstance(event, Stragglers):
+            self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
-            log.info(f"membership changed ({event.reason}); re-forming the job")
+            if event.closed:
+                log.info(f"the job was closed ({event.reason}); stopping the workers")
+            elif event.failed:
+                log.info(f"a worker failed on another node: {event.reason}; restarting the group")
+            else:
+                log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
 
     # ------------------------------------------------------------------ verbs
 
-    def begin_round(self, cause: Cause) -> None:
+    def begin_round(self, cause: Cause, verdict: Verdict | None = None) -> None:
         """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
         self._set_state(GroupState.RENDEZVOUS)
         self.emit("rendezvous", cause=cause.value)
 
         def ask() -> None:
             try:
-                self.post(RoundReady(self.rendezvous.next_round(cause)))
+                self.post(RoundReady(self.rendezvous.next_round(cause, verdict, lambda line: self.post(Waiting(line)))))
             except RendezvousError as e:
                 self.post(RoundFailed(e))
             except Exception as e:  # a backend bug must end the job with a message, never hang it
@@ -216,14 +243,14 @@ class Supervisor:
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
-        previous, self.round = self.round, rnd
+        previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
             log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
                 f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
-        self.rendezvous.watch(rnd, self.post)
+        self.rendezvous.watch(rnd, self.post, self.report)
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
@@ -234,7 +261,7 @@ class Supervisor:
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
             error_file = os.path.join(folder, "error.json")
-            progress_file = os.path.join(folder, "progress") if self.config.hang_timeout else None
+            progress_file = os.path.join(folder, "progress")
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
             try:
@@ -325,11 +352,28 @@ class Supervisor:
         self.bootstrap.close()  # before the next round: no worker may meet this round's keys
         then, self.stop = self.stop.then, None
         if then is Then.RESTART:
-            self.begin_round(Cause.FAILURE)
+            self.begin_round(Cause.FAILURE, self._verdict())
         elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
         else:
             self._set_state(GroupState.FAILED)
+
+    def flag_stragglers(self, event: Stragglers) -> None:
+        """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
+        c = self.config
+        for m in self.members:
+            slow = m.worker.rank in event.ranks
+            if slow == m.straggler or m.state is not WorkerState.RUNNING:
+                continue
+            m.straggler = slow
+            if slow:
+                rate = event.ranks[m.worker.rank]
+                log.warning(f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
+                            f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)")
+                self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
+            else:
+                log.info(f"rank {m.worker.rank} on {self.host} caught up with the job's median step rate")
+                self.emit("straggler_cleared", rank=m.worker.rank)
 
     def check_hangs(self) -> None:
         """--hang_timeout: a worker with no output and no progress() call for that long is hung.
@@ -340,15 +384,10 @@ class Supervisor:
         limit = self.config.hang_timeout
         if not limit or self.state is not GroupState.RUNNING:
             return
-        now, wall = self.clock(), time.time()
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung:
                 continue
-            idle = now - max([m.started] + [s.last_at for s in m.streams if s.last_at])
-            try:
-                idle = min(idle, wall - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
-            except (OSError, TypeError):
-                pass
+            idle = self._idle(m)
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
@@ -395,10 +434,27 @@ class Supervisor:
         rnd = self.round
         workers = [
             {"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
-             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else ""}
+             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
+             "straggler": m.straggler}
             for m in list(self.members)
         ]
-        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers, self.exit_signal)
+        waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
+        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers,
+                        signal=self.exit_signal, waiting=waiting)
+
+    def report(self) -> dict:
+        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+        seconds, from its thread): the group, and each worker's state, progress and step rate."""
+        rnd = self.round
+        restarts = rnd.restart_count if rnd else 0
+        workers = []
+        for m in list(self.members):
+            step, rate = self._step_rate(m)
+            workers.append({"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
+                            "restarts": restarts, "progress_age": round(self._idle(m), 1), "step": step, "rate": rate,
+                            "straggler": m.straggler})
+        return {"host": self.host, "state": self.state.value, "round": rnd.round if rnd else 0, "restarts": restarts,
+                "max_restarts": self.config.max_restarts, "workers": workers}
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
@@ -408,10 +464,9 @@ class Supervisor:
             code = exit_code_for_signal(self.exit_signal)
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-            code = EXIT_WORKERS_FAILED
-            if root and root.exit.signal is None and 1 <= root.exit.returncode <= 125:
-                code = root.exit.returncode
-        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message)
+            returncode = self.verdict.returncode if self.verdict else root.exit.returncode if root else 0
+            code = returncode if 1 <= returncode <= 125 else EXIT_WORKERS_FAILED
+        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message, self.verdict)
 
     # ------------------------------------------------------------------ helpers
 
@@ -442,6 +497,39 @@ class Supervisor:
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )
+
+    def _idle(self, m: Member) -> float:
+        """Seconds since the worker last printed a line or called launcher.progress()."""
+        idle = self.clock() - max([m.started] + [s.last_at for s in m.streams if s.last_at])
+        try:
+            idle = min(idle, time.time() - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            pass
+        return max(0.0, idle)
+
+    def _step_rate(self, m: Member) -> tuple[int | None, float | None]:
+        """The worker's last `launcher.progress(step=)` and its steps per second over RATE_WINDOW (None: unknown)."""
+        try:
+            with open(m.progress_file, "rb") as f:  # type: ignore[arg-type]
+                step = int(f.read(64).strip() or b"x")
+        except (OSError, TypeError, ValueError):
+            return None, None
+        now = self.clock()
+        m.steps.append((now, step))
+        while len(m.steps) > 2 and now - m.steps[1][0] >= RATE_WINDOW:
+            m.steps.popleft()
+        then, first = m.steps[0]
+        return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
+
+    def _verdict(self) -> Verdict | None:
+        """This node's root cause, as the rendezvous publishes it should it close the job."""
+        root = RunResult(self.state, 0, tuple(self.failures)).root_cause
+        if root is None:
+            return None
+        message = root.reason or read_error_file(root.error_file)[0]
+        return Verdict(host=self.host, node="", rank=root.worker.rank, local_rank=root.worker.local_rank,
+                       returncode=root.exit.returncode, round=root.round, error=(message.splitlines() or [""])[0],
+                       log=next(iter(root.log_files), root.error_file or ""))
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:

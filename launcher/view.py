@@ -43,12 +43,19 @@ class ProcessStats:
             return None, None
 
 
+def _worker_state(w: dict) -> Text:
+    """A worker's state, marked when --straggler_threshold flagged it."""
+    if w.get("straggler"):
+        return Text(f"{w['state']} · straggler", style="bold yellow")
+    return Text(w["state"], style=STATE_STYLE.get(w["state"], ""))
+
+
 def _duration(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def _state(snap: Snapshot) -> str:
+def _group_state(snap: Snapshot) -> str:
     """The group's state; a job ended by a signal was stopped by it, it did not fail."""
     if snap.signal is None or snap.state not in (GroupState.STOPPING, GroupState.FAILED):
         return snap.state.value
@@ -58,8 +65,9 @@ def _state(snap: Snapshot) -> str:
 
 def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None]], now: float) -> Table:
     """The table for one snapshot (pure but for `stats`): tests render it into a file console."""
-    title = f"round {snap.round} · {_state(snap)} · {snap.restarts} restart(s)"
-    table = Table(title=title, title_justify="left", expand=True, header_style="bold")
+    title = f"round {snap.round} · {_group_state(snap)} · {snap.restarts} restart(s)"
+    table = Table(title=title, title_justify="left", expand=True, header_style="bold",
+                  caption=snap.waiting or None, caption_justify="left")
     for name, kw in (("rank", {"justify": "right"}), ("pid", {"justify": "right"}), ("state", {}),
                      ("cpu %", {"justify": "right"}), ("rss", {"justify": "right"}), ("restarts", {"justify": "right"}),
                      ("uptime", {"justify": "right"}), ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
@@ -67,7 +75,8 @@ def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None
     for w in snap.workers:
         cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
         table.add_row(
-            str(w["rank"]), str(w["pid"]), Text(w["state"], style=STATE_STYLE.get(w["state"], "")),
+            str(w["rank"]), str(w["pid"]),
+            _worker_state(w),
             "" if cpu is None else f"{cpu:.0f}", "" if rss is None else f"{rss / 2**20:.0f} MiB",
             str(snap.restarts), _duration(now - w["started"]) if w["state"] == "running" else "",
             Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
@@ -109,6 +118,47 @@ class LiveView:
 
     def stop(self) -> None:
         self._live.stop()
+
+
+def _age(seconds: object) -> str:
+    return "" if not isinstance(seconds, (int, float)) else f"{seconds:.0f} s"
+
+
+def render_status(job: dict) -> Table:
+    """`launcher status` as one table: a row per rank under its node's row (pure: tests render it)."""
+    budget = f"{job.get('restarts', 0)} of {job['max_restarts']}" if job.get("max_restarts") is not None else str(job.get("restarts", 0))
+    title = f"job {job['run_id']} · {job['state']} · round {job.get('round', '-')} · restarts {budget}"
+    if job.get("forming"):
+        title += f" · round {job['forming']['round']} forming, {job['forming']['joined']} joined"
+    caption = []
+    if job.get("closed"):
+        caption.append(f"closed: {job['closed']}")
+    v = job.get("verdict")
+    if v:
+        caption.append(f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}")
+    if job.get("stragglers"):
+        caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
+    table = Table(title=title, title_justify="left", caption="\n".join(caption) or None, caption_justify="left",
+                  expand=False, header_style="bold")
+    for name in ("node / rank", "host", "state", "heartbeat", "pid", "restarts", "progress", "step", "steps/s"):
+        table.add_column(name, justify="right" if name in ("pid", "restarts", "step", "steps/s") else "left")
+    for n in job["nodes"]:
+        table.add_row(Text(f"node {n['group_rank']}", style="bold"), n["host"], Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
+                      _age(n.get("heartbeat_age")) + " ago", "", "", "", "", "")
+        for w in n["workers"]:
+            table.add_row(f"  rank {w['rank']}", "", _worker_state(w), "", str(w["pid"]), str(w["restarts"]),
+                          _age(w.get("progress_age")) + (" ago" if w.get("progress_age") is not None else ""),
+                          "" if w.get("step") is None else str(w["step"]), "" if w.get("rate") is None else f"{w['rate']:.2f}")
+    if not job["nodes"]:
+        table.add_row("", "", "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+                      "", "", "", "", "", "")
+    return table
+
+
+def show_status(job: dict) -> None:
+    """Print `launcher status`'s table on stdout (plain text when stdout is not a terminal)."""
+    console = Console()
+    (console if console.is_terminal else Console(width=160)).print(render_status(job))  # a pipe gets whole columns
 
 
 def print_panel(lines: list[str]) -> None:

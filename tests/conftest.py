@@ -360,6 +360,21 @@ def finish(procs, timeout: float = 90) -> list[tuple[int, str, str]]:
     return out
 
 
+def assert_one_story(stderrs: list[str], rank: int, error: str) -> None:
+    """Every node of a job whose rank `rank` raised `error` with no restart left names that rank and its
+    error as the job's root cause: the node it ran on as its own, every other node as remote, each with
+    the true reason; no node blames a store that closed the connection."""
+    local = [e for e in stderrs if re.search(rf"launcher: root cause: rank {rank} \(local rank \d+\)", e)]
+    remote = [e for e in stderrs if re.search(rf"launcher: root cause \(remote, node \S+\): rank {rank} \(local rank \d+\) on \S+ exited with code 1", e)]
+    assert len(local) == 1 and len(remote) == len(stderrs) - 1, stderrs
+    assert "reason: no restarts left (--max_restarts 0)" in local[0], local[0]
+    for e in remote:
+        assert re.search(r"reason: the job was closed: restart budget spent \(--max_restarts 0\); closed by node \S+", e), e
+        assert "re-forming" not in e, e
+    for e in stderrs:
+        assert f"error: {error}" in e and "closed the connection" not in e, e
+
+
 # ---------------------------------------------------------------------------- the protocol on a real store
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, finish, free_port, infos, wait_line, worker
+from conftest import ROOT, assert_one_story, finish, free_port, infos, wait_line, worker
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
@@ -279,6 +279,17 @@ def test_worker_failure_restarts_every_node_once(launch, etcd):
 
 @needs_etcd
 @pytest.mark.timeout(60)
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(launch, etcd):
+    procs = [launch.start(*args(etcd.endpoint, "2", nproc=2, run_id="verdict"), worker("raise_rank.py"),
+                          env={"FAIL_RANK": "3", "SLEEP": "60"}) for _ in range(2)]
+    results = finish(procs, timeout=45)
+    assert [rc for rc, _, _ in results] == [1, 1], [e for _, _, e in results]
+    assert_one_story([e for _, _, e in results], 3, "RuntimeError: loss is NaN at step 7 on rank 3")
+    assert keys_of(etcd, "verdict") == []  # the verdict went with the run's other keys
+
+
+@needs_etcd
+@pytest.mark.timeout(60)
 def test_killed_agent_lease_expires_and_survivors_reform(launch, etcd):
     run = args(etcd.endpoint, "1:3", run_id="kill")
     procs = [launch.start(*run, worker("node_info.py"), env={"SLEEP": "40"}) for _ in range(3)]
@@ -529,3 +540,37 @@ def test_tls_mismatch_is_a_clear_error(launch, etcd, etcd_factory, tmp_path):
     r = launch.run(*args(member.endpoint, "2", conf="join_timeout=2"), worker("node_info.py"), timeout=30)
     assert r.returncode == 1 and f"cannot reach etcd at {member.endpoint}" in r.stderr, r.stderr
     assert "if etcd serves TLS, pass --rdzv_conf cacert=PATH" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------- launcher status
+
+
+def etcd_status(member: Member, run_id: str, env: dict) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "launcher", "status", "--json", "--rdzv_backend", "etcd",
+                           "--rdzv_endpoint", member.endpoint, "--rdzv_id", run_id], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@needs_etcd
+@pytest.mark.timeout(90)
+def test_status_on_etcd_shows_the_running_job_and_refuses_wrong_credentials(launch, etcd_factory):
+    (member,) = etcd_factory()
+    enable_auth(member)
+    good = {"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"}
+    procs = [launch.start(*args(member.endpoint, "2", nproc=2, run_id="seen"), worker("stepper.py"), env={**good, "STEPS": "400"})
+             for _ in range(2)]
+    deadline, seen = time.monotonic() + 40, {}
+    while time.monotonic() < deadline and not (len(seen.get("nodes", [])) == 2 and all(
+            w["rate"] for n in seen["nodes"] for w in n["workers"])):
+        r = etcd_status(member, "seen", good)
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout)
+        time.sleep(0.5)
+    assert seen["state"] == "running" and sorted(w["rank"] for n in seen["nodes"] for w in n["workers"]) == [0, 1, 2, 3], seen
+    r = etcd_status(member, "seen", {**good, "LAUNCHER_ETCD_PASSWORD": "not-the-password"})
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "wrong user name or password" in r.stderr and "not-the-password" not in r.stderr, r.stderr
+    for p in procs:
+        p.kill()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Agent, Cluster, free_port, network_hosts, sh, wait_gone, worker
+from conftest import Agent, Cluster, assert_one_story, free_port, network_hosts, sh, wait_gone, worker
 from conftest import c10d as shared_c10d
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
@@ -86,6 +86,9 @@ def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
         assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
         assert int(starts(a)[-1]["from"]) > 0  # the second attempt resumed from the checkpoint
     assert f"pid {victim}" in agents[1].stderr or "killed by SIGKILL" in agents[1].stderr, agents[1].stderr
+    # the other node says which rank failed where, not that the membership changed
+    agents[0].wait_for(rf"launcher: a worker failed on another node: rank [23] \(local rank [01]\) on \S+ killed by SIGKILL: "
+                       rf"out of memory\? .* \(attempt 0\), node \S+:{agents[1].pid}; restarting the group", stream="err", timeout=1)
     assert checkpoint(tmp_path)["step"] == 30
     assert cluster.leftovers() == {}
 
@@ -108,6 +111,55 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     assert checkpoint(tmp_path)["step"] == 60
     assert time.monotonic() - t0 < 60
     assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-second-node", "on-the-store-host"])
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_rank):
+    port = free_port()
+    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
+    agents = [cluster.start(*c10d(port, "2", nproc=2), worker("raise_rank.py"), env=env) for _ in range(2)]
+    assert [a.wait(60) for a in agents] == [1, 1], [a.stderr[-3000:] for a in agents]
+    assert_one_story([a.stderr for a in agents], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}")
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_node_that_never_comes_is_waited_for_out_loud(cluster):
+    alone = cluster.start(*c10d(free_port(), "2", conf="join_timeout=30"), worker("node_info.py"))
+    t0 = time.monotonic()
+    alone.wait_for(r"launcher: waiting for nodes in round 0: 1 joined \(min 2, max 2\); join timeout in 2\d s", stream="err", timeout=20)
+    assert time.monotonic() - t0 < 15  # the first line comes after 5 s (with the start and the interpreter's import)
+    alone.signal(signal.SIGTERM)
+    assert alone.wait(20) == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stopped", ["client", "host"])
+def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
+    """A client node leaves: the other says who left and why, then names it as missing while it waits.
+    The store-hosting node leaves: it closes the job saying so, and the other ends with that reason."""
+    port = free_port()
+    host, client = (cluster.start(*c10d(port, "2", conf=f"join_timeout=30,is_host={h}"), worker("node_info.py"),
+                                  env={"SLEEP": "60"}) for h in ("true", "false"))
+    for a in (host, client):
+        a.wait_for(r" info rank=")
+    gone, stays = (client, host) if stopped == "client" else (host, client)
+    gone.signal(signal.SIGTERM)
+    assert gone.wait(30) == 128 + signal.SIGTERM
+    node = rf"\S+:{gone.pid}"
+    if stopped == "client":
+        stays.wait_for(rf"launcher: membership changed \({node} left: stopped by SIGTERM\); re-forming the job", stream="err", timeout=15)
+        stays.wait_for(rf"waiting for nodes in round 1: 1 joined \(min 2, max 2\), 1 expected back from round 0; missing: {node}; "
+                       r"join timeout in 2\d s", stream="err", timeout=15)
+        stays.signal(signal.SIGTERM)
+        assert stays.wait(30) == 128 + signal.SIGTERM
+    else:
+        assert stays.wait(30) == 1
+        why = rf"the node hosting the store \({node} left: stopped by SIGTERM\); closed by node {node}"
+        stays.wait_for(rf"launcher: the job was closed \({why}\); stopping the workers", stream="err", timeout=5)
+        stays.wait_for(rf"launcher: reason: the job was closed: {why}$", stream="err", timeout=5)
+        assert "closed the connection" not in stays.stderr and "lost the rendezvous store" not in stays.stderr, stays.stderr
 
 
 # ---------------------------------------------------------------------------- agents
@@ -227,6 +279,19 @@ def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, 
     assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
     assert node_a.wait(60) == 0, node_a.stderr[-3000:]
     assert checkpoint(tmp_path)["step"] == 100
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-other-host", "on-the-store-host"])
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_host(cluster, two_hosts, fail_rank):
+    a, b, _ = two_hosts
+    run = c10d(29400, "2", nproc=2, host="10.78.0.1")
+    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
+    node_a = cluster.start(*run, worker("raise_rank.py"), env=env, netns=a, name="a")  # hosts the store: its address
+    node_b = cluster.start(*run, worker("raise_rank.py"), env=env, netns=b, name="b")
+    assert [n.wait(60) for n in (node_a, node_b)] == [1, 1], [n.stderr[-3000:] for n in (node_a, node_b)]
+    assert_one_story([node_a.stderr, node_b.stderr], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}")
+    assert cluster.leftovers() == {}
 
 
 # ---------------------------------------------------------------------------- the rendezvous store

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +16,8 @@ from conftest import FakeClock
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import ElasticRendezvous, Node, assign
+from launcher.rendezvous.protocol import MAX_VERDICT, SNAPSHOT_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
 
@@ -173,7 +176,7 @@ def test_failures_are_charged_to_the_budget_until_it_is_spent():
     assert a.next_round(Cause.FAILURE).restart_count == 2
     with pytest.raises(RestartBudgetExhausted, match=r"no restarts left \(--max_restarts 2\)"):
         a.next_round(Cause.FAILURE)
-    assert store.data["job/closed"] == b"restart budget spent (--max_restarts 2)"
+    assert store.data["job/closed"] == b"restart budget spent (--max_restarts 2); closed by node a"
     with pytest.raises(RendezvousClosedError, match="the job was closed: restart budget spent"):
         agent(store, node("late"), clock).next_round(Cause.START)
 
@@ -279,5 +282,184 @@ def test_leaving_tells_the_others():
     store = MemoryStore()
     a = agent(store, node("a"))
     a.next_round(Cause.START)
-    a.shutdown(succeeded=False)
-    assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left"
+    a.shutdown(succeeded=False, why="stopped by SIGTERM")
+    assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left: stopped by SIGTERM"
+
+
+# ---------------------------------------------------------------------------- the job's verdict
+
+
+VERDICT = Verdict(host="h1", node="", rank=3, local_rank=1, returncode=1, round=0, error="RuntimeError: loss is NaN",
+                  log="/logs/attempt_0/1/stderr.log")
+
+
+def test_the_node_that_spends_the_budget_publishes_the_verdict_and_every_node_reads_it():
+    store = MemoryStore()
+    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    other = agent(store, node("n1", lo=2, hi=2, restarts=0))
+    join_all([host, other])
+    with pytest.raises(RestartBudgetExhausted):
+        host.next_round(Cause.FAILURE, VERDICT)
+    assert store.data["job/r0/change"] == b"restart budget spent (--max_restarts 0); closed by node n0"
+    with pytest.raises(RendezvousClosedError, match="closed by node n0") as closed:
+        other.next_round(Cause.MEMBERSHIP)
+    assert closed.value.verdict == replace(VERDICT, node="n0")  # the closer names itself
+    assert store.data["job/acks"] == b"2"  # the closer and the reader
+    done = threading.Thread(target=host.shutdown, args=(False,), daemon=True)
+    done.start()
+    done.join(5)  # both acknowledged: the host's store may go at once
+    assert not done.is_alive()
+
+
+def test_the_store_host_waits_for_the_readers_at_most_the_exit_barrier_timeout():
+    store = MemoryStore()
+    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    join_all([host, agent(store, node("n1", lo=2, hi=2, restarts=0))])
+    store.clock = host.clock = FakeClock()  # from here on, waits move simulated time
+    with pytest.raises(RestartBudgetExhausted):
+        host.next_round(Cause.FAILURE, VERDICT)
+    host.shutdown(succeeded=False)  # n1 never reads it
+    assert SETTINGS.exit_barrier_timeout <= host.clock.now < SETTINGS.exit_barrier_timeout + 1
+
+
+def test_a_verdict_is_cut_to_its_limits_and_made_printable():
+    assert decode_verdict(encode_verdict(VERDICT)) == VERDICT
+    long = replace(VERDICT, host="evil\nhost", error="E" * 10_000 + "\x1b[31m", log="/x" * 2000)
+    raw = encode_verdict(long)
+    back = decode_verdict(raw)
+    assert len(raw) <= MAX_VERDICT and back.host == "evil host" and back.error == "E" * 300 and len(back.log) == 1024
+
+
+def _verdict_with(**fields) -> bytes:
+    return json.dumps({**json.loads(encode_verdict(VERDICT)), **fields}).encode()
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"{" + b" " * MAX_VERDICT + b"}", "oversized verdict"),
+    (b"not json", "verdict that is not JSON"),
+    (b"[1, 2]", "malformed verdict"),
+    (_verdict_with(rank=True), "malformed verdict"),
+    (_verdict_with(rank=-1), "malformed verdict"),
+    (_verdict_with(returncode="1"), "malformed verdict"),
+    (_verdict_with(error="line one\nline two"), "malformed verdict"),
+    (_verdict_with(error="x" * 301), "malformed verdict"),
+    (_verdict_with(host=None), "malformed verdict"),
+])
+def test_hostile_verdicts_are_rejected_and_the_close_still_says_why(raw, message):
+    with pytest.raises(RendezvousError, match=message):
+        decode_verdict(raw)
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    store.data.update({"job/verdict": raw, "job/closed": b"restart budget spent; closed by node x"})
+    with pytest.raises(RendezvousClosedError, match="restart budget spent; closed by node x") as closed:
+        agent(store, node("late"), clock).next_round(Cause.START)
+    assert closed.value.verdict is None
+
+
+# ---------------------------------------------------------------------------- what a forming round waits for
+
+
+def test_a_forming_round_says_every_few_seconds_how_many_joined_and_how_long_is_left(caplog):
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    told: list[str] = []
+    with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
+        agent(store, node("a", lo=2, hi=3), clock).next_round(Cause.START, waiting=told.append)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
+    assert len(lines) == pytest.approx(SETTINGS.join_timeout / WAIT_REPORT_EVERY, abs=1)
+    assert told == lines  # the same line for the live view
+    assert lines[0] == "waiting for nodes in round 0: 1 joined (min 2, max 3); join timeout in 55 s"
+
+
+def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2)) for name in ("a", "b"))
+    join_all([a, b])
+    store.clock = a.clock = FakeClock()  # b never comes back: a waits alone, in simulated time
+    with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
+        a.next_round(Cause.MEMBERSHIP)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
+    assert lines[0] == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+
+
+# ---------------------------------------------------------------------------- snapshots: O(N) per interval
+
+
+class KeyCounting(MemoryStore):
+    """A MemoryStore that counts reads and writes per key kind (the key's last part, digits dropped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_kind: dict[tuple[str, str], int] = {}
+
+    def _count(self, op: str, key: str) -> None:
+        kind = key.rsplit("/", 1)[-1].rstrip("0123456789")
+        self.by_kind[op, kind] = self.by_kind.get((op, kind), 0) + 1
+
+    def get(self, key: str) -> bytes | None:
+        self._count("get", key)
+        return super().get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._count("set", key)
+        super().set(key, value)
+
+
+def test_snapshots_and_the_straggler_judge_cost_o_n_store_operations_per_interval():
+    from launcher.stragglers import Judge
+
+    n, store = 12, KeyCounting()
+    nodes = [ElasticRendezvous(store, "job", node(f"n{i}", lo=n, hi=n), SETTINGS, port_picker=lambda: 1, judge=Judge(0.5, 60))
+             for i in range(n)]
+    rounds = join_all(nodes)
+    def report(rank: int):
+        return lambda: {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3,
+                        "workers": [{"rank": rank, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": 1.0}]}
+
+    for a, rnd in zip(nodes, rounds):
+        a.watch(rnd, lambda event: None, report(rnd.group_rank))
+    time.sleep(SNAPSHOT_EVERY + 0.5)  # two intervals begun: every node published twice at most
+    for a in nodes:
+        a._stop_watch.set()
+    for a in nodes:
+        a._watcher.join(5)
+    assert n <= store.by_kind["set", "snap"] <= 2 * n  # one write per node per interval
+    assert store.by_kind["get", "snap"] <= 2 * n  # group rank 0 alone reads them: N per interval
+    assert 1 <= store.by_kind["set", "stragglers"] <= 2 and store.by_kind["get", "stragglers"] <= 2 * n
+
+
+GOOD_SNAPSHOT = {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3, "time": 1.5, "node": "h:1",
+                 "workers": [{"rank": 0, "local_rank": 0, "pid": 9, "state": "running", "restarts": 0, "rate": 2.5, "step": 7}]}
+
+
+@pytest.mark.parametrize("change", [
+    {"host": "evil\x1b[2J"}, {"round": True}, {"time": "now"}, {"workers": "all"}, {"node": "has space"}, {"max_restarts": None},
+])
+def test_a_hostile_snapshot_is_left_out(change):
+    from launcher.rendezvous.protocol import read_snapshot
+    from launcher.stragglers import running_rates
+
+    assert read_snapshot(json.dumps(GOOD_SNAPSHOT).encode())["workers"][0]["rate"] == 2.5
+    assert read_snapshot(json.dumps({**GOOD_SNAPSHOT, **change}).encode()) is None
+    assert read_snapshot(b"[" * 10 + b"x") is None and read_snapshot(b"{}" + b" " * (1 << 17)) is None
+    bad_workers = [{"rank": True, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0},
+                   {"rank": 1, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": "fast"}]
+    snap = read_snapshot(json.dumps({**GOOD_SNAPSHOT, "workers": bad_workers}).encode())
+    assert [w["rank"] for w in snap["workers"]] == [1] and snap["workers"][0]["rate"] is None
+    assert running_rates([snap]) == {}  # a rate that is not a number never reaches the judge
+
+
+def test_the_others_are_told_which_rank_failed_when_a_failure_ends_the_round():
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2)) for name in ("a", "b"))
+    rounds = join_all([a, b])
+    posted: list = []
+    got = threading.Event()
+    b.watch(rounds[1], lambda event: (posted.append(event), got.set()))
+    result: list = []
+    threading.Thread(target=lambda: result.append(a.next_round(Cause.FAILURE, VERDICT)), daemon=True).start()
+    assert got.wait(10)
+    assert posted[0].reason == "rank 3 (local rank 1) on h1 exited with code 1 (attempt 0): RuntimeError: loss is NaN, node a"
+    assert posted[0].failed and not posted[0].closed
+    b._stop_watch.set()
+    b.next_round(Cause.MEMBERSHIP)  # both meet again, restart charged once

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -95,6 +96,11 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
     rc = host.wait(15)
     err = host.stderr.read()
     assert rc != 0 and "fewer than 2" in err, err
+    # the true reason, once: the node lost, who closed the job; no re-forming promised
+    reason = re.findall(r"launcher: reason: (.*)", err)
+    assert len(reason) == 1 and re.fullmatch(r"the job was closed: node with group rank 1 died; 1 node\(s\) left, "
+                                             r"fewer than 2; closed by node \S+", reason[0]), err
+    assert "re-forming" not in err and "closed the connection" not in err, err
 
 
 def test_other_run_id_never_joins(launch):

@@ -11,10 +11,10 @@ import pytest
 from conftest import FakeClock
 from launcher import process
 from launcher.config import from_flags
-from launcher.errors import RestartBudgetExhausted
+from launcher.errors import RendezvousClosedError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.signals import SignalReceived
-from launcher.spec import Exit, GroupState, Round
+from launcher.spec import Exit, GroupState, Round, Verdict
 from launcher.summary import summary_lines
 from launcher.supervisor import Supervisor
 
@@ -81,9 +81,11 @@ class FakeRendezvous:
         self.round, self.restarts = -1, 0
         self.causes: list[Cause] = []
         self.watched: list[int] = []
+        self.verdicts: list = []
 
-    def next_round(self, cause: Cause) -> Round:
+    def next_round(self, cause: Cause, verdict=None, waiting=None) -> Round:
         self.causes.append(cause)
+        self.verdicts.append(verdict)
         if cause is Cause.FAILURE:
             self.restarts += 1
             if self.restarts > self.max_restarts:
@@ -92,10 +94,10 @@ class FakeRendezvous:
         return Round(run_id="unit", round=self.round, restart_count=self.restarts, group_rank=0, group_world_size=1,
                      rank_offset=0, world_size=self.nproc, master_addr="127.0.0.1", master_port=29500)
 
-    def watch(self, rnd: Round, post) -> None:
+    def watch(self, rnd: Round, post, report=None) -> None:
         self.watched.append(rnd.round)
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         pass
 
 
@@ -213,6 +215,32 @@ def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
     assert lines[1] == "reason: no restarts left (--max_restarts 1)"
     assert lines[2].startswith("root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)")
     assert lines[-1] == "stopped by the launcher: rank 0 (pid 10002)"  # only the last round's collateral
+    told = rig.rdzv.verdicts[-1]  # what the rendezvous publishes as the job's verdict when it closes the job
+    assert (told.host, told.rank, told.local_rank, told.returncode, told.round) == ("testhost", 1, 1, 42, 1)
+
+
+def test_a_job_closed_elsewhere_fails_with_the_remote_root_cause_first(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+    rig.start()
+    verdict = Verdict(host="h2", node="h2:9", rank=3, local_rank=1, returncode=3, round=0,
+                      error="RuntimeError: loss is NaN", log="/logs/attempt_0/1/stderr.log")
+    reason = "restart budget spent (--max_restarts 0); closed by node h2:9"
+
+    def closed(cause, verdict_=None, waiting=None):
+        raise RendezvousClosedError(f"the job was closed: {reason}", verdict)
+
+    rig.rdzv.next_round = closed
+    rig.sup.post(MembershipChanged(reason, closed=True))
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 3 and result.verdict == verdict  # the remote root cause's own code, as on its node
+    assert summary_lines(result) == [
+        "job failed (exit code 3) after 0 restart(s)",
+        "root cause (remote, node h2:9): rank 3 (local rank 1) on h2 exited with code 3 (attempt 0)",
+        "  error: RuntimeError: loss is NaN",
+        "  log: /logs/attempt_0/1/stderr.log (on h2)",
+        f"reason: the job was closed: {reason}",
+    ]
 
 
 def test_a_code_outside_1_to_125_gives_exit_1(tmp_path):
@@ -354,7 +382,7 @@ def test_a_membership_change_re_forms_without_charging_the_budget(tmp_path):
 def test_a_rendezvous_error_fails_with_its_message(tmp_path):
     rig = Rig(tmp_path, nproc=1)
 
-    def broken(cause):
+    def broken(cause, verdict=None, waiting=None):
         raise KeyError("boom")
 
     rig.rdzv.next_round = broken
@@ -363,3 +391,31 @@ def test_a_rendezvous_error_fails_with_its_message(tmp_path):
     result = rig.sup.result()
     assert result.exit_code == 1 and result.message == "rendezvous failed unexpectedly: KeyError: 'boom'"
     assert summary_lines(result) == ["job failed (exit code 1) after 0 restart(s)", f"reason: {result.message}"]
+
+
+def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from launcher.view import render
+
+    rig = Rig(tmp_path, nproc=1)
+    release, real = threading.Event(), rig.rdzv.next_round
+    line = "waiting for nodes in round 0: 1 joined (min 2, max 2); join timeout in 55 s"
+
+    def forming(cause, verdict=None, waiting=None):
+        waiting(line)
+        release.wait(10)
+        return real(cause, verdict)
+
+    rig.rdzv.next_round = forming
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.snapshot().waiting == line, "the waiting line in the snapshot")
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(render(rig.sup.snapshot(), lambda pid: (None, None), now=0.0))
+    assert "round 0 · rendezvous" in out.getvalue() and line in out.getvalue(), out.getvalue()
+    release.set()
+    rig.running(1)
+    assert rig.sup.snapshot().waiting == ""

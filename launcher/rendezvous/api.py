@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from ..spec import Round
+from ..spec import Round, Verdict
 
 
 class Cause(enum.Enum):
@@ -28,26 +28,44 @@ class JobParams:
     max_restarts: int = 0
     local_addr: str | None = None  # --local_addr: this node's address as the others reach it
     join_token: str | None = field(default=None, repr=False)
+    straggler_threshold: float = 0.0  # --straggler_threshold (0: off)
+    straggler_period: float = 60.0  # --straggler_period
 
 
 class MembershipChanged:
-    """Posted by a backend's watch: another node joined, left or failed; start a new round."""
+    """Posted by a backend's watch: another node joined, left or failed; start a new round.
+    `closed`: the job was closed, so the next round will not form (its error says why).
+    `failed`: a worker failed on another node (`reason` names it): a restart, not a membership change."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, closed: bool = False, failed: bool = False):
         self.reason = reason
+        self.closed = closed
+        self.failed = failed
 
     def __repr__(self) -> str:
-        return f"MembershipChanged({self.reason!r})"
+        return f"MembershipChanged({self.reason!r}, closed={self.closed}, failed={self.failed})"
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Posted by a backend's watch when the job's flagged ranks change: rank -> its steps/s."""
+
+    median: float
+    ranks: dict[int, float]
 
 
 class RendezvousHandler(Protocol):
     """What every backend offers the supervisor."""
 
-    def next_round(self, cause: Cause) -> Round:
-        """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout)."""
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+        """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
+        `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
+        `waiting`: told every few seconds what a forming round waits for (the line also logged)."""
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
-        """Start watching `rnd`: post `MembershipChanged` when the job must re-form."""
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+        """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
+        (this node's snapshot, for `launcher status`) at a bounded rate where the backend has a store."""
 
-    def shutdown(self, succeeded: bool) -> None:
-        """Leave the job: close it for everyone when this node is done or gave up."""
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
+        """Leave the job: close it for everyone when this node is done or gave up. `why`: what the
+        others are told when it leaves a running job (e.g. "stopped by SIGTERM")."""

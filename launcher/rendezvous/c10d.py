@@ -18,6 +18,7 @@ from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
 from .api import JobParams
 from .protocol import Capability, ElasticRendezvous, Node
+from ..stragglers import Judge
 from .settings import C10dSettings
 from .tcpstore import StoreClient, StoreError, StoreServer
 
@@ -100,11 +101,12 @@ class C10dRendezvous(ElasticRendezvous):
                     raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
                 # another agent on this machine hosts it already: be a client
         store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
-        super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None)
+        super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None,
+                         judge=Judge(job.straggler_threshold, job.straggler_period))
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job, then close the connection and the store server (the host leaves last)."""
-        super().shutdown(succeeded)
+        super().shutdown(succeeded, why)
         self.store.close()
         if self.server is not None:
             self.server.close()

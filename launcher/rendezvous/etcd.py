@@ -40,6 +40,7 @@ from ..net import free_port
 from .api import JobParams
 from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
 from .etcd_settings import EtcdOptions, EtcdSettings
+from ..stragglers import Judge
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import RendezvousSettings
 
@@ -500,13 +501,13 @@ class EtcdRendezvous(ElasticRendezvous):
             lease.close()
             store.close()
             raise
-        super().__init__(store, job.run_id, node, s, port_picker=free_port)
+        super().__init__(store, job.run_id, node, s, port_picker=free_port, judge=Judge(job.straggler_threshold, job.straggler_period))
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""
         self._stop_watch.set()
         self.store.lease.wake()  # the watcher leaves now, not at the end of its wait
-        super().shutdown(succeeded)
+        super().shutdown(succeeded, why)
         try:
             self.store.leave(self.run_id)
         except Exception:  # the lease expires on its own; the next run wipes what is left

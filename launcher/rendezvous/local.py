@@ -7,13 +7,21 @@ never meets the last attempt's keys (pytorch#135712).
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Callable
 
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
 from ..net import free_port, port_taken
-from ..spec import Round
-from .api import Cause, JobParams
+from ..spec import Round, Verdict
+from ..stragglers import Judge, running_rates
+from .api import Cause, JobParams, Stragglers
 from .settings import LocalSettings, StaticSettings
+
+
+log = logging.getLogger(__name__)
+JUDGE_EVERY = 2.0  # seconds between straggler judgements (as a store backend's snapshots)
 
 
 class LocalRendezvous:
@@ -26,6 +34,7 @@ class LocalRendezvous:
         self._round = -1
         self._restarts = 0
         self._rank = settings.node_rank if isinstance(settings, StaticSettings) else 0
+        self._stop = threading.Event()
         if isinstance(settings, StaticSettings) and settings.node_rank == 0 and settings.master_port:
             taken = port_taken(settings.master_port)  # rank 0's store would die on it: say so before starting
             if taken:
@@ -33,7 +42,8 @@ class LocalRendezvous:
                     f"--master_port {settings.master_port} is already in use on this host ({taken}); "
                     "stop what holds it or pick another --master_port")
 
-    def next_round(self, cause: Cause) -> Round:
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+        self._stop.set()
         s, job = self.settings, self.job
         if cause is Cause.FAILURE:
             if self._restarts >= job.max_restarts:
@@ -56,9 +66,29 @@ class LocalRendezvous:
             master_port=port,
         )
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
-        """Nothing to watch: no other node can change this round."""
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+        """No other node can change this round; only this node's ranks are judged for stragglers."""
+        self._stop.set()
+        if report is None or not self.job.straggler_threshold:
+            return
+        stop = self._stop = threading.Event()
+        judge = Judge(self.job.straggler_threshold, self.job.straggler_period)
 
-    def shutdown(self, succeeded: bool) -> None:
-        """Nothing to leave."""
+        def judging() -> None:
+            flagged: frozenset[int] = frozenset()
+            while not stop.wait(JUDGE_EVERY):
+                try:
+                    result = judge(running_rates([report()]), time.monotonic())
+                except Exception:  # a judgement must never disturb the job
+                    log.debug("judging stragglers failed", exc_info=True)
+                    continue
+                if result is not None and frozenset(result.ranks) != flagged:
+                    flagged = frozenset(result.ranks)
+                    post(Stragglers(result.median, result.ranks))
+
+        threading.Thread(target=judging, name="launcher-stragglers", daemon=True).start()
+
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
+        """Nothing to leave; the straggler judge stops."""
+        self._stop.set()
 

@@ -16,10 +16,14 @@ an `alive` key from the moment it takes a ticket, and watches only its right-han
 
 Keys, under `<prefix>/<run_id>/`:
     round, closed, restarts                      job-wide
+    verdict  acks  acked<k>                      the job's root cause, written before `closed`; who read it
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
+    r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
+    r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
+    r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence, cast
 
 from ..errors import (
@@ -41,12 +45,18 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..net import hostname, interface_of, outward_address
-from ..spec import Round
-from .api import Cause, JobParams, MembershipChanged
+from ..spec import Round, Verdict
+from ..stragglers import Judge, running_rates
+from .api import Cause, JobParams, MembershipChanged, Stragglers
 from .settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
+MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
+WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
+MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
+HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
+SNAPSHOT_EVERY = 2.0  # seconds between a node's snapshots (one key per node: O(N) store writes per interval)
 
 
 class Capability(enum.Enum):
@@ -142,6 +152,7 @@ class ElasticRendezvous:
         port_picker: Callable[[], int],
         is_host: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        judge: Judge | None = None,
     ):
         self.store = store
         self.node = node
@@ -158,12 +169,26 @@ class ElasticRendezvous:
         self._mine: list[tuple[int, int, int]] = []  # (round, ticket, group rank) of recent rounds, to tidy
         self._stop_watch = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._acked = False  # this node told the store host it read the job's verdict
+        self._ack_lock = threading.Lock()
+        self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
+        self._on_wait: Callable[[str], None] | None = None
+        self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
+        self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
+        self._flagged: frozenset[int] = frozenset()
+        self._reported_at = float("-inf")
 
     # ------------------------------------------------------------------ the handler interface
 
-    def next_round(self, cause: Cause) -> Round:
-        """Leave the current round (reporting a failure if that is the cause) and join the next one."""
+    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+        """Leave the current round (reporting a failure if that is the cause) and join the next one.
+
+        `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job.
+        `waiting`: told each WAIT_REPORT_EVERY s what the forming round waits for (the live view's row)."""
         self._stop_watch.set()
+        self._on_wait = waiting
+        if self._seen_closed is not None:  # the watcher saw the close: the store may be gone already
+            raise self._seen_closed
         try:
             if self.current is None:
                 self._check_token()
@@ -171,7 +196,7 @@ class ElasticRendezvous:
             else:
                 r = self.current.round
                 if cause is Cause.FAILURE:
-                    self._report_failure(r)
+                    self._report_failure(r, verdict)
                 self._set_change(r, f"{self.node.node_id}: {cause.value}")
                 self._advance(r)
                 r = self._current_round()
@@ -181,19 +206,22 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
-        """Heartbeat, judge the neighbour, and post MembershipChanged when the round ends."""
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+        """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
+        MembershipChanged when the round ends."""
+        self._report, self._reported_at, self._flagged = report, float("-inf"), frozenset()
         self._stop_watch = stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
 
-    def shutdown(self, succeeded: bool) -> None:
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
         self._stop_watch.set()
         rnd = self.current
         if rnd is None:
             return
         try:
+            self._publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
@@ -201,8 +229,16 @@ class ElasticRendezvous:
                 if self.is_host:  # the others still need the store: wait for them (exit barrier)
                     self._wait_finished(rnd)
             elif not self.store.get(self._k("closed")):
-                self.store.add(self._k(f"r{r}/left"), 1)
-                self._set_change(r, f"{self.node.node_id} left")
+                left = f"{self.node.node_id} left" + (f": {why}" if why else "")
+                if self.is_host:  # the store goes with this node: the job ends, and the others learn why
+                    self._set_change(r, self._close(f"the node hosting the store ({left})"))
+                    self._ack()
+                    self._wait_acks(rnd, HOST_LEAVING_WAIT)
+                else:
+                    self.store.add(self._k(f"r{r}/left"), 1)
+                    self._set_change(r, left)
+            elif self.is_host:  # the others still read the verdict from this store: wait for them
+                self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
             log.debug("leaving the rendezvous failed", exc_info=True)
         finally:
@@ -250,12 +286,19 @@ class ElasticRendezvous:
         """Block until round r is sealed; seal it ourselves when the rules say it is time."""
         s, st, n = self.settings, self.store, self.node
         last_call: float | None = None
+        report_at = self.clock() + WAIT_REPORT_EVERY
         if k >= n.max_nodes:  # the last ticket of a full round: nothing to wait for
             self._seal(r, k)
         while not st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 0.1 if k >= n.min_nodes else 1.0)):
             self._check_closed()
             if self.clock() >= deadline:
                 raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
+            if self.clock() >= report_at:
+                report_at = self.clock() + WAIT_REPORT_EVERY
+                line = self._waiting_for(r, k, deadline, last_call)
+                log.info(line)
+                if self._on_wait is not None:
+                    self._on_wait(line)
             if k < n.min_nodes:
                 continue  # a node with a later ticket will seal
             count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
@@ -263,6 +306,42 @@ class ElasticRendezvous:
             last_call = last_call if last_call is not None else self.clock() + s.last_call_timeout
             if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
                 self._seal(r, count)
+
+    def _waiting_for(self, r: int, k: int, deadline: float, last_call: float | None) -> str:
+        """One line on a forming round: who joined of how many, who is missing, how long until what.
+
+        Only the first ticket names the missing nodes (an O(N) read); the others count, so a round
+        of N waiting nodes costs O(N) store operations per interval.
+        """
+        n, now = self.node, self.clock()
+        joined = min(self.store.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
+        line = f"waiting for nodes in round {r}: {joined} joined (min {n.min_nodes}, max {n.max_nodes})"
+        expected = self._expected(r)
+        if expected:
+            line += f", {expected} expected back from round {r - 1}"
+            missing = self._missing(r, joined) if k == 1 else []
+            if missing:
+                more = f" and {len(missing) - MISSING_NAMED} more" if len(missing) > MISSING_NAMED else ""
+                line += f"; missing: {', '.join(missing[:MISSING_NAMED])}{more}"
+        if last_call is not None:
+            line += f"; last call in {max(0.0, last_call - now):.0f} s"
+        return line + f"; join timeout in {max(0.0, deadline - now):.0f} s"
+
+    def _missing(self, r: int, joined: int) -> list[str]:
+        """Node ids of round r - 1 that have not joined round r (those whose entries still read well)."""
+        def ids(rnd: int, count: int) -> list[str]:
+            found = []
+            for i in range(1, count + 1):
+                try:
+                    node_id = _load(self.store.get(self._k(f"r{rnd}/node{i}")), "node entry").get("id")
+                except RendezvousError:
+                    continue
+                if _addr(node_id):
+                    found.append(node_id)
+            return found
+
+        here = set(ids(r, joined))
+        return [i for i in ids(r - 1, self._sealed(r - 1) or 0) if i not in here]
 
     def _seal(self, r: int, count: int) -> None:
         """Freeze the membership at `count` tickets and write every member's plan (sealer only).
@@ -317,14 +396,21 @@ class ElasticRendezvous:
 
     # ------------------------------------------------------------------ rounds ending
 
-    def _report_failure(self, r: int) -> None:
-        """Charge the job-wide budget once per round, whichever node reports first; close when spent."""
+    def _report_failure(self, r: int, verdict: Verdict | None) -> None:
+        """Charge the job-wide budget once per round, whichever node reports first; close when spent,
+        with this node's root cause as the job's verdict."""
         if self.store.add(self._k(f"r{r}/failed"), 1) != 1:
             return
+        raw = encode_verdict(replace(verdict, node=self.node.node_id)) if verdict is not None else None
+        if raw is not None:  # the others say why their round ended, restart or not
+            self.store.set(self._k(f"r{r}/cause"), raw)
         used = self.store.add(self._k("restarts"), 1)
         if used > self.node.max_restarts:
-            self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
-            self._set_change(r, "closed")
+            if raw is not None:
+                self.store.compare_set(self._k("verdict"), b"", raw)
+            reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
+            self._ack()
+            self._set_change(r, reason)
             raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.node.max_restarts})")
 
     def _watch(self, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
@@ -344,9 +430,10 @@ class ElasticRendezvous:
                 return self._watch_held(cast(LivenessStore, st), rnd, post, stop, peer)
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
+                self._publish(st, rnd, post)
                 if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
                     if not stop.is_set():
-                        post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                        post(self._changed(st, r))
                     return
                 if right == g or st.get(self._k(f"r{r}/done{right}")):
                     continue
@@ -368,10 +455,11 @@ class ElasticRendezvous:
         right = (g + 1) % n
         alive = self._k(f"r{r}/alive{peer}") if right != g and peer else None
         while not stop.is_set():
+            self._publish(st, rnd, post)
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
             if what is Change.CHANGED:
                 if not stop.is_set():
-                    post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                    post(self._changed(st, r))
                 return
             if what is Change.GONE:
                 alive = None  # judged once; a finished neighbour simply went home
@@ -393,9 +481,77 @@ class ElasticRendezvous:
             return
         self._mine = [m for m in self._mine if m[0] > r - 2]
         try:
-            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}")])
+            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}", f"snap{g}")])
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
+
+    def _publish(self, st: Store, rnd: Round, post: Callable[[object], None] | None = None, force: bool = False) -> None:
+        """This node's snapshot under `r<r>/snap<g>`, at most every SNAPSHOT_EVERY s; then the stragglers
+        (judged by group rank 0 over every snapshot: O(N) reads, one write; read by each node: one
+        get). Never fails the job."""
+        if self._report is None or (not force and self.clock() - self._reported_at < SNAPSHOT_EVERY):
+            return
+        self._reported_at = self.clock()
+        try:
+            snap = {**self._report(), "node": self.node.node_id, "group_rank": rnd.group_rank, "time": time.time()}
+            raw = json.dumps(snap).encode()
+            if len(raw) > MAX_VALUE:  # a node of very many workers: the node's line without them
+                raw = json.dumps({**snap, "workers": []}).encode()
+            st.set(self._k(f"r{rnd.round}/snap{rnd.group_rank}"), raw)
+            if post is not None and self.judge is not None and self.judge.threshold:
+                self._stragglers(st, rnd, post)
+        except Exception:
+            log.debug("publishing this node's snapshot failed", exc_info=True)
+
+    def _stragglers(self, st: Store, rnd: Round, post: Callable[[object], None]) -> None:
+        key = self._k(f"r{rnd.round}/stragglers")
+        if rnd.group_rank == 0 and self.judge is not None:
+            snaps = (read_snapshot(st.get(self._k(f"r{rnd.round}/snap{g}"))) for g in range(rnd.group_world_size))
+            flagged = self.judge(running_rates(snaps), self.clock())
+            if flagged is not None:
+                st.set(key, json.dumps({"median": flagged.median, "ranks": {str(k): v for k, v in flagged.ranks.items()}}).encode())
+        try:
+            raw = st.get(key)
+            value = _load(raw, "straggler list") if raw is not None else {"median": 0.0, "ranks": {}}
+            ranks = {int(k): float(v) for k, v in value["ranks"].items() if k.isdigit() and len(k) <= 9 and _number(v)}
+            median = float(value["median"]) if _number(value["median"]) else 0.0
+        except (RendezvousError, KeyError, AttributeError, TypeError):
+            return
+        if frozenset(ranks) != self._flagged:
+            self._flagged = frozenset(ranks)
+            post(Stragglers(median, ranks))
+
+    def _changed(self, st: Store, r: int) -> MembershipChanged:
+        """The round ended: why, and whether the job was closed (read, acknowledged and kept now: the
+        store host may go as soon as every node has acknowledged)."""
+        reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
+        closed = self._closed(st) is not None
+        raw = None if closed else st.get(self._k(f"r{r}/cause"))
+        if raw is not None:
+            try:
+                cause = decode_verdict(raw)
+            except RendezvousError as e:
+                log.debug(f"{e}; ignored")
+            else:
+                reason = f"{cause.describe()}" + (f": {cause.error}" if cause.error else "") + f", node {cause.node}"
+                return MembershipChanged(reason, failed=True)
+        return MembershipChanged(reason, closed=closed)
+
+    def _wait_acks(self, rnd: Round, at_most: float | None = None) -> None:
+        """The store host, at a closed job's end: keep the store up until every live member of the
+        last round read the verdict (each sets `acked<k>`), or exit_barrier_timeout (or `at_most`)."""
+        deadline = self.clock() + min(self.settings.exit_barrier_timeout, at_most or float("inf"))
+        while self.clock() < deadline:
+            live = rnd.group_world_size - self.store.add(self._k(f"r{rnd.round}/left"), 0)
+            if self.store.wait([self._k(f"acked{k}") for k in range(1, live + 1)], self._slice(deadline, 0.5)):
+                return
+
+    def _ack(self, store: Store | None = None) -> None:
+        st = store or self.store
+        with self._ack_lock:
+            if not self._acked:
+                self._acked = True
+                st.set(self._k(f"acked{st.add(self._k('acks'), 1)}"), b"1")
 
     def _wait_finished(self, rnd: Round) -> None:
         key = self._k(f"r{rnd.round}/finished")
@@ -414,11 +570,7 @@ class ElasticRendezvous:
 
     def _check_token(self) -> None:
         """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
-        token, mine = self.node.token, b"none"
-        if token:
-            import hmac  # loads OpenSSL: only for a job with a token
-
-            mine = hmac.new(token.encode(), f"launcher-join:{self.run_id}".encode(), "sha256").hexdigest().encode()
+        token, mine = self.node.token, token_check(self.node.token, self.run_id)
         theirs = self.store.compare_set(self._k("token"), b"", mine)
         if theirs == mine:
             return
@@ -466,13 +618,47 @@ class ElasticRendezvous:
     def _set_change(self, r: int, reason: str, store: Store | None = None) -> None:
         (store or self.store).compare_set(self._k(f"r{r}/change"), b"", reason.encode())
 
-    def _close(self, reason: str, store: Store | None = None) -> None:
-        (store or self.store).compare_set(self._k("closed"), b"", reason.encode())
+    def _close(self, reason: str, store: Store | None = None) -> str:
+        """Close the job for everyone (first closer wins); returns the reason as written."""
+        text = f"{reason}; closed by node {self.node.node_id}"
+        (store or self.store).compare_set(self._k("closed"), b"", text.encode())
+        return text
 
     def _check_closed(self) -> None:
-        reason = self.store.get(self._k("closed"))
-        if reason:
-            raise RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}")
+        """Raise RendezvousClosedError, with the job's verdict, once the job is closed."""
+        closed = self._seen_closed or self._closed(self.store)
+        if closed is not None:
+            raise closed
+
+    def _closed(self, st: Store) -> RendezvousClosedError | None:
+        """The job's close as an error with its verdict, once closed (then kept); the host is told it was read."""
+        if self._seen_closed is not None:
+            return self._seen_closed
+        reason = st.get(self._k("closed"))
+        if not reason:
+            return None
+        verdict = None
+        raw = st.get(self._k("verdict"))
+        if raw is not None:
+            try:
+                verdict = decode_verdict(raw)
+            except RendezvousError as e:
+                log.warning(f"{e}; ignored")
+        self._seen_closed = RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}", verdict)
+        try:
+            self._ack(st)
+        except Exception:  # the host may be gone already: it waits for nobody then
+            log.debug("telling the store host the verdict was read failed", exc_info=True)
+        return self._seen_closed
+
+
+def token_check(token: str | None, run_id: str) -> bytes:
+    """What the store keeps under `token`: an HMAC of the run id with the join token, or `none`."""
+    if not token:
+        return b"none"
+    import hmac  # loads OpenSSL: only for a job with a token
+
+    return hmac.new(token.encode(), f"launcher-join:{run_id}".encode(), "sha256").hexdigest().encode()
 
 
 def assign(descs: list[dict], restarts: int) -> list[dict]:
@@ -518,6 +704,74 @@ PLAN_FIELDS = {
     "group_rank": _int(0, 1 << 31), "group_world_size": _int(1, 1 << 31), "rank_offset": _int(0, 1 << 31),
     "world_size": _int(1, 1 << 31), "master_addr": _addr, "master_port": _int(1, 65536), "restarts": _int(0, 1 << 31),
 }
+
+
+def _number(v: object) -> bool:
+    return type(v) in (int, float) and v == v and abs(v) < 1e12  # type: ignore[operator]
+
+
+def _text(limit: int) -> Callable[[object], bool]:
+    return lambda v: type(v) is str and len(v) <= limit and v.isprintable()
+
+
+VERDICT_LIMITS = {"host": 255, "node": 255, "error": 300, "log": 1024}
+VERDICT_FIELDS = {
+    **{name: _text(limit) for name, limit in VERDICT_LIMITS.items()},
+    "rank": _int(0, 1 << 31), "local_rank": _int(0, 1 << 20), "returncode": _int(-255, 256), "round": _int(0, 1 << 31),
+}
+
+
+def encode_verdict(v: Verdict) -> bytes:
+    """The verdict as the store keeps it: JSON, its text fields cut to their limits and made printable."""
+    fields = {name: getattr(v, name) for name in VERDICT_FIELDS}
+    for name, limit in VERDICT_LIMITS.items():
+        fields[name] = "".join(c if c.isprintable() else " " for c in fields[name])[:limit]
+    return json.dumps(fields).encode()
+
+
+def decode_verdict(raw: bytes) -> Verdict:
+    """A verdict read back from the store, checked field by field; anything else is a RendezvousError."""
+    if len(raw) > MAX_VERDICT:
+        raise RendezvousError("rendezvous store holds an oversized verdict under this job's prefix")
+    value = _checked(_load(raw, "verdict"), VERDICT_FIELDS, "verdict")
+    return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
+
+
+# A node's snapshot (`launcher status`, the straggler judge): checked like every value read back.
+WORKER_FIELDS = {"rank": int, "local_rank": int, "pid": int, "state": str, "restarts": int}
+OPTIONAL_WORKER_FIELDS = {"progress_age": (int, float), "step": int, "rate": (int, float), "straggler": bool}
+NODE_FIELDS = {"host": str, "state": str, "round": int, "restarts": int, "max_restarts": int, "time": (int, float)}
+
+
+def read_snapshot(raw: bytes | None) -> dict | None:
+    """One node's snapshot, field by field; a missing or hostile one is left out."""
+    try:
+        value = _load(raw, "snapshot")
+    except RendezvousError:
+        return None
+    if not (_addr(value.get("node")) and _fields_ok(value, NODE_FIELDS) and isinstance(value.get("workers"), list)):
+        return None
+    snap = {name: value[name] for name in (*NODE_FIELDS, "node")}
+    snap["workers"] = [_worker(w) for w in value["workers"][:1024] if _worker(w) is not None]
+    return snap
+
+
+def _worker(w: object) -> dict | None:
+    if not isinstance(w, dict) or not _fields_ok(w, WORKER_FIELDS):
+        return None
+    out = {name: w[name] for name in WORKER_FIELDS}
+    for name, kind in OPTIONAL_WORKER_FIELDS.items():
+        v = w.get(name)
+        out[name] = v if isinstance(v, kind) and not (kind is not bool and isinstance(v, bool)) else None
+    return out
+
+
+def _fields_ok(value: dict, fields: dict) -> bool:
+    for name, kind in fields.items():
+        v = value.get(name)
+        if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable())):
+            return False
+    return True
 
 
 def _load(raw: bytes | None, what: str) -> dict:

@@ -1,0 +1,104 @@
+"""`launcher status`: the job as it stands, read from its rendezvous store. Read-only: it never joins
+and never writes a key (a counter is read with `get` first, so a TCPStore `add(key, 0)` never creates
+one). Each running node publishes its snapshot under `r<round>/snap<group rank>` every
+`protocol.SNAPSHOT_EVERY` seconds; this reads one key per node.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from .config import StatusConfig
+from .errors import ConfigError, RendezvousConnectionError, RendezvousError
+from .rendezvous.protocol import Store, _count, decode_verdict, read_snapshot, token_check
+
+
+def open_store(config: StatusConfig) -> Store:
+    """A plain client of the job's store: no lease, no hosting; short timeouts (a status is interactive)."""
+    settings = config.rendezvous
+    if config.rdzv_backend == "c10d":
+        from .rendezvous.c10d import TCPStoreAdapter
+
+        return TCPStoreAdapter(settings.host, settings.port, 5.0, connect_timeout=5.0)  # type: ignore[union-attr]
+    from .rendezvous.etcd import EtcdStore
+
+    return EtcdStore(settings.cluster, None, retry_for=5.0)  # type: ignore[union-attr]
+
+
+def read_status(store: Store, config: StatusConfig) -> dict:
+    """The job as one dict (the --json output). Raises ConfigError on a wrong or missing token."""
+    k = lambda key: f"{config.rdzv_id}/{key}"  # noqa: E731
+    token = store.get(k("token"))
+    job: dict = {"run_id": config.rdzv_id, "read_at": round(time.time(), 3)}
+    if token is None:
+        return {**job, "state": "absent", "nodes": []}
+    if token != token_check(config.join_token, config.rdzv_id):
+        raise ConfigError(f"wrong join token for job {config.rdzv_id!r}: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes")
+
+    def count(key: str) -> int:
+        return 0 if store.get(k(key)) is None else store.add(k(key), 0)  # the key exists: add(0) changes nothing
+
+    def sealed(r: int) -> int | None:
+        raw = store.get(k(f"r{r}/sealed"))
+        return _count(raw.split(b":", 1)[0], "seal") if raw else None
+
+    r = _count(store.get(k("round")) or b"0", "round number")
+    closed = store.get(k("closed"))
+    job.update(round=r, restarts=count("restarts"))
+    members, shown = sealed(r), r
+    if members is None:
+        job["forming"] = {"round": r, "joined": count(f"r{r}/joined")}
+        shown = r - 1
+        members = sealed(shown) if r > 0 else None
+    nodes = []
+    for g in range(members or 0):
+        snap = read_snapshot(store.get(k(f"r{shown}/snap{g}")))
+        if snap is not None:
+            age = round(max(0.0, time.time() - snap.pop("time")), 1)  # of its last snapshot: clocks may differ by host
+            nodes.append({**snap, "group_rank": g, "heartbeat_age": age})
+    job["nodes"] = nodes
+    job["max_restarts"] = max((n["max_restarts"] for n in nodes), default=None)
+    job["stragglers"] = [w["rank"] for n in nodes for w in n["workers"] if w.get("straggler")]
+    if closed:
+        job["state"] = "closed"
+        job["closed"] = closed[:300].decode(errors="replace")
+        raw = store.get(k("verdict"))
+        try:
+            job["verdict"] = asdict(decode_verdict(raw)) if raw else None
+        except RendezvousError:
+            job["verdict"] = None
+    elif "forming" in job:
+        job["state"] = "forming"
+    elif nodes and all(n["state"] == "succeeded" for n in nodes) and len(nodes) == members:
+        job["state"] = "succeeded"
+    else:
+        job["state"] = "running"
+    return job
+
+
+def status_main(config: StatusConfig, show) -> int:
+    """Read (and with --watch, re-read) the job; `show(job)` prints it. Exit 0, 1 (store unreachable), 2 (refused)."""
+    try:
+        store = open_store(config)
+    except RendezvousConnectionError as e:
+        raise StatusUnreachable(str(e)) from None
+    try:
+        while True:
+            try:
+                show(read_status(store, config))
+            except ConfigError:
+                raise
+            except RendezvousConnectionError as e:
+                raise StatusUnreachable(str(e)) from None
+            except RendezvousError as e:  # etcd refused the credentials or the certificate: bad input
+                raise ConfigError(str(e)) from None
+            if config.watch is None:
+                return 0
+            time.sleep(config.watch)
+    finally:
+        store.close()
+
+
+class StatusUnreachable(Exception):
+    """The store could not be read: one line, exit 1."""

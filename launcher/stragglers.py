@@ -1,0 +1,50 @@
+"""Stragglers: a rank whose step rate stays below a fraction of the job's median for a sustained
+period. Pure: the rendezvous node with group rank 0 feeds it every rate of the job each snapshot
+interval and publishes what it flags; every node shows its own flagged ranks. Flag only: nothing is
+killed or restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """What the judge decided: the job's median rate and the flagged ranks with their rates."""
+
+    median: float
+    ranks: dict[int, float]
+
+
+def running_rates(snapshots: Iterable[dict | None]) -> dict[int, float]:
+    """rank -> steps/s of every running worker with a known rate, from nodes' snapshots."""
+    return {w["rank"]: float(w["rate"]) for snap in snapshots if snap for w in snap.get("workers", [])
+            if w.get("state") == "running" and w.get("rate") is not None}
+
+
+def _median(values: list[float]) -> float:
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+class Judge:
+    """Flags ranks below `threshold` × the median step rate for `period` seconds; 0 turns it off."""
+
+    def __init__(self, threshold: float, period: float):
+        self.threshold, self.period = threshold, period
+        self._below_since: dict[int, float] = {}
+
+    def __call__(self, rates: dict[int, float], now: float) -> Flagged | None:
+        """`rates`: rank -> steps/s of the ranks whose rate is known. None when no judgement can be made
+        (off, fewer than 3 ranks with a rate, or a median of 0)."""
+        if not self.threshold or len(rates) < 3:
+            return None
+        median = _median(list(rates.values()))
+        if median <= 0:
+            return None
+        slow = {rank for rank, rate in rates.items() if rate < self.threshold * median}
+        self._below_since = {rank: self._below_since.get(rank, now) for rank in slow}
+        flagged = {rank: rates[rank] for rank, since in self._below_since.items() if now - since >= self.period}
+        return Flagged(median, flagged)
