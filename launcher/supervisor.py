@@ -442,9 +442,12 @@ class Supervisor:
         return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers,
                         signal=self.exit_signal, waiting=waiting)
 
-    def report(self) -> dict:
+    def report(self) -> dict | None:
         """This node as `launcher status` shows it (published by the rendezvous watcher every few
-        seconds, from its thread): the group, and each worker's state, progress and step rate."""
+        seconds, from its thread): the group, and each worker's state, progress and step rate.
+        None while the round's workers are still being started."""
+        if self.state is GroupState.RENDEZVOUS:
+            return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
         workers = []

@@ -87,8 +87,8 @@ def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
         assert int(starts(a)[-1]["from"]) > 0  # the second attempt resumed from the checkpoint
     assert f"pid {victim}" in agents[1].stderr or "killed by SIGKILL" in agents[1].stderr, agents[1].stderr
     # the other node says which rank failed where, not that the membership changed
-    agents[0].wait_for(rf"launcher: a worker failed on another node: rank [23] \(local rank [01]\) on \S+ killed by SIGKILL: "
-                       rf"out of memory\? .* \(attempt 0\), node \S+:{agents[1].pid}; restarting the group", stream="err", timeout=1)
+    agents[0].wait_for(rf"launcher: a worker failed on another node: rank \d \(local rank [01]\) on \S+ killed by SIGKILL "
+                       rf"\(attempt 0\), node \S+:{agents[1].pid}; restarting the group", stream="err", timeout=1)
     assert checkpoint(tmp_path)["step"] == 30
     assert cluster.leftovers() == {}
 

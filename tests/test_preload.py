@@ -11,7 +11,8 @@ import pytest
 from conftest import ROOT, procs_with_token, wait_for, wait_gone, worker
 
 # What legitimately differs between two launches of the same job (a fresh run folder, port, ids).
-PER_LAUNCH = {"DUMP_DIR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "LAUNCHER_AGENT_ID"}
+PER_LAUNCH = {"DUMP_DIR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "LAUNCHER_AGENT_ID",
+              "LAUNCHER_PROGRESS_FILE"}
 
 
 def _dump(launch, tmp_path, name: str, args: list[str], env: dict) -> dict:

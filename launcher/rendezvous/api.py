@@ -62,9 +62,10 @@ class RendezvousHandler(Protocol):
         `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
         `waiting`: told every few seconds what a forming round waits for (the line also logged)."""
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None) -> None:
         """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
-        (this node's snapshot, for `launcher status`) at a bounded rate where the backend has a store."""
+        (this node's snapshot, for `launcher status`; None while its workers start) at a bounded rate
+        where the backend has a store."""
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job: close it for everyone when this node is done or gave up. `why`: what the

@@ -173,7 +173,7 @@ class ElasticRendezvous:
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
         self._on_wait: Callable[[str], None] | None = None
-        self._report: Callable[[], dict] | None = None  # this node's snapshot, published while a round runs
+        self._report: Callable[[], dict | None] | None = None  # this node's snapshot, published while a round runs
         self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
         self._flagged: frozenset[int] = frozenset()
         self._reported_at = float("-inf")
@@ -206,7 +206,7 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
+    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None) -> None:
         """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
         MembershipChanged when the round ends."""
         self._report, self._reported_at, self._flagged = report, float("-inf"), frozenset()
@@ -491,9 +491,12 @@ class ElasticRendezvous:
         get). Never fails the job."""
         if self._report is None or (not force and self.clock() - self._reported_at < SNAPSHOT_EVERY):
             return
-        self._reported_at = self.clock()
         try:
-            snap = {**self._report(), "node": self.node.node_id, "group_rank": rnd.group_rank, "time": time.time()}
+            mine = self._report()
+            if mine is None:  # the node is still starting this round's workers: publish once they run
+                return
+            self._reported_at = self.clock()
+            snap = {**mine, "node": self.node.node_id, "group_rank": rnd.group_rank, "time": time.time()}
             raw = json.dumps(snap).encode()
             if len(raw) > MAX_VALUE:  # a node of very many workers: the node's line without them
                 raw = json.dumps({**snap, "workers": []}).encode()
