@@ -281,3 +281,18 @@ def test_leaving_tells_the_others():
     a.next_round(Cause.START)
     a.shutdown(succeeded=False)
     assert store.data["job/r0/left"] == b"1" and store.data["job/r0/change"] == b"a left"
+
+
+def test_a_finished_job_is_closed_so_a_node_that_comes_back_late_stops():
+    """The last node to finish closes the job: a node frozen through the end (or a spare) that
+    wakes and asks for a round learns the job ended, instead of waiting for the join timeout."""
+    store = MemoryStore()
+    nodes = [agent(store, node(f"n{i}", lo=2, hi=2), port=30000 + i) for i in range(2)]
+    rounds = join_all(nodes)
+    nodes[0].shutdown(succeeded=True)
+    assert "job/closed" not in store.data  # one of two finished: the job goes on
+    nodes[1].shutdown(succeeded=True)
+    assert store.data["job/closed"] == f"it finished (round {rounds[0].round} ended on all 2 nodes)".encode()
+    late = agent(store, node("late", lo=2, hi=2))
+    with pytest.raises(RendezvousClosedError, match="the job was closed: it finished"):
+        late.next_round(Cause.START)

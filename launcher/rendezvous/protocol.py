@@ -205,7 +205,8 @@ class ElasticRendezvous:
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
-                self.store.add(self._k(f"r{r}/finished"), 1)
+                if self.store.add(self._k(f"r{r}/finished"), 1) >= rnd.group_world_size:  # the last one: the job is done
+                    self._close(f"it finished (round {r} ended on all {rnd.group_world_size} nodes)")  # a late node stops
                 if self.is_host:  # the others still need the store: wait for them (exit barrier)
                     self._wait_finished(rnd)
             elif not self.store.get(self._k("closed")):
