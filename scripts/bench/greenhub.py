@@ -131,6 +131,8 @@ class GreenSocket:
                 self._wait(IN)
 
     def _wait(self, event: int) -> None:
+        if self.timeout == 0:  # settimeout(0): non-blocking, as a real socket is
+            raise BlockingIOError(errno.EAGAIN, "would block")
         if not self.hub.wait(self, event, self.timeout):
             raise socket.timeout("timed out")
 
@@ -167,3 +169,47 @@ def green(hub: Hub, *modules: types.ModuleType) -> None:
     for m in modules:
         m.socket = gsock
         m.time = gtime
+
+
+def release_green(m: int, prepare: Callable[[int], Callable[[], object]], modules: list[types.ModuleType],
+                  background: Callable[[Hub, Callable[[], bool]], list[Callable[[], None]]] | None = None) -> dict:
+    """release_together (benchlib) with greenlets: m simulated nodes of one hub, the blocking calls
+    of `modules` made green. prepare(j) builds node j (untimed, as a hub task too: connecting blocks)
+    and returns the call that joins a round; print "ready", and on a line from stdin start every
+    join at once. `background(hub, finished)` gives tasks that run beside the joins until
+    finished() is true (an etcd lease's keep-alive). -> t0, end, setup_s, cpu_s, done, errors."""
+    import resource
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection or more per simulated node
+    hub = Hub()
+    green(hub, *modules)
+    joins: list = [None] * m
+    results: list = [None] * m
+
+    def build(j: int) -> None:
+        try:
+            joins[j] = prepare(j)
+        except Exception as e:
+            results[j] = f"setup: {type(e).__name__}: {e}"
+
+    def join(j: int) -> None:
+        try:
+            results[j] = (joins[j](), time.time())
+        except Exception as e:
+            results[j] = f"{type(e).__name__}: {e}".strip()
+        left[0] -= 1
+
+    t = time.monotonic()
+    hub.run([lambda j=j: build(j) for j in range(m)])
+    setup_s = time.monotonic() - t
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0, cpu0 = time.time(), time.process_time()
+    todo = [j for j in range(m) if joins[j] is not None]
+    left = [len(todo)]
+    extra = background(hub, lambda: left[0] == 0) if background else []
+    hub.run([lambda j=j: join(j) for j in todo] + extra)
+    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
+            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)]}

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import functools
 import json
 import os
 import resource
@@ -49,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 import warnings
 
 from benchlib import Counting, combine, private_network, release_together, revision
@@ -86,45 +84,23 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
 
 def green_runner(n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     """The launcher's nodes lo..hi-1 as greenlets of one hub (greenhub.py): each runs the real
-    protocol and client over its own real socket. Print "ready" once all are connected, start on a
-    line from stdin; the same result as release_together's."""
-    from greenhub import Hub, green
+    protocol and client over its own real socket; otherwise as `runner`."""
+    from greenhub import release_green
     import launcher.rendezvous.tcpstore as tcpstore
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one connection per simulated node
-    hub = Hub()
-    green(hub, tcpstore)
     m = hi - lo
     counts = [collections.Counter() for _ in range(m)]
-    joins: list = [None] * m
-    results: list = [None] * m
+    setup = [collections.Counter() for _ in range(m)]
 
-    def prepare(j: int) -> None:
-        try:
-            joins[j] = make("launcher", lo + j, n, port, cap, counts[j])
-        except Exception as e:
-            results[j] = f"setup: {type(e).__name__}: {e}"
+    def prepare(j: int):
+        join = make("launcher", lo + j, n, port, cap, counts[j])
+        setup[j] = counts[j].copy()
+        return join
 
-    def join(j: int) -> None:
-        try:
-            results[j] = (joins[j](), time.time())
-        except Exception as e:
-            results[j] = f"{type(e).__name__}: {e}".strip()
-
-    t = time.monotonic()
-    hub.run([functools.partial(prepare, j) for j in range(m)])
-    setup_s = time.monotonic() - t
-    setup = [c.copy() for c in counts]
-    print("ready", flush=True)
-    sys.stdin.readline()
-    t0, cpu0 = time.time(), time.process_time()
-    hub.run([functools.partial(join, j) for j in range(m) if joins[j] is not None])
+    out = release_green(m, prepare, [tcpstore])
     total = sum(counts, collections.Counter())
     total.subtract(sum(setup, collections.Counter()))
-    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
-            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)],
-            "counts": {k: v for k, v in total.items() if v}}
+    return {**out, "counts": {k: v for k, v in total.items() if v}}
 
 
 def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
