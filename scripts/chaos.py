@@ -29,7 +29,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import _is_helper, _parent, free_port, procs_with_token  # noqa: E402  (the tests' process helpers)
 ROOTED = os.geteuid() == 0 and shutil.which("mount") is not None
 
 
@@ -53,29 +54,6 @@ class Fault(enum.Enum):
 
 
 FAULTS = {"c10d": list(Fault), "etcd": list(Fault)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def procs_with_token(token: str) -> list[int]:
-    marker = f"\0TEST_TOKEN={token}\0".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    env = b"\0" + f.read() + b"\0"
-                with open(f"/proc/{name}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker in env and state != "Z":
-                found.append(int(name))
-    return found
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -109,8 +87,7 @@ class Proc:
             into.append(line.rstrip("\n"))
 
     def workers(self) -> list[int]:
-        return [p for p in procs_with_token(self.token) if p != self.popen.pid and _comm(p) not in ("launcher-guard", "launcher-zygote")
-                and _parent(p) == self.popen.pid]
+        return [p for p in procs_with_token(self.token) if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid]
 
     def starts(self) -> list[dict]:
         return [dict(re.findall(r"(\w+)=(\S+)", line)) | {"agent": self.name}
@@ -133,22 +110,6 @@ class Proc:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:
             pass
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
 
 
 class Store:
