@@ -296,3 +296,14 @@ def test_a_finished_job_is_closed_so_a_node_that_comes_back_late_stops():
     late = agent(store, node("late", lo=2, hi=2))
     with pytest.raises(RendezvousClosedError, match="the job was closed: it finished"):
         late.next_round(Cause.START)
+
+
+def test_a_round_whose_record_is_gone_still_gets_a_reason():
+    """A node frozen while the others finished and cleared the job's keys wakes to a change whose
+    reason is gone: it says so instead of an empty reason."""
+    store = MemoryStore()
+    a = agent(store, node("a"))
+    a.next_round(Cause.START)
+    assert a._why_changed(store, 0) == "round 0 ended while this node was away; the other nodes have left it"
+    store.compare_set("job/r0/change", b"", b"b left")
+    assert a._why_changed(store, 0) == "b left"

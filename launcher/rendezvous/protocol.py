@@ -362,7 +362,7 @@ class ElasticRendezvous:
                     what = cast(LivenessStore, st).wait_change(change, alive, s.keep_alive_interval)
                 if what is Change.CHANGED:
                     if not stop.is_set():
-                        post(MembershipChanged((st.get(change) or b"").decode(errors="replace")))
+                        post(MembershipChanged(self._why_changed(st, r)))
                     return
                 if what is Change.GONE:
                     alive = None  # judged once; a finished neighbour simply went home
@@ -392,12 +392,18 @@ class ElasticRendezvous:
             what = st.wait_change(self._k(f"r{r}/change"), alive, self.settings.keep_alive_interval)
             if what is Change.CHANGED:
                 if not stop.is_set():
-                    post(MembershipChanged((st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")))
+                    post(MembershipChanged(self._why_changed(st, r)))
                 return
             if what is Change.GONE:
                 alive = None  # judged once; a finished neighbour simply went home
                 if not st.get(self._k(f"r{r}/done{right}")):
                     self._neighbour_died(st, r, n, right, "lost its lease")
+
+    def _why_changed(self, st: Store, r: int) -> str:
+        """Round r's `change` reason; when it is gone (the other nodes finished and the last one out
+        cleared the job's keys while this node was frozen), say so."""
+        reason = (st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")
+        return reason or f"round {r} ended while this node was away; the other nodes have left it"
 
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
         st.add(self._k(f"r{r}/left"), 1)
