@@ -4,7 +4,7 @@ Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--episodes 20] [-
 
 Each episode runs a real elastic job: a rendezvous store (c10d: `python -m launcher store`; etcd: an
 etcd member on loopback ports), 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
-default liveness settings, a 1 s last call) running tests/workers/steps.py, which checkpoints every
+default liveness settings, a 1 s last call, a 20 s join timeout) running tests/workers/steps.py, which checkpoints every
 step. Once every worker runs, 1 or 2 faults from FAULTS strike at random times: a worker or an agent
 SIGKILLed, a whole node frozen (SIGSTOP on agent and workers, SIGCONT after 2.5-4 s), the store
 killed (c10d: the job must end with a reason naming it) or etcd killed and restarted on its data
@@ -189,7 +189,8 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
     store = agents = None
     try:
         store = Store(ep.backend, folder)
-        conf = "last_call_timeout=1,read_timeout=3" + (",is_host=false" if ep.backend == "c10d" else "")
+        # join_timeout inside the bound: nodes left below MIN wait for replacements that long (elastic), then say so
+        conf = "last_call_timeout=1,read_timeout=3,join_timeout=20" + (",is_host=false" if ep.backend == "c10d" else "")
         args = [sys.executable, "-m", "launcher", "--nnodes", "2:3", "--nproc_per_node", "2", "--max_restarts", "3",
                 "--rdzv_backend", ep.backend, "--rdzv_endpoint", f"127.0.0.1:{store.port}", "--rdzv_id", f"chaos{ep.seed}",
                 "--rdzv_conf", conf, "--log_dir", str(logs), str(STEPS)]
@@ -340,6 +341,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep each episode's folder (logs, checkpoint)")
     ap.add_argument("--verbose", action="store_true", help="print the agents' stderr on a violation")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped campaign still kills its episode's processes
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     print(f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1",
           flush=True)
