@@ -231,7 +231,7 @@ print(rnd.world_size, sorted(heavy))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.split() == ["1", "[]"], (r.stdout, r.stderr)  # the gateway engine: stdlib only
-    assert keys_of(etcd, "imports") == []  # the last agent out deleted the run's keys
+    assert keys_of(etcd, "imports") == [b"/launcher/imports/closed"]  # the last agent out deleted the rest
 
 
 @needs_etcd
@@ -245,7 +245,9 @@ def test_fixed_size_round_of_three(launch, etcd):
     assert sorted(int(i["rank"]) for i in seen) == list(range(6))
     assert {i["world"] for i in seen} == {"6"} and {i["restart"] for i in seen} == {"0"} and {i["round"] for i in seen} == {"0"}
     assert len({i["master"] for i in seen}) == 1
-    assert keys_of(etcd, "fixed") == []  # cleaned up, so a rerun with this id starts clean
+    assert keys_of(etcd, "fixed") == [b"/launcher/fixed/closed"]  # cleaned up but for the marker a late node reads
+    rerun = [launch.start(*args(etcd.endpoint, "3", nproc=2, run_id="fixed"), worker("node_info.py")) for _ in range(3)]
+    assert all(rc == 0 for rc, _, _ in finish(rerun))  # the first agent of a new run deletes the marker
 
 
 @needs_etcd
@@ -375,7 +377,7 @@ def test_etcd_killed_and_restarted_mid_run_leaves_training_alone(launch, etcd_fa
     for _, out, err in results:
         assert [i["round"] for i in infos(out)] == ["0"], out  # no new round, no worker restarted
         assert "membership changed" not in err, err
-    assert keys_of(member, "outage") == []
+    assert keys_of(member, "outage") == [b"/launcher/outage/closed"]
 
 
 @needs_etcd
@@ -491,7 +493,7 @@ def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str, c
     assert len(envs) == 2 and not any("LAUNCHER_ETCD_PASSWORD" in e for e in envs)  # workers never inherit it
     for text in (err_wrong, err_denied, out_wrong, *[e for _, _, e in results]):
         assert "s3cret-pw" not in text and "not-the-password" not in text and "Traceback" not in text
-    assert keys_of(member, "secure", user="root", password="rootpw") == []
+    assert keys_of(member, "secure", user="root", password="rootpw") == [b"/launcher/secure/closed"]
     return results, [err_wrong, err_denied, *[e for _, _, e in results]]
 
 

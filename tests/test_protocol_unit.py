@@ -463,3 +463,30 @@ def test_the_others_are_told_which_rank_failed_when_a_failure_ends_the_round():
     assert posted[0].failed and not posted[0].closed
     b._stop_watch.set()
     b.next_round(Cause.MEMBERSHIP)  # both meet again, restart charged once
+
+
+
+def test_a_finished_job_is_closed_so_a_node_that_comes_back_late_stops():
+    """The last node to finish closes the job: a node frozen through the end (or a spare) that
+    wakes and asks for a round learns the job ended, instead of waiting for the join timeout."""
+    store = MemoryStore()
+    nodes = [agent(store, node(f"n{i}", lo=2, hi=2), port=30000 + i) for i in range(2)]
+    rounds = join_all(nodes)
+    nodes[0].shutdown(succeeded=True)
+    assert "job/closed" not in store.data  # one of two finished: the job goes on
+    nodes[1].shutdown(succeeded=True)
+    assert store.data["job/closed"] == f"it finished (round {rounds[0].round} ended on all 2 nodes); closed by node n1".encode()
+    late = agent(store, node("late", lo=2, hi=2))
+    with pytest.raises(RendezvousClosedError, match="the job was closed: it finished"):
+        late.next_round(Cause.START)
+
+
+def test_a_round_whose_record_is_gone_still_gets_a_reason():
+    """A node frozen while the others finished and cleared the job's keys wakes to a change whose
+    reason is gone: it says so instead of an empty reason."""
+    store = MemoryStore()
+    a = agent(store, node("a"))
+    a.next_round(Cause.START)
+    assert a._why_changed(store, 0) == "round 0 ended while this node was away; the other nodes have left it"
+    store.compare_set("job/r0/change", b"", b"b left")
+    assert a._why_changed(store, 0) == "b left"

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import ROOT, free_port, wait_for, worker
 from launcher.rendezvous.tcpstore import (
-    MAGIC, MAX_KEY, MAX_VALUE, StoreClient, StoreError, StoreServer, StoreTimeout,
+    CHANGED, GONE, MAGIC, MAX_KEY, MAX_VALUE, StoreClient, StoreError, StoreServer, StoreTimeout,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -134,6 +134,101 @@ def test_ops_ours_to_ours(ours):
 
 def test_ops_our_client_to_torch_server(torch_server):
     check_ops(torch_server[1])
+
+
+# ---------------------------------------------------------------------------------- held keys (our extension)
+
+
+def test_a_held_key_lives_while_any_connection_of_its_session_does(ours):
+    k = fresh()
+    first, second = (StoreClient("127.0.0.1", ours.port, timeout=5, session=7) for _ in range(2))
+    watcher = StoreClient("127.0.0.1", ours.port, timeout=5, session=8)
+    assert first.extended and second.extended and watcher.extended
+    first.hold(k + "alive", b"1")
+    assert watcher.wait_change(k + "change", k + "alive", 0.1) is None  # a timeout: the cancel keeps it in step
+    first.close()  # one connection of the session goes (a watcher's, a reconnect): no death
+    assert watcher.wait_change(k + "change", k + "alive", 0.3) is None and watcher.get(k + "alive", wait=False) == b"1"
+    again = StoreClient("127.0.0.1", ours.port, timeout=5, session=7)  # reconnected, same session
+    second.close()
+    assert watcher.wait_change(k + "change", k + "alive", 0.3) is None
+    threading.Timer(0.2, again.close).start()  # the session's last connection: the key goes with it
+    t = time.monotonic()
+    assert watcher.wait_change(k + "change", k + "alive", 5) == GONE and time.monotonic() - t < 1
+    assert not watcher.check([k + "alive"])
+    threading.Timer(0.2, watcher.set, args=(k + "change", b"x")).start()  # blocking on the change alone
+    other = StoreClient("127.0.0.1", ours.port, timeout=5, session=9)
+    assert other.wait_change(k + "change", None, 5) == CHANGED
+    assert watcher.wait_change(k + "change", k + "alive", 5) == CHANGED  # the change wins over the absence
+    with pytest.raises(StoreError, match="use heartbeats"):  # a connection without a session
+        StoreClient("127.0.0.1", ours.port, timeout=5).hold(k + "x", b"1")
+    other.close()
+    watcher.close()
+
+
+def test_a_killed_holder_is_gone_at_connection_speed(ours):
+    """A process that holds a key and is SIGKILLed: its neighbour's WAIT_CHANGE answers GONE at once."""
+    k = fresh()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from launcher.rendezvous.tcpstore import StoreClient
+a, b = (StoreClient("127.0.0.1", {ours.port}, timeout=5, session=99) for _ in range(2))
+a.hold("{k}alive", b"1")
+print(a.extended and b.extended, flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True, env=QUIET)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        watcher = StoreClient("127.0.0.1", ours.port, timeout=5, session=1)
+        got = []
+        t = threading.Thread(target=lambda: got.append((watcher.wait_change(k + "change", k + "alive", 10), time.monotonic())))
+        t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        holder.kill()
+        t.join(10)
+        assert got and got[0][0] == GONE, got
+        assert got[0][1] - t0 < 1.0, got[0][1] - t0  # milliseconds in practice
+        watcher.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(torch_server):
+    from launcher.rendezvous.c10d import TCPStoreAdapter
+    from launcher.rendezvous.protocol import Capability
+
+    k = fresh()
+    c = StoreClient("127.0.0.1", torch_server[1], timeout=5, session=3)
+    assert not c.extended
+    c.set(k + "a", b"1")
+    assert c.get(k + "a") == b"1" and c.add(k + "n", 2) == 2  # the plain connection that replaced it works
+    with pytest.raises(StoreError, match="use heartbeats"):
+        c.hold(k + "alive", b"1")
+    c.close()
+    adapter = TCPStoreAdapter("127.0.0.1", torch_server[1], 5)
+    assert adapter.capabilities == frozenset({Capability.DELETE})  # no CRASH: heartbeats alone
+    adapter.close()
+
+
+def test_our_adapter_on_our_server_declares_crash():
+    from launcher.rendezvous.c10d import TCPStoreAdapter, serve
+    from launcher.rendezvous.protocol import Capability, Change
+
+    server = serve("127.0.0.1", 0)
+    try:
+        a = TCPStoreAdapter("127.0.0.1", server.port, 5)
+        b = a.clone()
+        assert a.capabilities == b.capabilities == frozenset({Capability.DELETE, Capability.CRASH}) and b.session == a.session
+        a.hold("r0/alive1")
+        b.close()  # the watcher's connection of each round closes: the agent is still alive
+        w = TCPStoreAdapter("127.0.0.1", server.port, 5)
+        assert w.wait_change("r0/change", "r0/alive1", 0.2) is None
+        a.close()
+        assert w.wait_change("r0/change", "r0/alive1", 5) is Change.GONE
+        w.close()
+    finally:
+        server.close()
 
 
 # ---------------------------------------------------------------------------------- torch's client

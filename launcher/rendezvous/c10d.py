@@ -5,10 +5,18 @@ TCPStore server can host the store, and torch clients can use ours. The store bi
 address it was given (torch binds the wildcard). Who hosts: `--rdzv_conf is_host=` when given, else
 the node whose own address is the endpoint's (checked by binding it, which is what counts).
 `python -m launcher store` runs the store on its own, outside any training node.
+
+Crash at connection speed: our server has held keys (tcpstore's SESSION/HOLD/WAIT_CHANGE), so an
+agent's `alive` key is deleted the moment its process dies (the kernel closes its connections) and
+its neighbour's WAIT_CHANGE wakes: `Capability.CRASH`. The agent's connections (the main one and
+the watcher's) share one session id, so a connection that closes or reconnects alone is no death.
+Heartbeats still judge a frozen or cut-off node. On torch's own server (which hangs up on the
+probe) the adapter is plain, and heartbeats alone judge liveness.
 """
 
 from __future__ import annotations
 
+import random
 import resource
 import signal
 import threading
@@ -16,11 +24,11 @@ from typing import Callable, Sequence
 
 from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
-from .api import JobParams
-from .protocol import Capability, ElasticRendezvous, Node
 from ..stragglers import Judge
+from .api import JobParams
+from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import C10dSettings
-from .tcpstore import StoreClient, StoreError, StoreServer
+from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreServer
 
 PREFIX = "launcher/"
 
@@ -30,16 +38,20 @@ ANSWER_GRACE = 5.0
 
 
 class TCPStoreAdapter:
-    """The protocol's `Store` operations on one TCPStore client connection."""
+    """The protocol's `Store` operations on one TCPStore client connection.
 
-    capabilities = frozenset({Capability.DELETE})
+    `session`: the agent's session id, shared by its clones (a new one when None); the connection
+    joins it where the server has our extension, and the adapter then declares `Capability.CRASH`.
+    """
 
-    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None):
+    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None, session: int | None = None):
         self.host, self.port, self.timeout = host, port, timeout
+        self.session = random.getrandbits(63) if session is None else session
         try:
-            self.client = StoreClient(host, port, timeout + ANSWER_GRACE, connect_timeout or timeout)
+            self.client = StoreClient(host, port, timeout + ANSWER_GRACE, connect_timeout or timeout, session=self.session)
         except StoreError as e:
             raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {e}") from None
+        self.capabilities = frozenset({Capability.DELETE, Capability.CRASH} if self.client.extended else {Capability.DELETE})
 
     def _call(self, op: str, *args):
         try:
@@ -74,8 +86,19 @@ class TCPStoreAdapter:
         for key in keys:
             self._call("delete_key", PREFIX + key)
 
+    def hold(self, key: str) -> None:
+        """`key` exists while any connection of this agent's session is open (Capability.CRASH)."""
+        self._call("hold", PREFIX + key, b"1")
+
+    def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
+        """CHANGED once `change` exists, GONE once `alive` was deleted (its agent's connections all
+        closed), None at the timeout (Capability.CRASH)."""
+        got = self._call("wait_change", PREFIX + change, None if alive is None else PREFIX + alive, timeout)
+        return {CHANGED: Change.CHANGED, GONE: Change.GONE}.get(got)
+
     def clone(self) -> "TCPStoreAdapter":
-        return TCPStoreAdapter(self.host, self.port, self.timeout)
+        """A second connection in the same session."""
+        return TCPStoreAdapter(self.host, self.port, self.timeout, session=self.session)
 
     def close(self) -> None:
         self.client.close()

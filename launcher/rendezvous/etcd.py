@@ -245,7 +245,7 @@ class EtcdStore:
         """Give the lease back (our keys vanish); the last agent out deletes the run's keys."""
         if self.lease:
             self.lease.revoke(self)
-        self._call(lambda e: e.txn(*_sweep(run_id)), retry_for=2.0)
+        self._call(lambda e: e.txn(*_sweep(run_id, keep_closed=True)), retry_for=2.0)
 
     # ------------------------------------------------------------------ requests
 
@@ -360,11 +360,15 @@ def _job(run_id: str) -> tuple[bytes, bytes]:
     return job, job + b"agents/"
 
 
-def _sweep(run_id: str) -> tuple[list, list, list]:
-    """A txn that deletes the run's keys if no agent is signed in under it."""
+def _sweep(run_id: str, keep_closed: bool = False) -> tuple[list, list, list]:
+    """A txn that deletes the run's keys if no agent is signed in under it; with `keep_closed`, all
+    but `closed` (the last agent out leaves it, so a node that comes back late, its lease lost,
+    learns that the job ended; the first agent of a new run deletes it)."""
     job, agents = _job(run_id)
+    closed = job + b"closed"
+    spans = [Delete(job, closed), Delete(closed + b"\0", range_end(job))] if keep_closed else [Delete(job, range_end(job))]
     # A range compare holds for every key in the range; over no key, version == 0 holds.
-    return [Compare(agents, "version", 0, range_end(agents))], [Delete(job, range_end(job))], []
+    return [Compare(agents, "version", 0, range_end(agents))], spans, []
 
 
 def _version(kvs) -> int:

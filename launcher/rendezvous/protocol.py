@@ -13,6 +13,9 @@ each node bumps its own heartbeat counter and judges only its right-hand neighbo
 node is noticed within the liveness timeout at O(N) cost per interval. A store that can tell
 liveness itself (etcd: a lease per agent) offers `hold` and `wait_change` instead: each node holds
 an `alive` key from the moment it takes a ticket, and watches only its right-hand neighbour's.
+A store that can tell a crash but not a freeze (our TCPStore server: a key held by the agent's
+connections, deleted when they close) declares CRASH: the heartbeat ring stays, and each node's
+wait on `change` also ends the moment its neighbour's `alive` key vanishes.
 
 Keys, under `<prefix>/<run_id>/`:
     round, closed, restarts                      job-wide
@@ -20,7 +23,7 @@ Keys, under `<prefix>/<run_id>/`:
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
-    r<r>/alive<k>                                 held by ticket k's agent (stores with liveness only)
+    r<r>/alive<k>                                 held by ticket k's agent (stores with LIVENESS or CRASH)
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
     r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
     r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
@@ -64,6 +67,7 @@ class Capability(enum.Enum):
 
     DELETE = "delete"  # `DeletingStore.delete`: old rounds' per-node keys are deleted as the job goes on
     LIVENESS = "liveness"  # `LivenessStore.hold`/`wait_change`: the store knows who is alive (no heartbeat ring)
+    CRASH = "crash"  # the same methods tell a crashed agent at once; heartbeats still judge a frozen one
 
 
 class Change(enum.Enum):
@@ -103,14 +107,18 @@ class DeletingStore(Store, Protocol):
 
 
 class LivenessStore(Store, Protocol):
-    """A store with `Capability.LIVENESS`: it knows which agents are alive (etcd: a lease each)."""
+    """A store with `Capability.LIVENESS` (it knows which agents are alive: etcd, a lease each) or
+    `Capability.CRASH` (it knows which agents' processes are gone: our TCPStore server's held keys)."""
 
     def hold(self, key: str) -> None:
         """`key` exists for as long as this agent lives."""
 
     def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
         """CHANGED once `change` exists, GONE once `alive` is absent (never when it is None), None at
-        the timeout; store trouble counts as a timeout."""
+        the timeout. LIVENESS: store trouble counts as a timeout; CRASH: it raises, as `wait` does."""
+
+
+HELD = frozenset({Capability.LIVENESS, Capability.CRASH})  # the stores that `hold` an alive key per member
 
 
 def capabilities_of(store: Store) -> frozenset[Capability]:
@@ -225,7 +233,8 @@ class ElasticRendezvous:
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
-                self.store.add(self._k(f"r{r}/finished"), 1)
+                if self.store.add(self._k(f"r{r}/finished"), 1) >= rnd.group_world_size:  # the last one: the job is done
+                    self._close(f"it finished (round {r} ended on all {rnd.group_world_size} nodes)")  # a late node stops
                 if self.is_host:  # the others still need the store: wait for them (exit barrier)
                     self._wait_finished(rnd)
             elif not self.store.get(self._k("closed")):
@@ -260,7 +269,7 @@ class ElasticRendezvous:
             # sealer counted it and waits for its entry.
             if k <= self.node.max_nodes and (sealed is None or k <= sealed):
                 self.ticket = k
-                if Capability.LIVENESS in capabilities_of(st):  # before the descriptor: a sealed member without one has died
+                if HELD & capabilities_of(st):  # before the descriptor: a sealed member without one has died
                     cast(LivenessStore, st).hold(self._k(f"r{r}/alive{k}"))
                 port = self.pick_port()
                 desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
@@ -426,15 +435,27 @@ class ElasticRendezvous:
         seen, seen_at = -1, self.clock()
         self._forget(st, r)
         try:
-            if Capability.LIVENESS in capabilities_of(st):
+            caps = capabilities_of(st)
+            if Capability.LIVENESS in caps:
                 return self._watch_held(cast(LivenessStore, st), rnd, post, stop, peer)
+            change = self._k(f"r{r}/change")
+            alive = self._k(f"r{r}/alive{peer}") if Capability.CRASH in caps and right != g and peer else None
             while not stop.is_set():
                 st.add(self._k(f"r{r}/hb{g}"), 1)
                 self._publish(st, rnd, post)
-                if st.wait([self._k(f"r{r}/change")], s.keep_alive_interval):
+                if alive is None:
+                    what = Change.CHANGED if st.wait([change], s.keep_alive_interval) else None
+                else:  # the same wait, cut short by the neighbour's crash
+                    what = cast(LivenessStore, st).wait_change(change, alive, s.keep_alive_interval)
+                if what is Change.CHANGED:
                     if not stop.is_set():
                         post(self._changed(st, r))
                     return
+                if what is Change.GONE:
+                    alive = None  # judged once; a finished neighbour simply went home
+                    if not st.get(self._k(f"r{r}/done{right}")):
+                        self._neighbour_died(st, r, n, right, "died (its connections to the store closed)")
+                    continue
                 if right == g or st.get(self._k(f"r{r}/done{right}")):
                     continue
                 beats = st.add(self._k(f"r{r}/hb{right}"), 0)
@@ -466,6 +487,12 @@ class ElasticRendezvous:
                 if not st.get(self._k(f"r{r}/done{right}")):
                     self._neighbour_died(st, r, n, right, "lost its lease")
 
+    def _why_changed(self, st: Store, r: int) -> str:
+        """Round r's `change` reason; when it is gone (the other nodes finished and the last one out
+        cleared the job's keys while this node was frozen), say so."""
+        reason = (st.get(self._k(f"r{r}/change")) or b"").decode(errors="replace")
+        return reason or f"round {r} ended while this node was away; the other nodes have left it"
+
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
         st.add(self._k(f"r{r}/left"), 1)
         if n - 1 < self.node.min_nodes:
@@ -477,11 +504,14 @@ class ElasticRendezvous:
         so a long job keeps a few counters per round, not O(nodes) keys. Their `change` and `sealed`
         markers stay: a node that wakes up in an old round still learns that it ended."""
         old = [m for m in self._mine if m[0] <= r - 2]
-        if not old or Capability.DELETE not in capabilities_of(st):
+        caps = capabilities_of(st)
+        if not old or Capability.DELETE not in caps:
             return
         self._mine = [m for m in self._mine if m[0] > r - 2]
+        held = ("alive",) if Capability.CRASH in caps else ()  # held for the agent's life otherwise
         try:
-            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}") for o, k, g in old for key in (f"node{k}", f"plan{k}", f"hb{g}", f"snap{g}")])
+            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}{k}") for o, k, g in old for key in ("node", "plan", *held)]
+                                           + [self._k(f"r{o}/{key}{g}") for o, k, g in old for key in ("hb", "snap")])
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
 
@@ -527,7 +557,7 @@ class ElasticRendezvous:
     def _changed(self, st: Store, r: int) -> MembershipChanged:
         """The round ended: why, and whether the job was closed (read, acknowledged and kept now: the
         store host may go as soon as every node has acknowledged)."""
-        reason = (st.get(self._k(f"r{r}/change")) or b"")[:300].decode(errors="replace")
+        reason = self._why_changed(st, r)[:300]
         closed = self._closed(st) is not None
         raw = None if closed else st.get(self._k(f"r{r}/cause"))
         if raw is not None:

@@ -31,6 +31,15 @@ Ops (request fields -> reply; "-" is no reply):
     16 QUEUE_LEN    key                      -> i64
     17 LIST_KEYS    -                        -> i64 count, then count x str
     18 BARRIER      key world:i64            -> u8     0 once `world` clients arrived at `key`
+Extension ops (ours; torch's servers drop a connection that sends them, which is how a client tells):
+    200 SESSION     session:u64              -> u32    EXT_VERSION; this connection belongs to `session`
+    201 HOLD        key value                -> u8     0: SET, and the key is held by the connection's session
+    202 WAIT_CHANGE change alive             -> u8     0 once `change` exists, 2 once `alive` is absent
+                                                       (alive empty: never); CANCEL_WAIT ends it as a WAIT
+A held key lives while any connection of its session is open: when the last one closes (the agent
+died: the kernel closes its sockets at once), the server deletes the key and wakes its WAIT_CHANGEs.
+An agent's connections share one session, so one of them reconnecting deletes nothing.
+
 Limits are torch's libuv server's (a key <= 8 KiB, a value <= 8 MiB, <= 128 Ki keys a frame) plus
 one of ours: no request or reply frame over 64 MiB. A frame past them closes that connection only.
 """
@@ -51,6 +60,9 @@ log = logging.getLogger(__name__)
 
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
  CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
+SESSION, HOLD, WAIT_CHANGE = 200, 201, 202  # our extension (see the table above)
+EXT_VERSION = 1
+CHANGED, GONE = 0, 2  # WAIT_CHANGE's answers (1 is WAIT_CANCELED, as for WAIT)
 MAGIC = 0x3C85F7CE  # VALIDATE's number: tells a store client from a stray connection
 READY, NOT_READY = 0, 1  # CHECK's answer
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT's (and BARRIER's) answer, then CANCEL_WAIT's
@@ -63,11 +75,12 @@ MAX_FRAME = 64 << 20
 
 U8, U32, I64, U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
 
-# Each op's request fields: k key, v value, q i64, I u32, K strs of keys, P count and key/value pairs.
+# Each op's request fields: k key, v value, q i64, Q u64, I u32, K strs of keys, P count and key/value pairs.
 REQUEST = {
     VALIDATE: "I", SET: "kv", COMPARE_SET: "kvv", GET: "k", ADD: "kq", CHECK: "K", WAIT: "K",
     GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kv", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
     PING: "I", QUEUE_PUSH: "kv", QUEUE_POP: "k", QUEUE_LEN: "k", LIST_KEYS: "", BARRIER: "kq",
+    SESSION: "Q", HOLD: "kv", WAIT_CHANGE: "kk",
 }
 
 
@@ -98,12 +111,31 @@ class StoreClient:
     is how long to keep retrying a refused connection, as torch's client does.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 300.0, connect_timeout: float | None = None):
+    def __init__(self, host: str, port: int, timeout: float = 300.0, connect_timeout: float | None = None,
+                 session: int | None = None):
         self.host, self.port, self.timeout = host, port, timeout
         self._lock = threading.Lock()
         self._buf = bytearray()  # bytes received, not yet read
         self._broken = ""
-        self._sock = self._connect(timeout if connect_timeout is None else connect_timeout)
+        self.session = session
+        self.extended = False  # the server has our extension ops and this connection joined `session`
+        connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._sock = self._connect(connect_timeout)
+        if session is not None:
+            self.extended = self._join_session(session)
+            if not self.extended:  # torch's server dropped the connection: a plain one, then
+                self._buf.clear()
+                self._sock = self._connect(connect_timeout)
+
+    def _join_session(self, session: int) -> bool:
+        """Ask for the extension (SESSION); True when the server has it, False when it hung up (torch's)."""
+        try:
+            self._sock.sendall(U8.pack(SESSION) + U64.pack(session))
+            version = U32.unpack(self._read(4))[0]
+        except (OSError, EOFError):  # socket.timeout included: a server that ignores the op
+            _close(self._sock)
+            return False
+        return version >= 1
 
     def _connect(self, connect_timeout: float) -> socket.socket:
         deadline, delay = time.monotonic() + connect_timeout, 0.02
@@ -164,26 +196,55 @@ class StoreClient:
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> bool:
         """True once every key exists, False when `timeout` (default: the client's) passes first."""
-        limit = min(max(self.timeout if timeout is None else timeout, 0.001), 1e6)
-
         def answer() -> bool:
-            self._sock.settimeout(limit)
-            try:
-                first = self._u8()
-            except socket.timeout:  # nothing was read: the stream is still in step
-                first = None
-            finally:
-                self._sock.settimeout(self.timeout)
-            if first is None:
-                self._sock.sendall(U8.pack(CANCEL_WAIT))
-                first = self._u8()
-                if first == WAIT_CANCELED:
-                    return False
-                self._expect(self._u8(), WAIT_CANCELED)  # the keys came just before the cancel
-            self._expect(first, STOP_WAITING)
-            return True
+            got = self._waited(timeout)
+            if got is not None:
+                self._expect(got, STOP_WAITING)
+            return got is not None
 
         return self._call(U8.pack(WAIT) + _keys(keys), answer)
+
+    def hold(self, key: str, value: bytes) -> None:
+        """Set `key`, held by this client's session: the server deletes it once the session's last
+        connection closes. Needs `extended`."""
+        self._extension()
+        self._call(U8.pack(HOLD) + _key(key) + _str(value), lambda: self._expect(self._u8(), 0))
+
+    def wait_change(self, change: str, alive: str | None, timeout: float | None = None) -> int | None:
+        """CHANGED once `change` exists, GONE once `alive` is absent (never when None), None at the
+        timeout. Needs `extended`."""
+        self._extension()
+        gone = _key(alive) if alive is not None else _str(b"")
+
+        def answer() -> int | None:
+            got = self._waited(timeout)
+            if got is not None and got not in (CHANGED, GONE):
+                raise StoreError(f"the store answered {got} to WAIT_CHANGE (outside the protocol)")
+            return got
+
+        return self._call(U8.pack(WAIT_CHANGE) + _key(change) + gone, answer)
+
+    def _extension(self) -> None:
+        if not self.extended:
+            raise StoreError("this store server has no held keys (torch's own server): use heartbeats")
+
+    def _waited(self, timeout: float | None) -> int | None:
+        """The answer to a blocking op just sent, or None when `timeout` passed and CANCEL_WAIT took it back."""
+        limit = min(max(self.timeout if timeout is None else timeout, 0.001), 1e6)
+        self._sock.settimeout(limit)
+        try:
+            first = self._u8()
+        except socket.timeout:  # nothing was read: the stream is still in step
+            first = None
+        finally:
+            self._sock.settimeout(self.timeout)
+        if first is None:
+            self._sock.sendall(U8.pack(CANCEL_WAIT))
+            first = self._u8()
+            if first == WAIT_CANCELED:
+                return None
+            self._expect(self._u8(), WAIT_CANCELED)  # the answer came just before the cancel
+        return first
 
     def multi_get(self, keys: Sequence[str], wait: bool = True) -> list[bytes]:
         """The values, in order; with `wait`, first wait for the keys as `get` does."""
@@ -332,6 +393,8 @@ def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
             fields.append(I64.unpack_from(buf, take(8))[0])
         elif f == "I":
             fields.append(U32.unpack_from(buf, take(4))[0])
+        elif f == "Q":
+            fields.append(U64.unpack_from(buf, take(8))[0])
         elif f == "K":
             fields.append([blob(MAX_KEY, "a key") for _ in range(count(MAX_KEYS, "a key count"))])
         else:  # "P"
@@ -342,7 +405,7 @@ def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
 class _Conn:
     """One client connection: bytes in, replies out, and what it waits for."""
 
-    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "closed")
+    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "gone", "session", "closed")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -350,8 +413,21 @@ class _Conn:
         self.out, self.sent = bytearray(), 0
         self.events = selectors.EVENT_READ
         self.valid = False  # VALIDATE seen
-        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER)
+        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
+        self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
+        self.session: _Session | None = None
         self.closed = False
+
+
+class _Session:
+    """The connections of one client (an agent) and the keys they hold (extension ops)."""
+
+    __slots__ = ("id", "conns", "held")
+
+    def __init__(self, sid: int):
+        self.id = sid
+        self.conns: set[_Conn] = set()
+        self.held: set[bytes] = set()
 
 
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
@@ -379,12 +455,17 @@ class StoreServer:
         self.data: dict[bytes, bytes] = {}
         self.queues: dict[bytes, collections.deque] = {}
         self._waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it, in order
+        self._gone_waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it to go
+        self._sessions: dict[int, _Session] = {}
+        self._holder: dict[bytes, _Session] = {}  # held key -> its session
         self._conns: set[_Conn] = set()
         self._dirty: set[_Conn] = set()  # replies queued this turn, sent at its end
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel.register(self._wake_r, selectors.EVENT_READ, "stop")
+        self._rbuf = bytearray(1 << 18)  # every recv lands here first
+        self._rview = memoryview(self._rbuf)
         self._accept_again = 0.0  # out of file descriptors: accept again after this time
         self._stop = False
         self._handlers = {
@@ -393,6 +474,7 @@ class StoreServer:
             APPEND: self._append, MULTI_GET: self._multi_get, MULTI_SET: self._multi_set,
             CANCEL_WAIT: self._cancel_wait, PING: self._ping, QUEUE_PUSH: self._queue_push,
             QUEUE_POP: self._queue_pop, QUEUE_LEN: self._queue_len, LIST_KEYS: self._list_keys, BARRIER: self._barrier,
+            SESSION: self._session, HOLD: self._hold, WAIT_CHANGE: self._wait_change,
         }
         self._thread = threading.Thread(target=self._loop, name="launcher-store", daemon=True)
         self._thread.start()
@@ -457,10 +539,10 @@ class StoreServer:
             if events & selectors.EVENT_WRITE:
                 self._flush(c)
             if events & selectors.EVENT_READ and not c.closed:
-                chunk = c.sock.recv(1 << 18)
-                if not chunk:
+                n = c.sock.recv_into(self._rbuf)  # not recv(256 KiB): that maps and unmaps 256 KiB per call
+                if not n:
                     return self._drop(c)
-                c.inbuf += chunk
+                c.inbuf += self._rview[:n]
             if not c.closed:
                 self._process(c)
         except (BlockingIOError, InterruptedError):
@@ -529,6 +611,7 @@ class StoreServer:
             return
         c.closed = True
         self._unwait(c)
+        self._leave_session(c)
         self._conns.discard(c)
         self._dirty.discard(c)
         try:
@@ -550,12 +633,11 @@ class StoreServer:
 
     def _unwait(self, c: _Conn) -> None:
         for k in c.awaited:
-            conns = self._waiters.get(k)
-            if conns is not None:
-                conns.pop(c, None)
-                if not conns:
-                    del self._waiters[k]
+            _forget_waiter(self._waiters, k, c)
         c.awaited = set()
+        if c.gone:
+            _forget_waiter(self._gone_waiters, c.gone, c)
+            c.gone = b""
 
     def _wake(self, key: bytes, one: bool = False) -> None:
         """Tell the clients waiting on `key` whose every key is now there (with `one`: the first such)."""
@@ -565,6 +647,7 @@ class StoreServer:
             del conns[c]
             c.awaited.discard(key)
             if not c.awaited:
+                self._unwait(c)  # a WAIT_CHANGE's other half
                 self._reply(c, U8.pack(STOP_WAITING))
                 if one:
                     break
@@ -622,7 +705,19 @@ class StoreServer:
         self._reply(c, I64.pack(len(self.data)))
 
     def _delete(self, c: _Conn, key: bytes) -> None:
-        self._reply(c, I64.pack(0 if self.data.pop(key, None) is None else 1))
+        self._reply(c, I64.pack(self._remove(key)))
+
+    def _remove(self, key: bytes) -> int:
+        """Delete `key` (1 if it was there), release its hold, and answer the WAIT_CHANGEs on its absence."""
+        if self.data.pop(key, None) is None:
+            return 0
+        holder = self._holder.pop(key, None)
+        if holder is not None:
+            holder.held.discard(key)
+        for w in list(self._gone_waiters.pop(key, ())):
+            self._unwait(w)
+            self._reply(w, U8.pack(GONE))
+        return 1
 
     def _append(self, c: _Conn, key: bytes, value: bytes) -> None:
         new = self.data.get(key, b"") + value
@@ -670,6 +765,54 @@ class StoreServer:
             self._reply(c, U8.pack(STOP_WAITING))
         else:
             self._await(c, [key])
+
+    # -- the extension ops (see the module's docstring)
+
+    def _session(self, c: _Conn, sid: int) -> None:
+        self._leave_session(c)
+        c.session = self._sessions.setdefault(sid, _Session(sid))
+        c.session.conns.add(c)
+        self._reply(c, U32.pack(EXT_VERSION))
+
+    def _leave_session(self, c: _Conn) -> None:
+        """The session's last connection gone: its held keys go with it."""
+        session, c.session = c.session, None
+        if session is None:
+            return
+        session.conns.discard(c)
+        if not session.conns:
+            del self._sessions[session.id]
+            for key in list(session.held):
+                self._remove(key)
+
+    def _hold(self, c: _Conn, key: bytes, value: bytes) -> None:
+        if c.session is None:
+            raise _Malformed("HOLD before SESSION")
+        old = self._holder.get(key)
+        if old is not None:
+            old.held.discard(key)
+        self._holder[key] = c.session
+        c.session.held.add(key)
+        self._put(key, value)
+        self._reply(c, U8.pack(0))  # unlike SET, answered: a watcher on another connection then finds it
+
+    def _wait_change(self, c: _Conn, change: bytes, alive: bytes) -> None:
+        if change in self.data:
+            return self._reply(c, U8.pack(CHANGED))
+        if alive and alive not in self.data:
+            return self._reply(c, U8.pack(GONE))
+        self._await(c, [change])
+        if alive:
+            c.gone = alive
+            self._gone_waiters.setdefault(alive, {})[c] = None
+
+
+def _forget_waiter(waiters: dict[bytes, dict[_Conn, None]], key: bytes, c: _Conn) -> None:
+    conns = waiters.get(key)
+    if conns is not None:
+        conns.pop(c, None)
+        if not conns:
+            del waiters[key]
 
 
 def _stoll(value: bytes) -> int:

@@ -27,7 +27,12 @@ folder, loopback ports) and stops it at the end. Four parts, each printed as a m
   EtcdStore (its own watches) and signs in (`agents/<node>`) and holds its alive key as an agent
   does. Counted: calls at the Store interface and requests sent to etcd, per node.
   "rdzv s": release to the last node holding its round (ranks 0..N-1 unique, world size N checked).
-  Target: 1,024 nodes in <= 10 s on this 2-core VM, O(N) operations per round.
+  Target: 1,024 nodes in <= 10 s on this 2-core VM, O(N) operations per round; 4,096 in <= 15 s (issue 17).
+  BENCH_HARNESS=green (gateway engine; `pip install greenlet`): the nodes are greenlets of one
+  hub per runner (greenhub.py) instead of threads, the real protocol and gateway client on real
+  sockets; the 8 leases per runner are refreshed by hub tasks, with a 10 s TTL (a runner's one
+  thread serves thousands of nodes; a 2 s lease could lapse behind them, which an agent's own
+  refresher never sees).
 - death: 3 agents, `--nnodes 2:3` (default settings otherwise: keep_alive_interval 0.5 s x 4
   attempts, so a 2 s lease), each in its own session. Once the 3 workers of round 0 run, one
   agent's whole session (agent, guard and worker: a host going away) is SIGKILLed. Metric: kill ->
@@ -66,10 +71,11 @@ HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
+HARNESS = os.environ.get("BENCH_HARNESS", "threads")  # the simulated nodes: "threads" or "green" (greenlets, greenhub.py)
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
-ENV["PYTHONPATH"] = ROOT
+ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH", "")]))  # greenlet may be installed beside
 CAP = 60.0
 RUN_LAUNCHER = """import runpy, sys
 sys.argv[0] = "launcher"
@@ -249,7 +255,8 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 
 
 def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str, engine: str) -> dict:
-    """Nodes lo..hi-1 as threads; print "ready" once all are built, start on a line from stdin."""
+    """Nodes lo..hi-1 as threads (or greenlets: BENCH_HARNESS=green, gateway engine only); print
+    "ready" once all are built, start on a line from stdin."""
     from launcher.rendezvous.settings import RendezvousSettings
     from launcher.rendezvous.api import Cause
     from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
@@ -259,15 +266,42 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     opts = EtcdOptions(endpoints=((host, int(port)),), engine=engine)
     settings = RendezvousSettings(join_timeout=cap)
     shared = [_Client(opts) for _ in range(clients)]
-    leases = [Lease(opts, 2, 0.5) for _ in range(clients)]
-    for c, lease in zip(shared, leases):
-        lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
+    green = HARNESS == "green" and engine == "gateway"
+    # Green: a runner's one thread serves its thousands of nodes and their 8 leases' keep-alives; a
+    # 10 s lease keeps a busy hub from losing a lease (an agent refreshes its own, unhindered).
+    leases = [Lease(opts, 10, 1.0) if green else Lease(opts, 2, 0.5) for _ in range(clients)]
+    if green:
+        from greenhub import release_green
+        import launcher.rendezvous.etcd as etcd_mod
+        import launcher.rendezvous.etcd_gateway as gateway_mod
+        import launcher.rendezvous.http1 as http1_mod
+
+    def keep_alive(hub, finished):
+        """The leases' refreshers as hub tasks (Lease.start's thread would block the hub's thread)."""
+        def refresh(lease):
+            while not finished():
+                try:
+                    lease._refresh()
+                except Exception as e:  # a slow answer: the next one may do (as Lease._run)
+                    print(f"    lease keep-alive: {e}", file=sys.stderr, flush=True)
+                hub.wait(None, 0, lease.interval)
+        return [lambda lease=lease: refresh(lease) for lease in leases]
+
+    def grant(c, lease) -> None:  # green: without its thread (`keep_alive` refreshes it), inside the hub
+        lease.store = EtcdStore(opts, retry_for=lease.ttl, client=c.sibling(max(1.0, lease.ttl / 2)), owns_client=True)
+        lease.id = EtcdStore(opts, lease, client=c)._call(lambda e: e.lease_grant(lease.ttl), retry_for=30)
+
+    if not green:
+        for c, lease in zip(shared, leases):
+            lease.start(EtcdStore(opts, lease, client=c), retry_for=30)
     m = hi - lo
     counts = [collections.Counter() for _ in range(m)]
     stores: list = [None] * m
 
     def prepare(j: int):
         i = lo + j
+        if green and j < clients:
+            grant(shared[j], leases[j])
         store = stores[j] = EtcdStore(opts, leases[j % clients], client=shared[j % clients])
         node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
         rdzv = ElasticRendezvous(Counting(store, counts[j]), run_id, node, settings, port_picker=lambda: 12345)
@@ -279,7 +313,10 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
 
         return join
 
-    out = release_together(m, prepare, nofile=4 * n + 256)
+    if green:
+        out = release_green(m, prepare, [etcd_mod, gateway_mod, http1_mod], background=keep_alive)
+    else:
+        out = release_together(m, prepare, nofile=4 * n + 256)
     return {**out, "counts": dict(sum(counts, collections.Counter())), "rpcs": sum(s.rpcs for s in stores if s is not None)}
 
 
@@ -326,7 +363,7 @@ def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, c
             print(f"  scale N={n} rep {rep}: " + (f"{r['rdzv_s']:.2f} s" if r["ok"] else r["error"]), file=sys.stderr)
         good = [r for r in runs if r["ok"]]
         rows.append((n, good, runs))
-    print(f"\nRendezvous of N simulated nodes on etcd ({ENGINE} engine; threads in {procs} processes, {clients} clients each; "
+    print(f"\nRendezvous of N simulated nodes on etcd ({ENGINE} engine; {'greenlets' if HARNESS == 'green' else 'threads'} in {procs} processes, {clients} clients each; "
           f"median of {reps}; network: {NET})\n")
     print("| nodes | rdzv s | Store calls / node | etcd requests / node | runners CPU s | etcd CPU s | build s (untimed) | completed |")
     print("|---|---|---|---|---|---|---|---|")

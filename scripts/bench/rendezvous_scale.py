@@ -1,10 +1,16 @@
-"""Rendezvous of N simulated nodes (threads) against one TCPStore: the launcher vs torch's own.
+"""Rendezvous of N simulated nodes against one TCPStore: the launcher vs torch's own.
 
-Run:  .venv/bin/python scripts/bench/rendezvous_scale.py [--ours 64,256,1024] [--torch 64,128,256]
+Run:  .venv/bin/python scripts/bench/rendezvous_scale.py [--ours 1024,4096,16384] [--torch 64,128,256]
                                                         [--reps 3] [--procs 2] [--cap 45] [--server ours|torch]
+(the launcher's rows need `pip install greenlet`: `pip install -e '.[bench]'`)
 
 Per run: one store server on 127.0.0.1 in a process of its own, and --procs runner processes
-sharing N threads (DESIGN.md's torch figures: threads in 2 processes). The launcher's rows use its
+sharing the N nodes. The launcher's nodes are greenlets (greenhub.py): each runs the real protocol
+and our real client over a socket of its own, and a socket call that would block yields to one
+edge-triggered epoll per runner; no thread per node, so the harness is not the wall (at 4,096
+nodes, threads spent 88 s of CPU against the server's 3.3 s). BENCH_HARNESS=threads brings back
+a thread per node. torch's nodes are threads (its client is C++; DESIGN.md's figures: threads in 2
+processes). Each runner raises its open-file limit to the hard limit (one connection per node). The launcher's rows use its
 own pure-Python server (`launcher.rendezvous.c10d.serve`), or torch's libuv TCPStore server with
 `--server torch` (the same wire protocol: a comparison of the servers); torch's rows always use
 torch's server and client. Each thread opens its own store client and builds its handler, untimed
@@ -25,7 +31,9 @@ Network: by default the script re-runs itself in a private network namespace hol
 loopback (`unshare --net`, root only; `--host-net` opts out): torch's TCPStore asks the resolver
 for the name of each peer (PTR 1.0.0.127.in-addr.arpa, both ends of every connection); this VM's
 resolver is off-host and loses ~1 query in 25, a 5 s timeout. There they fail at once, locally.
-Target (shared/DESIGN.md): 1,024 nodes in <= 10 s on this 2-core VM, O(N) store operations per round.
+Targets: 1,024 nodes in <= 10 s on this 2-core VM, O(N) store operations per round (shared/DESIGN.md);
+16,384 nodes in <= 15 s with store operations per node constant in N (issue 17).
+BENCH_PROFILE=FILE runs each runner under cProfile (FILE is overwritten by each; for finding harness costs).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from benchlib import Counting, combine, private_network, release_together, revis
 
 HERE = os.path.abspath(__file__)
 SERVERS = {"ours": "the launcher's pure-Python server", "torch": "torch's libuv server"}
+HARNESS = os.environ.get("BENCH_HARNESS", "green")  # the launcher's nodes: "green" (greenlets) or "threads"
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
 
 
@@ -73,8 +82,31 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
     return lambda: (lambda r: (r.rank, r.world_size))(handler.next_rendezvous())
 
 
+def green_runner(n: int, lo: int, hi: int, port: int, cap: float) -> dict:
+    """The launcher's nodes lo..hi-1 as greenlets of one hub (greenhub.py): each runs the real
+    protocol and client over its own real socket; otherwise as `runner`."""
+    from greenhub import release_green
+    import launcher.rendezvous.tcpstore as tcpstore
+
+    m = hi - lo
+    counts = [collections.Counter() for _ in range(m)]
+    setup = [collections.Counter() for _ in range(m)]
+
+    def prepare(j: int):
+        join = make("launcher", lo + j, n, port, cap, counts[j])
+        setup[j] = counts[j].copy()
+        return join
+
+    out = release_green(m, prepare, [tcpstore])
+    total = sum(counts, collections.Counter())
+    total.subtract(sum(setup, collections.Counter()))
+    return {**out, "counts": {k: v for k, v in total.items() if v}}
+
+
 def runner(tool: str, n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     """Nodes lo..hi-1 as threads; print "ready" once all are connected, start on a line from stdin."""
+    if tool == "launcher" and HARNESS == "green":
+        return green_runner(n, lo, hi, port, cap)
     if tool == "torch":
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # no bootstrap store server at rank 0
         quiet_torch()  # once, before the threads
@@ -133,7 +165,8 @@ def measure(tool: str, n: int, procs: int, cap: float, server_kind: str) -> dict
     try:
         port = int(server.stdout.readline())
         bounds = [n * k // procs for k in range(procs + 1)]
-        runs += [subprocess.Popen([sys.executable, HERE, "--run", tool, str(n), str(a), str(b), str(port), str(cap)],
+        mode = "--profile-run" if os.environ.get("BENCH_PROFILE") else "--run"
+        runs += [subprocess.Popen([sys.executable, HERE, mode, tool, str(n), str(a), str(b), str(port), str(cap)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for a, b in zip(bounds, bounds[1:])]
         killer.start()
         if any(p.stdout.readline().strip() != "ready" for p in runs):
@@ -159,7 +192,7 @@ def measure(tool: str, n: int, procs: int, cap: float, server_kind: str) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ours", default="64,256,1024")
+    ap.add_argument("--ours", default="1024,4096,16384")
     ap.add_argument("--torch", default="64,128,256")
     ap.add_argument("--reps", type=int, default=3, help="runs per N for the launcher (torch: 1)")
     ap.add_argument("--procs", type=int, default=2, help="runner processes sharing the N threads")
@@ -178,7 +211,8 @@ def main() -> None:
                 print(f"  {tool} N={n}: {json.dumps(r)}", file=sys.stderr)
             rows.append((tool, n, runs))
     print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
-    print(f"\nRendezvous of N simulated nodes (threads in {args.procs} processes) against one TCPStore server "
+    print(f"\nRendezvous of N simulated nodes ({'greenlets' if HARNESS == 'green' else 'threads'} in {args.procs} processes for the launcher, "
+          f"threads in {args.procs} processes for torch) against one TCPStore server "
           f"(launcher rows: {SERVERS[args.server]}; torch rows: torch's libuv server; 2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
     print("| tool | N | ok runs | rdzv s (median) | store ops / round | ops / node | ops by kind | state bytes / node | runner CPU s | server CPU s | connect s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -201,5 +235,13 @@ if __name__ == "__main__":
         tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
         print(json.dumps(runner(tool, n, lo, hi, port, cap)), flush=True)
         os._exit(0)  # torch's heartbeat threads, hundreds of open clients: no orderly teardown needed
+    elif sys.argv[1:2] == ["--profile-run"]:  # one runner under cProfile, for finding the harness's costs
+        import cProfile
+        tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
+        profile = cProfile.Profile()
+        out = profile.runcall(runner, tool, n, lo, hi, port, cap)
+        profile.dump_stats(os.environ.get("BENCH_PROFILE", "/tmp/runner.prof"))
+        print(json.dumps(out), flush=True)
+        os._exit(0)
     else:
         main()
