@@ -88,7 +88,9 @@ def table(stdout: str) -> dict[int, list[str]]:
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_check_passes(launch, nproc):
-    r = launch.run("check", "--nproc_per_node", str(nproc), timeout=90)
+    # 3 ranks share 2 busy cores here: a sound rank's pair bandwidth swings 2x, so judge only what is
+    # far off (test_check_names_a_slow_rank covers the default judging)
+    r = launch.run("check", "--nproc_per_node", str(nproc), "--", "--slow-factor", "0.2", timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^\[rank0\]: rank +host +local +device +backend +torch +python +cuda +nccl +gpu +all_reduce"
                      r" +all_gather +pair GB/s +status$", r.stdout, re.M)
