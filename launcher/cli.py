@@ -221,6 +221,7 @@ SUBCOMMAND_HELP = [
     ("check", "Pre-flight check of the job's ranks and fabric."),
     ("bench allreduce", "all_reduce bus bandwidth, as nccl-tests reports it."),
     ("store", "A c10d rendezvous store on its own, off the training nodes."),
+    ("status", "A running, failed or forming job, read from its rendezvous store."),
 ]
 
 

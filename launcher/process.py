@@ -19,10 +19,12 @@ from typing import IO, Callable, Iterable, Protocol, Sequence
 
 from .spec import Exit
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, arg: int | bytes) -> bool:
+def prctl(option: int, arg: int | bytes) -> bool:
+    """prctl(2) on this process (Linux); False where it fails or does not exist."""
     try:
         import ctypes
 
@@ -32,9 +34,21 @@ def _prctl(option: int, arg: int | bytes) -> bool:
         return False
 
 
+def set_name(name: str) -> str:
+    """Name this process (/proc/self/comm, what ps and top show; 15 bytes, no ctypes); returns the old name."""
+    try:
+        with open("/proc/self/comm", "r+") as f:
+            old = f.read().strip()
+            f.seek(0)
+            f.write(name)
+        return old
+    except OSError:
+        return name
+
+
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux), so the sweep can find them."""
-    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 class WorkerProcess:
@@ -243,11 +257,7 @@ class Guard:
 def _guard_main(fd: int, agent_id: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # a terminal's Ctrl-C must not take the guard down
-    try:
-        with open("/proc/self/comm", "w") as f:  # what PR_SET_NAME sets, without loading ctypes here
-            f.write("launcher-guard")
-    except OSError:
-        pass
+    set_name("launcher-guard")
     data = b""
     try:
         while chunk := os.read(fd, 4096):

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
-from .rendezvous.protocol import Store, _count, decode_verdict, read_snapshot, token_check
+from .rendezvous.protocol import Store, decode_verdict, parse_count, read_snapshot, sealed_members, token_check
 
 
 def open_store(config: StatusConfig) -> Store:
@@ -39,18 +39,14 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     def count(key: str) -> int:
         return 0 if store.get(k(key)) is None else store.add(k(key), 0)  # the key exists: add(0) changes nothing
 
-    def sealed(r: int) -> int | None:
-        raw = store.get(k(f"r{r}/sealed"))
-        return _count(raw.split(b":", 1)[0], "seal") if raw else None
-
-    r = _count(store.get(k("round")) or b"0", "round number")
+    r = parse_count(store.get(k("round")) or b"0", "round number")
     closed = store.get(k("closed"))
     job.update(round=r, restarts=count("restarts"))
-    members, shown = sealed(r), r
+    members, shown = sealed_members(store.get(k(f"r{r}/sealed"))), r
     if members is None:
         job["forming"] = {"round": r, "joined": count(f"r{r}/joined")}
         shown = r - 1
-        members = sealed(shown) if r > 0 else None
+        members = sealed_members(store.get(k(f"r{shown}/sealed"))) if r > 0 else None
     nodes = []
     for g in range(members or 0):
         snap = read_snapshot(store.get(k(f"r{shown}/snap{g}")))

@@ -264,10 +264,11 @@ class Supervisor:
             progress_file = os.path.join(folder, "progress")
             env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
                              progress_file=progress_file)
+            argv = worker_argv(self.config, worker)
             try:
-                proc = self.starter.start(worker_argv(self.config, worker), env)
+                proc = self.starter.start(argv, env)
             except OSError as e:  # e.g. a --no_python command removed since the last round
-                return self._spawn_failed(worker_argv(self.config, worker)[0], e)
+                return self._spawn_failed(argv[0], e)
             if self.guard:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Sequence
 
-from .process import Spawner, Starter, WorkerProcess
+from .process import PR_SET_PDEATHSIG, Spawner, Starter, WorkerProcess, prctl, set_name
 from .spec import Exit
 
 log = logging.getLogger(__name__)
@@ -213,11 +213,11 @@ def _valid_fd(fd: int) -> bool:
 # ============================================================================ the zygote's side
 
 
-def main(argv: list[str]) -> dict | None:
+def main(argv: list[str]) -> dict:
     """Preload, then fork workers on request; returns only in a forked worker, with its request."""
     sock = socket.socket(fileno=int(argv[1]))
     _die_with(int(argv[2]))
-    comm = _rename("launcher-zygote")  # what ps and top show; a forked worker takes the interpreter's back
+    comm = set_name("launcher-zygote")  # what ps and top show; a forked worker takes the interpreter's back
     reply = preload(argv[3:])
     _send(sock, reply)
     if "error" in reply:
@@ -339,7 +339,7 @@ def become_worker(job: dict) -> None:
     except OSError:
         pass
     _await_adoption(job["agent"])
-    _rename(job["comm"])
+    set_name(job["comm"])
     out, err, *stdin = job["fds"]
     if not stdin:
         stdin = [os.open(os.devnull, os.O_RDONLY)]
@@ -412,26 +412,9 @@ def _await_adoption(agent: int) -> None:
         os.close(fd)
 
 
-def _rename(name: str) -> str:
-    """Set this process's name (/proc/self/comm, 15 bytes); returns the old one."""
-    try:
-        with open("/proc/self/comm", "r+") as f:
-            old = f.read().strip()
-            f.seek(0)
-            f.write(name)
-        return old
-    except OSError:
-        return name
-
-
 def _die_with(parent: int) -> None:
     """SIGKILL this process when the agent dies, whatever kills it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the agent died before the line above
         os._exit(1)
 
@@ -454,5 +437,4 @@ def _close(fds) -> None:
 if __name__ == "__main__":
     _job = main(sys.argv)
     become_worker(_job)
-    del _job["env"]
     run_worker(_job)

@@ -614,14 +614,13 @@ class ElasticRendezvous:
         raise RendezvousError(f"wrong join token for job {self.run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'")
 
     def _current_round(self) -> int:
-        return _count(self.store.compare_set(self._k("round"), b"", b"0"), "round number")
+        return parse_count(self.store.compare_set(self._k("round"), b"", b"0"), "round number")
 
     def _advance(self, r: int) -> None:
         self.store.compare_set(self._k("round"), str(r).encode(), str(r + 1).encode())
 
     def _sealed(self, r: int) -> int | None:
-        value = self.store.get(self._k(f"r{r}/sealed"))
-        return _count(value.split(b":", 1)[0], "seal") if value else None
+        return sealed_members(self.store.get(self._k(f"r{r}/sealed")))
 
     def _expected(self, r: int) -> int:
         """Nodes expected back in round r: the last round's members, less those gone, plus waiters."""
@@ -826,7 +825,12 @@ def _checked(value: dict, fields: dict[str, Callable[[object], bool]], what: str
     return value
 
 
-def _count(raw: bytes, what: str) -> int:
+def sealed_members(raw: bytes | None) -> int | None:
+    """How many nodes a round's `sealed` value says it has (None: not sealed yet)."""
+    return parse_count(raw.split(b":", 1)[0], "seal") if raw else None
+
+
+def parse_count(raw: bytes, what: str) -> int:
     """A round number or seal count written by the protocol: a small decimal, or a clear error."""
     if not (raw.isdigit() and len(raw) <= 9):
         raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
