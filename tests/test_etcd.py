@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -333,6 +334,35 @@ def test_a_lost_lease_is_taken_again_with_its_keys(etcd):
     store.leave("relet")
     store.close()
     assert keys_of(etcd, "relet") == []
+
+
+@needs_etcd
+@pytest.mark.timeout(30)
+def test_only_an_agent_that_finds_nobody_signed_in_sweeps_and_wait_get_returns_the_value(etcd):
+    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease
+
+    opts = EtcdOptions(endpoints=(("127.0.0.1", etcd.client_port),))
+    c = client(etcd)
+    c.put("/launcher/sweep/round", b"7")  # a dead run's leftover
+    stores = [EtcdStore(opts, Lease(opts, ttl=5, interval=1)) for _ in range(2)]
+    try:
+        stores[0].register("sweep", "node-a", retry_for=10)  # nobody signed in: the leftover goes
+        assert keys_of(etcd, "sweep") == [b"/launcher/sweep/agents/node-a"]
+        stores[0].set("sweep/round", b"0")
+        stores[1].register("sweep", "node-b", retry_for=10)  # node-a is in: nothing is swept
+        assert sorted(keys_of(etcd, "sweep")) == [b"/launcher/sweep/agents/node-a", b"/launcher/sweep/agents/node-b",
+                                                  b"/launcher/sweep/round"]
+        assert stores[1].wait_get("sweep/round", 1.0) == b"0"  # present: from the read
+        later = threading.Timer(0.3, lambda: c.put("/launcher/sweep/plan1", b"yours"))
+        later.start()
+        assert stores[1].wait_get("sweep/plan1", 5.0) == b"yours"  # from the watch's event
+        assert stores[1].wait_get("sweep/never", 0.2) is None
+    finally:
+        for st in stores:
+            st.leave("sweep")
+            st.close()
+        c.close()
+    assert keys_of(etcd, "sweep") == []
 
 
 @needs_etcd

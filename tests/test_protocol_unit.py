@@ -71,10 +71,13 @@ class MemoryStore:
                 return present()
             return self.cond.wait_for(present, timeout)
 
+    def wait_get(self, key: str, timeout: float) -> bytes | None:
+        return self.data.get(key) if self.wait([key], timeout) else None
+
     def multi_get(self, keys) -> list[bytes]:
         with self.cond:
             self.ops += 1
-            return [self.data[k] for k in keys]
+            return [self.data.get(k) for k in keys]
 
     def multi_set(self, keys, values) -> None:
         with self.cond:
@@ -262,6 +265,40 @@ def test_nodes_meet_in_one_round_and_keep_their_ranks_across_a_restart():
     assert [r.group_rank for r in again] == [r.group_rank for r in first]
     assert {(r.round, r.restart_count) for r in again} == {(1, 1)}
     assert store.data["job/restarts"] == b"1"  # three nodes saw one failure: charged once
+
+
+def test_a_node_joins_a_round_in_five_store_calls_whatever_the_size():
+    """One read (round, closed, token), the ticket, the alive key, the descriptor, the plan; the
+    sealer's few calls and the first node's compare_sets are the only others."""
+    for n in (8, 32):
+        store = MemoryStore()
+        join_all([agent(store, node(f"n{i}", lo=n, hi=n)) for i in range(n)])
+        assert store.ops <= 5 * n + 12, (n, store.ops)
+
+
+def test_a_node_below_min_whose_round_was_sealed_but_never_planned_gives_up_after_two_read_timeouts():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    store.data["job/r0/sealed"] = b"3:the-sealer"  # sealed for tickets 1..3, and then the sealer died
+    with pytest.raises(RendezvousTimeoutError, match="round 0 was sealed but its plan never came"):
+        agent(store, node("a", lo=3, hi=3), clock).next_round(Cause.START)
+    assert 2 * SETTINGS.read_timeout <= clock.now <= 2 * SETTINGS.read_timeout + 2 * WAIT_REPORT_EVERY
+
+
+def test_a_node_below_min_learns_that_the_job_closed_while_it_waited():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a = agent(store, node("a", lo=2, hi=2), clock)
+    real_wait_get = store.wait_get
+
+    def closing(key, timeout):  # the job closes during the first wait
+        store.data.setdefault("job/closed", b"it finished; closed by node b")
+        return real_wait_get(key, timeout)
+
+    store.wait_get = closing
+    with pytest.raises(RendezvousClosedError, match="it finished"):
+        a.next_round(Cause.START)
+    assert clock.now <= WAIT_REPORT_EVERY
 
 
 def test_the_watch_posts_a_membership_change_when_the_round_ends():

@@ -78,7 +78,7 @@ def kill_the_other(launch, nnodes: str, sleep: str):
     port = free_port()
     host = launch.start(*c10d(port, nnodes, conf="is_host=true"), worker("node_info.py"), env={"SLEEP": sleep})
     victim = launch.start(*c10d(port, nnodes, conf="is_host=false"), worker("node_info.py"), env={"SLEEP": sleep})
-    wait_line(victim, "world=2")
+    host.victim_group = int(re.search(r"group=(\d)/", wait_line(victim, "world=2"))[1])  # the tickets race
     victim.send_signal(signal.SIGKILL)
     return host
 
@@ -98,7 +98,7 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
     assert rc != 0 and "fewer than 2" in err, err
     # the true reason, once: the node lost, who closed the job; no re-forming promised
     reason = re.findall(r"launcher: reason: (.*)", err)
-    assert len(reason) == 1 and re.fullmatch(r"the job was closed: node with group rank 1 died; 1 node\(s\) left, "
+    assert len(reason) == 1 and re.fullmatch(rf"the job was closed: node with group rank {host.victim_group} died; 1 node\(s\) left, "
                                              r"fewer than 2; closed by node \S+", reason[0]), err
     assert "re-forming" not in err and "closed the connection" not in err, err
 

@@ -64,6 +64,8 @@ class TCPStoreAdapter:
 
     def get(self, key: str) -> bytes | None:
         k = PREFIX + key
+        if self.client.extended:  # our server answers an absent key with b"" at once
+            return self._call("get", k, False) or None
         return self._call("get", k, False) if self._call("check", [k]) else None
 
     def set(self, key: str, value: bytes) -> None:
@@ -76,8 +78,17 @@ class TCPStoreAdapter:
         """True once every key exists; False when the store says `timeout` passed first."""
         return self._call("wait", [PREFIX + k for k in keys], timeout)
 
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        return self._call("multi_get", [PREFIX + k for k in keys], False)  # the protocol waited for them
+    def wait_get(self, key: str, timeout: float) -> bytes | None:
+        """The value once `key` exists; None when `timeout` passed first."""
+        return self.get(key) if self.wait([key], timeout) else None
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """One MULTI_GET; b"" for an absent key. torch's legacy server hangs up on an absent key, so
+        there (no extension) the keys are checked first, and read one by one when some are absent."""
+        ks = [PREFIX + k for k in keys]
+        if self.client.extended or self._call("check", ks):
+            return self._call("multi_get", ks, False)
+        return [self.get(k) for k in keys]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
         self._call("multi_set", [PREFIX + k for k in keys], list(values))

@@ -13,8 +13,9 @@ The Store operations, under `/launcher/<run_id>/`:
   put and N nodes taking tickets at once never retry (a compare-and-swap loop on the value costs
   O(N²) attempts then); `add(k, 0)` reads the version;
 - compare_set: one txn (expected b"" means absent: version 0);
-- wait and wait_change: one read (one txn over the keys, or a prefix range), then a watch from
-  the next revision (no poll, no missed event), kept open across calls on the same keys;
+- wait and wait_change: a watch from now (etcd keeps it synced), then one read (one txn over the
+  keys, or a prefix range); events older than the read are ignored: no poll, no missed event.
+  The watch is kept open across calls on the same keys;
 - multi_get, multi_set and delete: one txn per 128 keys (etcd's default --max-txn-ops).
 
 Liveness: each agent holds one lease (TTL = the liveness timeout, at least etcd's 2 s floor),
@@ -134,8 +135,10 @@ class _Follow:
 
     names: tuple[bytes, ...]
     present: dict[bytes, bool]
+    values: dict[bytes, bytes]  # of the present keys, when few are followed
     engine: Engine
     watch: Watch
+    revision: int  # `present` holds at this revision: older events are in it already
 
 
 class EtcdStore:
@@ -187,9 +190,15 @@ class EtcdStore:
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
         names = tuple(_name(k) for k in keys)
-        return bool(self._wait_for(names, timeout, lambda present: True if all(present.values()) else None))
+        return bool(self._wait_for(names, timeout, lambda f: True if all(f.present.values()) else None))
 
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+    def wait_get(self, key: str, timeout: float) -> bytes | None:
+        """The value once `key` exists (from the read or the watch event: one request fewer than
+        wait and get); None at the timeout."""
+        name = _name(key)
+        return self._wait_for((name,), timeout, lambda f: f.values.get(name, b"") if f.present[name] else None)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list = []
         for chunk in _chunks([_name(k) for k in keys]):
             _, res, _ = self._call(lambda e, ch=chunk: e.txn([], [Get(n) for n in ch], []))
@@ -225,10 +234,10 @@ class EtcdStore:
         """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
-        def decide(present: dict[bytes, bool]) -> Change | None:
-            if present[names[0]]:
+        def decide(f: _Follow) -> Change | None:
+            if f.present[names[0]]:
                 return Change.CHANGED
-            return Change.GONE if alive and not present[names[1]] else None
+            return Change.GONE if alive and not f.present[names[1]] else None
 
         return self._wait_for(names, timeout, decide)
 
@@ -238,14 +247,27 @@ class EtcdStore:
         """Take a lease and sign in under the run; the first agent in wipes a dead run's leftovers."""
         assert self.lease is not None, "register needs a lease"
         self.lease.start(self, retry_for)
-        self._call(lambda e: e.txn(*_sweep(run_id)), retry_for=retry_for)
-        self.lease.hold(_job(run_id)[1] + node_id.encode(), b"1", self, retry_for)
+        self.sign_in(run_id, node_id, retry_for)
+
+    def sign_in(self, run_id: str, node_id: str, retry_for: float) -> None:
+        """Put `agents/<node>` on the lease; the first agent in, finding nobody signed in, does it in
+        one txn with the sweep of a dead run's leftovers.
+
+        Who is signed in is read first with a limit of one key: the sweep's compare reads every
+        key of its range, O(N) per sign-in and O(N²) for a job (8 s of etcd's CPU at 4,096 nodes),
+        so only agents that found the range empty send it (two at once: the second one's compare
+        fails, and it just signs in)."""
+        assert self.lease is not None, "sign_in needs a lease"
+        agents = _job(run_id)[1]
+        me = agents + node_id.encode()
+        _, found, _ = self._call(lambda e: e.txn([], [Get(agents, range_end(agents), keys_only=True, limit=1)], []), retry_for=retry_for)
+        self.lease.hold(me, b"1", self, retry_for, sweep=None if found[0] else _sweep(run_id, keep=me))
 
     def leave(self, run_id: str) -> None:
         """Give the lease back (our keys vanish); the last agent out deletes the run's keys."""
         if self.lease:
             self.lease.revoke(self)
-        self._call(lambda e: e.txn(*_sweep(run_id, keep_closed=True)), retry_for=2.0)
+        self._call(lambda e: e.txn(*_sweep(run_id, keep=_job(run_id)[0] + b"closed")), retry_for=2.0)
 
     # ------------------------------------------------------------------ requests
 
@@ -277,8 +299,8 @@ class EtcdStore:
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
 
-    def _wait_for(self, names: tuple[bytes, ...], timeout: float, decide: Callable[[dict[bytes, bool]], object]):
-        """Follow `names` until `decide(present)` answers; None at the timeout. Trouble is retried, not raised."""
+    def _wait_for(self, names: tuple[bytes, ...], timeout: float, decide: Callable[[_Follow], object]):
+        """Follow `names` until `decide(follow)` answers; None at the timeout. Trouble is retried, not raised."""
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:
@@ -301,54 +323,70 @@ class EtcdStore:
         f = self._follow
         if f is None or f.names != names or f.engine is not engine:
             self._drop_follow()
-            present, revision = self._read(engine, names)
-            answer = decide(present)
+            # The watch first, from etcd's current revision, then the read: no event falls between
+            # them, and etcd keeps the watch in its synced group. A watch from a past revision
+            # (read, then watch from the read's) joins the unsynced group, which etcd catches up
+            # by reading its history: with thousands of nodes waiting, that is most of its work.
+            watch = self._watch(engine, names)
+            try:
+                present, values, revision = self._read(engine, names)
+            except BaseException:
+                self._drop(watch)
+                raise
+            f = self._follow = _Follow(names, present, values, engine, watch, revision)
+            answer = decide(f)
             if answer is not None:
+                self._drop_follow()
                 return answer
-            f = self._follow = self._watch(engine, names, present, revision)
         while True:
             events = f.watch.next(deadline)
             if events is None:
                 if f.watch.woken:  # the agent is leaving
                     self._drop_follow()
                 return None  # else keep the watches: the caller usually asks again about the same keys
-            for key, is_put in events:
-                if key in f.present:
-                    f.present[key] = is_put
-            answer = decide(f.present)
+            for e in events:
+                if e.key in f.present and e.revision > f.revision:
+                    f.present[e.key] = e.put
+                    f.values[e.key] = e.value
+            answer = decide(f)
             if answer is not None:
                 self._drop_follow()
                 return answer
 
-    def _read(self, engine: Engine, names: tuple[bytes, ...]) -> tuple[dict[bytes, bool], int]:
-        """Which of `names` exist, and the revision that answer holds at (one request)."""
+    def _read(self, engine: Engine, names: tuple[bytes, ...]) -> tuple[dict[bytes, bool], dict[bytes, bytes], int]:
+        """Which of `names` exist, their values when few (the protocol's are small), and the
+        revision that answer holds at (one request)."""
         self.rpcs += 1
         if len(names) <= FEW_KEYS:
-            _, res, revision = engine.txn([], [Get(n, keys_only=True) for n in names], [])
-            return {n: bool(r) for n, r in zip(names, res)}, revision
+            _, res, revision = engine.txn([], [Get(n) for n in names], [])
+            return {n: bool(r) for n, r in zip(names, res)}, {n: r[0].value for n, r in zip(names, res) if r}, revision
         prefix = os.path.commonprefix(list(names))
         kvs, revision = engine.range(prefix, range_end(prefix), keys_only=True)
         found = {kv.key for kv in kvs}
-        return {n: n in found for n in names}, revision
+        return {n: n in found for n in names}, {}, revision
 
-    def _watch(self, engine: Engine, names: tuple[bytes, ...], present: dict[bytes, bool], revision: int) -> _Follow:
+    def _watch(self, engine: Engine, names: tuple[bytes, ...]) -> Watch:
+        """A watch on `names` (each key, or their common prefix when many) from now on."""
         if len(names) <= FEW_KEYS:
             ranges = [(n, None) for n in names]
         else:
             prefix = os.path.commonprefix(list(names))
             ranges = [(prefix, range_end(prefix))]
         self.rpcs += 1
-        f = _Follow(names, present, engine, engine.watch(ranges, revision + 1))
+        watch = engine.watch(ranges)
         if self.lease:
-            self.lease.waiting.add(f.watch)
-        return f
+            self.lease.waiting.add(watch)
+        return watch
+
+    def _drop(self, watch: Watch) -> None:
+        if self.lease:
+            self.lease.waiting.discard(watch)
+        watch.close()
 
     def _drop_follow(self) -> None:
         f, self._follow = self._follow, None
         if f is not None:
-            if self.lease:
-                self.lease.waiting.discard(f.watch)
-            f.watch.close()
+            self._drop(f.watch)
 
 
 def _name(key: str) -> bytes:
@@ -360,13 +398,14 @@ def _job(run_id: str) -> tuple[bytes, bytes]:
     return job, job + b"agents/"
 
 
-def _sweep(run_id: str, keep_closed: bool = False) -> tuple[list, list, list]:
-    """A txn that deletes the run's keys if no agent is signed in under it; with `keep_closed`, all
-    but `closed` (the last agent out leaves it, so a node that comes back late, its lease lost,
-    learns that the job ended; the first agent of a new run deletes it)."""
+def _sweep(run_id: str, keep: bytes | None = None) -> tuple[list, list, list]:
+    """A txn that deletes the run's keys, all but `keep`, if no agent is signed in under it.
+
+    The last agent out keeps `closed` (so a node that comes back late, its lease lost, learns that
+    the job ended; the first agent of a new run deletes it); the first agent in keeps its own
+    sign-in, put by the same txn (etcd refuses a txn whose put lies in a range it deletes)."""
     job, agents = _job(run_id)
-    closed = job + b"closed"
-    spans = [Delete(job, closed), Delete(closed + b"\0", range_end(job))] if keep_closed else [Delete(job, range_end(job))]
+    spans = [Delete(job, keep), Delete(keep + b"\0", range_end(job))] if keep else [Delete(job, range_end(job))]
     # A range compare holds for every key in the range; over no key, version == 0 holds.
     return [Compare(agents, "version", 0, range_end(agents))], spans, []
 
@@ -413,12 +452,19 @@ class Lease:
         self._thread = threading.Thread(target=self._run, name="launcher-etcd-lease", daemon=True)
         self._thread.start()
 
-    def hold(self, name: bytes, value: bytes, via: EtcdStore, retry_for: float | None = None) -> None:
-        """Put `name` on the lease (taking a new lease first if etcd forgot this one); kept across renewals."""
+    def hold(self, name: bytes, value: bytes, via: EtcdStore, retry_for: float | None = None,
+             sweep: tuple[list, list, list] | None = None) -> None:
+        """Put `name` on the lease (taking a new lease first if etcd forgot this one); kept across renewals.
+        With `sweep` (a txn's compares and ops), the put runs in that txn, whatever its compares say."""
         for attempt in range(2):
             lease_id = self.id
+            put = Put(name, value, lease_id)
             try:
-                via._call(lambda e: e.put(name, value, lease=lease_id), retry_for=retry_for)
+                if sweep is None:
+                    via._call(lambda e: e.put(name, value, lease=lease_id), retry_for=retry_for)
+                else:
+                    compare, success, failure = sweep
+                    via._call(lambda e: e.txn(compare, [*success, put], [*failure, put]), retry_for=retry_for)
                 break
             except _LeaseLost:
                 if attempt:

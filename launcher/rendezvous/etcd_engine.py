@@ -32,6 +32,7 @@ class Get(NamedTuple):
     key: bytes
     range_end: bytes | None = None
     keys_only: bool = False
+    limit: int = 0  # at most this many keys (0: all)
 
 
 class Put(NamedTuple):
@@ -59,7 +60,15 @@ class Compare(NamedTuple):
 
 
 Op = Union[Get, Put, Delete]
-Event = tuple[bytes, bool]  # (key, True for a put / False for a delete)
+
+
+class Event(NamedTuple):
+    """One change a watch saw."""
+
+    key: bytes
+    put: bool  # False: a delete
+    revision: int  # the revision it happened at
+    value: bytes = b""  # a put's value
 
 
 class ErrorKind(enum.StrEnum):
@@ -113,8 +122,9 @@ class Engine(Protocol):
         """One refresh: the TTL left, 0 if etcd no longer knows the lease."""
     def lease_revoke(self, lease_id: int) -> None: ...
 
-    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int) -> Watch:
-        """Watch each (key, range_end or None) from `start_revision` on."""
+    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> Watch:
+        """Watch each (key, range_end or None) from etcd's current revision on; returns once etcd
+        created every watch."""
 
     def close(self) -> None: ...
 

@@ -207,13 +207,9 @@ class Gateway:
 
     # ------------------------------------------------------------------ watches
 
-    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int) -> "GatewayWatch":
-        """Every range on one stream (one connection), each from `start_revision` on; returns once
-        etcd created them all."""
-        creates = []
-        for key, end in ranges:
-            req = {**_span(key, end), "start_revision": str(start_revision)}
-            creates.append(json.dumps({"create_request": req}, separators=(",", ":")).encode())
+    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> "GatewayWatch":
+        """Every range on one stream (one connection), from now on; returns once etcd created them all."""
+        creates = [json.dumps({"create_request": _span(key, end)}, separators=(",", ":")).encode() for key, end in ranges]
         body = b"".join(creates)
         return self._logged_in(lambda token: self._open_watch(body, len(ranges), token))
 
@@ -435,7 +431,8 @@ def _watch_message(line: bytes, opts: EtcdOptions) -> tuple[int, list[Event]]:
             # A watch refused at creation says why in words only, e.g. "rpc error: code =
             # Unauthenticated desc = etcdserver: invalid auth token" after an etcd restart.
             raise classify(2, str(result.get("cancel_reason") or "watch canceled"), opts)
-        events = [(_unb64(ev["kv"]["key"]), ev.get("type", "PUT") != "DELETE") for ev in result.get("events") or []]
+        events = [Event(_unb64(ev["kv"]["key"]), ev.get("type", "PUT") != "DELETE", int(ev["kv"].get("mod_revision") or 0),
+                        _unb64(ev["kv"].get("value"))) for ev in result.get("events") or []]
         return (1 if result.get("created") else 0), events
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
         raise EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} sent a watch message that is not etcd's: {line[:120]!r}") from None
@@ -460,6 +457,8 @@ def _get(g: Get) -> dict:
     req = _span(g.key, g.range_end)
     if g.keys_only:
         req["keys_only"] = True
+    if g.limit:
+        req["limit"] = str(g.limit)
     return req
 
 

@@ -102,13 +102,13 @@ class Grpc:
 
     # ------------------------------------------------------------------ watches
 
-    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int) -> "GrpcWatch":
+    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> "GrpcWatch":
         def make(c) -> GrpcWatch:
             w = GrpcWatch(self, c)
             try:
                 for key, end in ranges:
                     kw = {"range_end": end} if end is not None else {}
-                    w.ids.append(c.add_watch_callback(key, w.events.put, start_revision=start_revision, **kw))
+                    w.ids.append(c.add_watch_callback(key, w.events.put, **kw))
             except BaseException:
                 w.close()
                 raise
@@ -195,7 +195,7 @@ class GrpcWatch:
             raise self.engine.error(item)
         if self.engine._client is not self.client:
             raise EtcdError("retry", "the etcd client was made again")  # its watches went with the old one
-        return [(ev.key, type(ev).__name__ == "PutEvent") for ev in item.events]
+        return [Event(ev.key, type(ev).__name__ == "PutEvent", ev.mod_revision, ev.value) for ev in item.events]
 
     def wake(self) -> None:
         self.woken = True
@@ -264,7 +264,7 @@ def _read(path: str | None) -> bytes | None:
 
 
 def _range(g: Get):
-    return etcdrpc.RangeRequest(key=g.key, range_end=g.range_end or b"", keys_only=g.keys_only)
+    return etcdrpc.RangeRequest(key=g.key, range_end=g.range_end or b"", keys_only=g.keys_only, limit=g.limit)
 
 
 def _op(op: Op):

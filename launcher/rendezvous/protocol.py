@@ -4,7 +4,9 @@ A job is a sequence of rounds. In round r every node takes a ticket (an atomic c
 one small descriptor, and the round is *sealed* once MAX nodes joined, or once the nodes expected
 from the last round are back, or once the last call after MIN nodes ran out. The sealer alone
 reads the descriptors and writes one plan key per node (ranks, world, bootstrap address), so a
-round costs O(N) store operations in total; nobody rewrites a shared blob.
+round costs O(N) store operations in total; nobody rewrites a shared blob. A node joins in five
+calls: one read (round, closed, token), its ticket, its alive key, its descriptor, and a wait that
+returns its plan (a ticket below MIN is in every seal, so it waits for its plan directly).
 
 A sealed round ends when any node writes its `change` key: a worker failed (charged once to the
 job-wide restart budget), a node stopped heartbeating, a late node wants in, or a node left. Every
@@ -60,6 +62,7 @@ WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming rou
 MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
 HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
 SNAPSHOT_EVERY = 2.0  # seconds between a node's snapshots (one key per node: O(N) store writes per interval)
+LOOK_EVERY = 1.0  # seconds between a would-be sealer's looks at a forming round's count
 
 
 class Capability(enum.Enum):
@@ -94,7 +97,8 @@ class Store(Protocol):
     def set(self, key: str, value: bytes) -> None: ...
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...  # returns the value now
     def wait(self, keys: Sequence[str], timeout: float) -> bool: ...  # True once every key exists
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]: ...
+    def wait_get(self, key: str, timeout: float) -> bytes | None: ...  # the value once `key` exists; None at the timeout
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]: ...  # None or b"" when absent; never blocks
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
     def clone(self) -> "Store": ...  # a second connection, for the watcher thread
     def close(self) -> None: ...
@@ -199,15 +203,14 @@ class ElasticRendezvous:
             raise self._seen_closed
         try:
             if self.current is None:
-                self._check_token()
-                r = self._current_round()
+                r = self._look(first=True)
             else:
                 r = self.current.round
                 if cause is Cause.FAILURE:
                     self._report_failure(r, verdict)
                 self._set_change(r, f"{self.node.node_id}: {cause.value}")
                 self._advance(r)
-                r = self._current_round()
+                r = self._look()
             return self._join(r)
         except RendezvousError:  # RestartBudgetExhausted is one too
             raise
@@ -257,14 +260,17 @@ class ElasticRendezvous:
     # ------------------------------------------------------------------ joining
 
     def _join(self, r: int) -> Round:
+        """Take a ticket in round r (the job not closed: `_look` just read it) and wait for its plan;
+        a node that came too late asks for a new round, or waits as a spare when the round is full."""
         s, st = self.settings, self.store
         deadline = self.clock() + s.join_timeout
         while True:
-            self._check_closed()
             k = st.add(self._k(f"r{r}/joined"), 1)
             if k < 1:  # the protocol only ever adds to it
                 raise RendezvousError("rendezvous store holds a malformed ticket counter under this job's prefix")
-            sealed = self._sealed(r)
+            # Every seal counts MIN tickets or more, so a ticket within MIN is a member of any seal: no
+            # need to read `sealed`. A later one may have come after the seal.
+            sealed = None if k <= self.node.min_nodes else self._sealed(r)
             # A ticket within the sealed count is a member even when the seal came first: the
             # sealer counted it and waits for its entry.
             if k <= self.node.max_nodes and (sealed is None or k <= sealed):
@@ -274,12 +280,14 @@ class ElasticRendezvous:
                 port = self.pick_port()
                 desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
                 st.set(self._k(f"r{r}/node{k}"), json.dumps(desc).encode())
-                self._wait_sealed(r, k, deadline)
-                sealed = self._sealed(r)
-                if sealed is not None and k <= sealed:
-                    rnd = self._take_plan(r, k, deadline)
-                    if rnd is not None:
-                        return rnd  # else the sealer left this ticket out: as if it came too late
+                if k < self.node.min_nodes:  # it never seals: it waits for its plan, nothing else
+                    rnd = self._wait_plan(r, k, deadline)
+                else:
+                    self._wait_sealed(r, k, deadline)
+                    sealed = self._sealed(r)
+                    rnd = self._take_plan(r, k, deadline) if sealed is not None and k <= sealed else None
+                if rnd is not None:
+                    return rnd  # else the sealer left this ticket out: as if it came too late
             if sealed is None:
                 sealed = self._wait_for(r, deadline)
             # The round formed without this node: ask for a new one, or wait as a spare when full.
@@ -289,32 +297,65 @@ class ElasticRendezvous:
             else:
                 self._wait_change(r, deadline)
             self._advance(r)
-            r = self._current_round()
+            r = self._look()
 
     def _wait_sealed(self, r: int, k: int, deadline: float) -> None:
-        """Block until round r is sealed; seal it ourselves when the rules say it is time."""
+        """Block until round r is sealed; seal it ourselves when the rules say it is time.
+
+        A ticket that completes the round (MAX, or the nodes expected back from the last round)
+        seals at once. Otherwise each node from MIN on keeps its own last call and looks again
+        every second (the expected count may fall as nodes leave): a forming round of N nodes
+        costs O(N) store operations per second, whatever its MIN and MAX."""
         s, st, n = self.settings, self.store, self.node
-        last_call: float | None = None
+        last_call = self.clock() + s.last_call_timeout
         report_at = self.clock() + WAIT_REPORT_EVERY
-        if k >= n.max_nodes:  # the last ticket of a full round: nothing to wait for
-            self._seal(r, k)
-        while not st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 0.1 if k >= n.min_nodes else 1.0)):
+        count = k
+        while True:
+            expected = self._expected(r)
+            if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
+                self._seal(r, count)
+            if st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, max(0.001, min(LOOK_EVERY, last_call - self.clock())))):
+                return
             self._check_closed()
             if self.clock() >= deadline:
                 raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
-            if self.clock() >= report_at:
-                report_at = self.clock() + WAIT_REPORT_EVERY
-                line = self._waiting_for(r, k, deadline, last_call)
-                log.info(line)
-                if self._on_wait is not None:
-                    self._on_wait(line)
-            if k < n.min_nodes:
-                continue  # a node with a later ticket will seal
+            report_at = self._tell_waiting(r, k, deadline, last_call, report_at)
             count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
-            expected = self._expected(r)
-            last_call = last_call if last_call is not None else self.clock() + s.last_call_timeout
-            if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
-                self._seal(r, count)
+
+    def _wait_plan(self, r: int, k: int, deadline: float) -> Round | None:
+        """A ticket below MIN: wait for its plan directly. Every WAIT_REPORT_EVERY s it says what
+        the round waits for and reads `closed` and `sealed` in one request: the job may have closed,
+        the sealer may have died before writing the plans (given two read_timeouts), or a node of
+        another MIN may have sealed below this ticket. A forming round of N nodes thus costs O(N)
+        store operations per interval, and none between."""
+        key = self._k(f"r{r}/plan{k}")
+        report_at, sealed_at = self.clock() + WAIT_REPORT_EVERY, None
+        while (raw := self.store.wait_get(key, self._slice(deadline, max(0.001, report_at - self.clock())))) is None:
+            closed, sealed = self.store.multi_get([self._k("closed"), self._k(f"r{r}/sealed")])
+            if closed:
+                self._check_closed()
+            count = sealed_members(sealed)
+            if count is not None and k > count:
+                return None  # sealed below this ticket
+            if count is not None:
+                sealed_at = sealed_at if sealed_at is not None else self.clock()
+                if self.clock() - sealed_at > 2 * self.settings.read_timeout:
+                    raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
+            if self.clock() >= deadline:
+                raise RendezvousTimeoutError(f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
+                                             f"{self.store.add(self._k(f'r{r}/joined'), 0)} of {self.node.min_nodes} nodes joined")
+            report_at = self._tell_waiting(r, k, deadline, None, report_at)
+        return self._plan(r, k, raw)
+
+    def _tell_waiting(self, r: int, k: int, deadline: float, last_call: float | None, report_at: float) -> float:
+        """Every WAIT_REPORT_EVERY s, log (and show) what the forming round waits for; the next time to."""
+        if self.clock() < report_at:
+            return report_at
+        line = self._waiting_for(r, k, deadline, last_call)
+        log.info(line)
+        if self._on_wait is not None:
+            self._on_wait(line)
+        return self.clock() + WAIT_REPORT_EVERY
 
     def _waiting_for(self, r: int, k: int, deadline: float, last_call: float | None) -> str:
         """One line on a forming round: who joined of how many, who is missing, how long until what.
@@ -364,7 +405,8 @@ class ElasticRendezvous:
         if st.compare_set(self._k(f"r{r}/sealed"), b"", mine) != mine:
             return  # someone else sealed first
         keys = [self._k(f"r{r}/node{i}") for i in range(1, count + 1)]
-        raws = st.multi_get(keys) if st.wait(keys, self.settings.read_timeout) else [st.get(k) for k in keys]
+        st.wait(keys, self.settings.read_timeout)  # an entry still missing then is left out
+        raws = st.multi_get(keys)
         good = {}
         for i, raw in enumerate(raws, 1):
             try:
@@ -385,9 +427,15 @@ class ElasticRendezvous:
         """This node's place in round r, or None when the sealer left this ticket out."""
         key = self._k(f"r{r}/plan{k}")
         # The sealer may first wait up to read_timeout for a missing entry: give it two of those.
-        if not any(self.store.wait([key], self._slice(deadline, self.settings.read_timeout)) for _ in range(2)):
-            raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
-        plan = _load(self.store.get(key), "plan")
+        for _ in range(2):
+            raw = self.store.wait_get(key, self._slice(deadline, self.settings.read_timeout))
+            if raw is not None:
+                return self._plan(r, k, raw)
+        raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
+
+    def _plan(self, r: int, k: int, raw: bytes) -> Round | None:
+        """Make ticket k's plan (`raw`) this node's round; None when the sealer left the ticket out."""
+        plan = _load(raw, "plan")
         if "left_out" in plan:
             return None
         _checked(plan, PLAN_FIELDS, "plan")
@@ -601,10 +649,24 @@ class ElasticRendezvous:
     def _slice(self, deadline: float, at_most: float) -> float:
         return max(0.001, min(at_most, deadline - self.clock()))
 
-    def _check_token(self) -> None:
+    def _look(self, first: bool = False) -> int:
+        """The job's current round, read in one request with its `closed` mark (raised when set) and,
+        on this node's first join, its token check."""
+        keys = ["round", "closed", "token"] if first else ["round", "closed"]
+        values = self.store.multi_get([self._k(key) for key in keys])
+        if first:
+            self._check_token(values[2] or None)
+        if values[1]:
+            self._check_closed()
+        if not values[0]:  # the job's first node: create the counter (or learn who did)
+            return self._current_round()
+        return parse_count(values[0], "round number")
+
+    def _check_token(self, theirs: bytes | None) -> None:
         """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
         token, mine = self.node.token, token_check(self.node.token, self.run_id)
-        theirs = self.store.compare_set(self._k("token"), b"", mine)
+        if theirs is None:
+            theirs = self.store.compare_set(self._k("token"), b"", mine)
         if theirs == mine:
             return
         if not token:

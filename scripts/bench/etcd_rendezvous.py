@@ -24,15 +24,16 @@ folder, loopback ports) and stops it at the end. Four parts, each printed as a m
   processes would measure gRPC's thread overhead, not the protocol). --engine picks the engine:
   gateway (the default; a client is a pool of keep-alive HTTP connections, each watch a stream of
   its own, read by the waiting thread) or grpc (pyetcd). Every simulated node still has its own
-  EtcdStore (its own watches) and signs in (`agents/<node>`) and holds its alive key as an agent
-  does. Counted: calls at the Store interface and requests sent to etcd, per node.
+  EtcdStore (its own watches) and signs in (`EtcdStore.sign_in`) and holds its alive key as an
+  agent does. Counted: calls at the Store interface and requests sent to etcd, per node.
   "rdzv s": release to the last node holding its round (ranks 0..N-1 unique, world size N checked).
   Target: 1,024 nodes in <= 10 s on this 2-core VM, O(N) operations per round; 4,096 in <= 15 s (issue 17).
   BENCH_HARNESS=green (gateway engine; `pip install greenlet`): the nodes are greenlets of one
   hub per runner (greenhub.py) instead of threads, the real protocol and gateway client on real
   sockets; the 8 leases per runner are refreshed by hub tasks, with a 10 s TTL (a runner's one
   thread serves thousands of nodes; a 2 s lease could lapse behind them, which an agent's own
-  refresher never sees).
+  refresher never sees). BENCH_ETCD_FLAGS: extra flags for the benchmark's etcd (e.g.
+  `--enable-pprof`, with `--host-net`, to read etcd's /debug/pprof while a round forms).
 - death: 3 agents, `--nnodes 2:3` (default settings otherwise: keep_alive_interval 0.5 s x 4
   attempts, so a 2 s lease), each in its own session. Once the 3 workers of round 0 run, one
   agent's whole session (agent, guard and worker: a host going away) is SIGKILLed. Metric: kill ->
@@ -102,7 +103,7 @@ class Etcd:
         url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
         cmd = ["etcd", "--name", "bench", "--data-dir", os.path.join(folder, "data"), "--listen-client-urls", url,
                "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-               "--initial-cluster", f"bench={peer}", "--log-level", "warn", "--logger", "zap"]
+               "--initial-cluster", f"bench={peer}", "--log-level", "warn", "--logger", "zap", *os.environ.get("BENCH_ETCD_FLAGS", "").split()]
         self.log = open(os.path.join(folder, "etcd.log"), "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -307,7 +308,7 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
         rdzv = ElasticRendezvous(Counting(store, counts[j]), run_id, node, settings, port_picker=lambda: 12345)
 
         def join():
-            store.lease.hold(f"/launcher/{run_id}/agents/n{i}".encode(), b"1", store)  # signing in, as an agent does
+            store.sign_in(run_id, f"n{i}", 30)  # as an agent does
             r = rdzv.next_round(Cause.START)
             return r.group_rank, r.world_size
 
