@@ -166,7 +166,8 @@ def test_a_held_key_lives_while_any_connection_of_its_session_does(ours):
 
 
 def test_a_killed_holder_is_gone_at_connection_speed(ours):
-    """A process that holds a key and is SIGKILLed: its neighbour's WAIT_CHANGE answers GONE at once."""
+    """A process that holds a key and is SIGKILLed: its neighbour's WAIT_CHANGE answers GONE once
+    the server's grace for a reconnect is over (issue 17: within 0.5 s)."""
     k = fresh()
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
@@ -187,7 +188,8 @@ time.sleep(60)
         holder.kill()
         t.join(10)
         assert got and got[0][0] == GONE, got
-        assert got[0][1] - t0 < 1.0, got[0][1] - t0  # milliseconds in practice
+        print(f"\nthe SIGKILLed holder's key went after {got[0][1] - t0:.3f} s")
+        assert got[0][1] - t0 < 0.5, got[0][1] - t0  # the server's grace (0.1 s) and milliseconds
         watcher.close()
     finally:
         holder.kill()

@@ -7,11 +7,14 @@ the node whose own address is the endpoint's (checked by binding it, which is wh
 `python -m launcher store` runs the store on its own, outside any training node.
 
 Crash at connection speed: our server has held keys (tcpstore's SESSION/HOLD/WAIT_CHANGE), so an
-agent's `alive` key is deleted the moment its process dies (the kernel closes its connections) and
-its neighbour's WAIT_CHANGE wakes: `Capability.CRASH`. The agent's connections (the main one and
-the watcher's) share one session id, so a connection that closes or reconnects alone is no death.
-Heartbeats still judge a frozen or cut-off node. On torch's own server (which hangs up on the
-probe) the adapter is plain, and heartbeats alone judge liveness.
+agent's `alive` key is deleted the moment its process dies (the kernel closes its connections; the
+server waits its 0.1 s grace) and its neighbour's WAIT_CHANGE wakes: `Capability.CRASH`. The
+agent's connections (the main one and the watcher's) share one session id, so a connection that
+closes alone is no death, and one that breaks (closed, reset, or no answer within `read_timeout`)
+is reopened in the session for up to RECONNECT_WITHIN (back within the grace, it deletes nothing).
+A store that restarted meanwhile is an error, never an empty store to carry on with. Heartbeats
+still judge a frozen or cut-off node. On torch's own server (which hangs up on the probe) the
+adapter is plain, never reconnects, and heartbeats alone judge liveness.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from ..stragglers import Judge
 from .api import JobParams
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import C10dSettings
-from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreServer
+from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 
 PREFIX = "launcher/"
 
-# Beyond read_timeout, the longest a store may take to answer (a frozen store, a partitioned network
-# or another program on the port would otherwise block an agent forever).
-ANSWER_GRACE = 5.0
+# Beyond read_timeout (the longest a store may take to answer), how long a broken connection to our
+# store is reopened: an agent facing a frozen store or a partitioned network gives up after
+# read_timeout + 5 s at most, as before connections were reopened (on torch's store: read_timeout).
+RECONNECT_WITHIN = 5.0
 
 
 class TCPStoreAdapter:
@@ -42,20 +46,31 @@ class TCPStoreAdapter:
 
     `session`: the agent's session id, shared by its clones (a new one when None); the connection
     joins it where the server has our extension, and the adapter then declares `Capability.CRASH`.
+    A broken connection is reopened for up to RECONNECT_WITHIN (see StoreClient); `boot`: the store
+    process the session began on (a clone's), so a clone never starts on a restarted store.
     """
 
-    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None, session: int | None = None):
+    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None, session: int | None = None,
+                 boot: int | None = None):
         self.host, self.port, self.timeout = host, port, timeout
         self.session = random.getrandbits(63) if session is None else session
         try:
-            self.client = StoreClient(host, port, timeout + ANSWER_GRACE, connect_timeout or timeout, session=self.session)
+            self.client = StoreClient(host, port, timeout, connect_timeout or timeout, session=self.session,
+                                      reconnect=RECONNECT_WITHIN, boot=boot)
+        except StoreRestarted:
+            raise RendezvousConnectionError(self._restarted()) from None
         except StoreError as e:
             raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {e}") from None
         self.capabilities = frozenset({Capability.DELETE, Capability.CRASH} if self.client.extended else {Capability.DELETE})
 
+    def _restarted(self) -> str:
+        return f"the rendezvous store restarted and lost the job's state ({self.host}:{self.port} is a new store process)"
+
     def _call(self, op: str, *args):
         try:
             return getattr(self.client, op)(*args)
+        except StoreRestarted:
+            raise RendezvousConnectionError(self._restarted()) from None
         except StoreError as e:
             raise RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {e}") from None
 
@@ -109,7 +124,7 @@ class TCPStoreAdapter:
 
     def clone(self) -> "TCPStoreAdapter":
         """A second connection in the same session."""
-        return TCPStoreAdapter(self.host, self.port, self.timeout, session=self.session)
+        return TCPStoreAdapter(self.host, self.port, self.timeout, session=self.session, boot=self.client.boot)
 
     def close(self) -> None:
         self.client.close()

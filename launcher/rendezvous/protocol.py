@@ -16,8 +16,9 @@ node is noticed within the liveness timeout at O(N) cost per interval. A store t
 liveness itself (etcd: a lease per agent) offers `hold` and `wait_change` instead: each node holds
 an `alive` key from the moment it takes a ticket, and watches only its right-hand neighbour's.
 A store that can tell a crash but not a freeze (our TCPStore server: a key held by the agent's
-connections, deleted when they close) declares CRASH: the heartbeat ring stays, and each node's
-wait on `change` also ends the moment its neighbour's `alive` key vanishes.
+connections, deleted once they all closed and a 0.1 s grace for a reconnect passed) declares
+CRASH: the heartbeat ring stays, and each node's wait on `change` also ends the moment its
+neighbour's `alive` key vanishes.
 
 Keys, under `<prefix>/<run_id>/`:
     round, closed, restarts                      job-wide

@@ -32,13 +32,25 @@ Ops (request fields -> reply; "-" is no reply):
     17 LIST_KEYS    -                        -> i64 count, then count x str
     18 BARRIER      key world:i64            -> u8     0 once `world` clients arrived at `key`
 Extension ops (ours; torch's servers drop a connection that sends them, which is how a client tells):
-    200 SESSION     session:u64              -> u32    EXT_VERSION; this connection belongs to `session`
-    201 HOLD        key value                -> u8     0: SET, and the key is held by the connection's session
-    202 WAIT_CHANGE change alive             -> u8     0 once `change` exists, 2 once `alive` is absent
+    200 SESSION      session:u64             -> u32    EXT_VERSION (2); this connection belongs to `session`
+    201 HOLD         key value               -> u8     0: SET, and the key is held by the connection's session
+    202 WAIT_CHANGE  change alive            -> u8     0 once `change` exists, 2 once `alive` is absent
                                                        (alive empty: never); CANCEL_WAIT ends it as a WAIT
-A held key lives while any connection of its session is open: when the last one closes (the agent
-died: the kernel closes its sockets at once), the server deletes the key and wakes its WAIT_CHANGEs.
-An agent's connections share one session, so one of them reconnecting deletes nothing.
+    203 SESSION_INFO -                       -> u64 boot, u8 resumed   (version 2) boot: this server process's
+                                                       random id; resumed: 1 when SESSION found the session live
+    204 ADD_ONCE     key delta:i64 id:u64    -> i64    (version 2) ADD, counted once per `id` in the session:
+                                                       sent again, it answers the first sum and adds nothing
+A held key lives while any connection of its session is open, and GRACE (0.1 s) after the last
+one closed: an agent that died (the kernel closes its sockets at once) loses its keys then, and
+its WAIT_CHANGEs wake; a connection of the session that comes back within the grace deletes
+nothing. An agent's connections share one session, so one of them closing deletes nothing.
+A version-1 client reads SESSION's answer and never sends 203 or 204; a version-2 client on a
+version-1 server uses neither, and does not reconnect (it could not tell a restarted server).
+
+Reconnecting (StoreClient with `reconnect`, on a version-2 server): a broken connection is opened
+again in its session and SESSION_INFO must name the same boot id (else StoreRestarted: a new
+process, its keys gone); the writes not yet confirmed by an answer are sent again, then the request
+if it is safe to (StoreClient._call), all within `reconnect` seconds of the break.
 
 Limits are torch's libuv server's (a key <= 8 KiB, a value <= 8 MiB, <= 128 Ki keys a frame) plus
 one of ours: no request or reply frame over 64 MiB. A frame past them closes that connection only.
@@ -49,6 +61,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
+import select
 import selectors
 import socket
 import struct
@@ -60,8 +74,8 @@ log = logging.getLogger(__name__)
 
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
  CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
-SESSION, HOLD, WAIT_CHANGE = 200, 201, 202  # our extension (see the table above)
-EXT_VERSION = 1
+SESSION, HOLD, WAIT_CHANGE, SESSION_INFO, ADD_ONCE = 200, 201, 202, 203, 204  # our extension (see the table above)
+EXT_VERSION = 2
 CHANGED, GONE = 0, 2  # WAIT_CHANGE's answers (1 is WAIT_CANCELED, as for WAIT)
 MAGIC = 0x3C85F7CE  # VALIDATE's number: tells a store client from a stray connection
 READY, NOT_READY = 0, 1  # CHECK's answer
@@ -80,8 +94,14 @@ REQUEST = {
     VALIDATE: "I", SET: "kv", COMPARE_SET: "kvv", GET: "k", ADD: "kq", CHECK: "K", WAIT: "K",
     GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kv", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
     PING: "I", QUEUE_PUSH: "kv", QUEUE_POP: "k", QUEUE_LEN: "k", LIST_KEYS: "", BARRIER: "kq",
-    SESSION: "Q", HOLD: "kv", WAIT_CHANGE: "kk",
+    SESSION: "Q", HOLD: "kv", WAIT_CHANGE: "kk", SESSION_INFO: "", ADD_ONCE: "kqQ",
 }
+
+GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
+ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
+SAFE, ONCE, UNSAFE = 0, 1, 2  # may a request be sent again on a new connection: yes; while its session lives; no
+MAX_UNCONFIRMED = 64  # writes kept for a resend; the next one is confirmed with a PING
+QUICK_BREAK = 0.1  # a connection that breaks this soon after a request, 3 times in a row: the request is refused
 
 
 class StoreError(Exception):
@@ -91,6 +111,10 @@ class StoreError(Exception):
 
 class StoreTimeout(StoreError):
     """A key did not appear in time (the connection is fine)."""
+
+
+class StoreRestarted(StoreError):
+    """The client reached another server process than its session began on: the keys are gone."""
 
 
 def _str(data: bytes) -> bytes:
@@ -108,50 +132,88 @@ class StoreClient:
     """One connection to a TCPStore server (ours or torch's), thread-safe, every answer bounded in time.
 
     `timeout` bounds every answer and is the default wait; `connect_timeout` (default: `timeout`)
-    is how long to keep retrying a refused connection, as torch's client does.
+    is how long to keep retrying a refused connection, as torch's client does. With a `session` on
+    our server (extension 2) and `reconnect` > 0, a connection that breaks (closed, reset, or no
+    answer within `timeout`) is opened again in the same session for up to `reconnect` seconds, and
+    what was sent is sent again where that is safe (see `_call`). `boot`: the server process the
+    session began on (a sibling client's `boot`); a connection to another one raises StoreRestarted.
     """
 
     def __init__(self, host: str, port: int, timeout: float = 300.0, connect_timeout: float | None = None,
-                 session: int | None = None):
-        self.host, self.port, self.timeout = host, port, timeout
+                 session: int | None = None, reconnect: float = 0.0, boot: int | None = None):
+        self.host, self.port, self.timeout, self.reconnect = host, port, timeout, reconnect
         self._lock = threading.Lock()
         self._buf = bytearray()  # bytes received, not yet read
         self._broken = ""
+        self._unconfirmed: list[bytes] = []  # writes sent since the last answer (an answer confirms those before it)
+        self._next_id = random.getrandbits(64)  # ADD_ONCE's request ids
         self.session = session
-        self.extended = False  # the server has our extension ops and this connection joined `session`
+        self.version = 0  # the server's extension; 0: none (torch's server) or no session asked
         connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._sock = self._connect(connect_timeout)
+        found = None
         if session is not None:
-            self.extended = self._join_session(session)
-            if not self.extended:  # torch's server dropped the connection: a plain one, then
-                self._buf.clear()
+            for attempt in (1, 2):
+                try:
+                    self.version, found = self._join_session(session)
+                    break
+                except (OSError, EOFError) as e:  # our server, cut off in the greeting: once more
+                    _close(self._sock)
+                    if attempt == 2:
+                        raise StoreError(f"the store stopped answering its greeting ({_why(e)})") from None
+                    self._sock = self._connect(connect_timeout)
+            if not self.version:  # torch's server dropped the connection: a plain one, then
                 self._sock = self._connect(connect_timeout)
+        if boot is not None and found != boot:
+            _close(self._sock)
+            raise StoreRestarted(f"{host}:{port} is not the store process this session began on")
+        self.boot = found  # this server process's id (extension 2), None when it has none
 
-    def _join_session(self, session: int) -> bool:
-        """Ask for the extension (SESSION); True when the server has it, False when it hung up (torch's)."""
+    @property
+    def extended(self) -> bool:
+        """The server has our extension ops and this connection joined `session`."""
+        return self.version >= 1
+
+    def _join_session(self, session: int) -> tuple[int, int | None]:
+        """Ask for the extension: (the server's version, its boot id from version 2), or (0, None)
+        when it hung up on SESSION (torch's server); OSError or EOFError when it did so after."""
         try:
             self._sock.sendall(U8.pack(SESSION) + U64.pack(session))
             version = U32.unpack(self._read(4))[0]
         except (OSError, EOFError):  # socket.timeout included: a server that ignores the op
             _close(self._sock)
-            return False
-        return version >= 1
+            return 0, None
+        if version < 2:
+            return version, None
+        self._sock.sendall(U8.pack(SESSION_INFO))
+        boot = U64.unpack(self._read(8))[0]
+        self._u8()  # resumed: a first connection's session is new, or a sibling's
+        return version, boot
 
-    def _connect(self, connect_timeout: float) -> socket.socket:
-        deadline, delay = time.monotonic() + connect_timeout, 0.02
+    def _connect(self, patience: float, extra: bytes = b"", bounded: bool = False) -> socket.socket:
+        """A connection that passed the handshake (VALIDATE, PING), with `extra` frames sent along;
+        a refused or dropped one is retried for `patience` s. `bounded` (a reconnect): its answer
+        too, and a refused one ends it."""
+        deadline, delay = time.monotonic() + patience, 0.02
         nonce = os.getpid() & 0xFFFFFFFF
         while True:
             left = deadline - time.monotonic()
+            within = max(0.001, min(self.timeout, left)) if bounded else self.timeout
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=max(0.001, min(self.timeout, left)))
-            except OSError as e:  # refused or unreachable: not up yet, maybe
-                why = e.strerror or str(e) or type(e).__name__
+            except ConnectionRefusedError as e:
+                if bounded:  # nothing listens: the store is gone, and a new one would have lost its keys
+                    raise StoreError(f"{_why(e)}: no store listens there any more") from None
+                why = _why(e)  # not up yet, maybe
+            except OSError as e:  # unreachable
+                why = _why(e)
             else:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    sock.settimeout(self.timeout)
-                    sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(PING) + U32.pack(nonce))
+                    sock.settimeout(within)
+                    sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(PING) + U32.pack(nonce) + extra)
                     self._sock = sock
+                    self._buf.clear()
                     if U32.unpack(self._read(4))[0] == nonce:
                         return sock
                     _close(sock)
@@ -159,16 +221,20 @@ class StoreClient:
                                      "it does not speak the c10d store protocol)")
                 except socket.timeout:
                     _close(sock)
-                    raise StoreError(f"accepted the connection but never answered within {self.timeout:g} s "
+                    raise StoreError(f"accepted the connection but never answered within {within:.3g} s "
                                      "(another program on that port, or a frozen store?)") from None
                 except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
                     _close(sock)
                     self._buf.clear()
-                    why = "it closed the connection" if isinstance(e, EOFError) else (e.strerror or str(e))
-                    why += " (another program on that port? it does not speak the c10d store protocol)"
+                    why = "it closed the connection" if isinstance(e, EOFError) else _why(e)
+                    if not bounded:  # a reconnect: it was the store a moment ago
+                        why += " (another program on that port? it does not speak the c10d store protocol)"
+            log.debug("connecting to the store at %s:%d: %s", self.host, self.port, why)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StoreError(f"{why}, retried for {connect_timeout:g} s")
+                raise StoreError(f"{why}, retried for {patience:.3g} s")
+            if self._broken:  # closed by another thread while it reconnects
+                raise StoreError(self._broken)
             time.sleep(min(delay, left))
             delay = min(2 * delay, 1.0)
 
@@ -186,9 +252,17 @@ class StoreClient:
         return self._call(U8.pack(GET) + _key(key), self._value)
 
     def add(self, key: str, delta: int) -> int:
-        return self._call(U8.pack(ADD) + _key(key) + I64.pack(delta), self._i64)
+        """Add `delta` to the number at `key`; the sum. Counted once even across a reconnect (ADD_ONCE),
+        where the server has extension 2."""
+        if delta and self.version >= 2:
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFFFFFFFFFF
+            frame = U8.pack(ADD_ONCE) + _key(key) + I64.pack(delta) + U64.pack(self._next_id)
+            return self._call(frame, self._i64, ONCE)
+        return self._call(U8.pack(ADD) + _key(key) + I64.pack(delta), self._i64, UNSAFE if delta else SAFE)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """The value now; sent again after a reconnect, which is safe where values only move forward
+        (create-if-absent, a round number that only grows), as the rendezvous protocol uses it."""
         return self._call(U8.pack(COMPARE_SET) + _key(key) + _str(expected) + _str(desired), self._value)
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -196,8 +270,10 @@ class StoreClient:
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> bool:
         """True once every key exists, False when `timeout` (default: the client's) passes first."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+
         def answer() -> bool:
-            got = self._waited(timeout)
+            got = self._waited(deadline - time.monotonic())
             if got is not None:
                 self._expect(got, STOP_WAITING)
             return got is not None
@@ -206,7 +282,7 @@ class StoreClient:
 
     def hold(self, key: str, value: bytes) -> None:
         """Set `key`, held by this client's session: the server deletes it once the session's last
-        connection closes. Needs `extended`."""
+        connection closed (and its grace passed). Needs `extended`."""
         self._extension()
         self._call(U8.pack(HOLD) + _key(key) + _str(value), lambda: self._expect(self._u8(), 0))
 
@@ -215,9 +291,10 @@ class StoreClient:
         timeout. Needs `extended`."""
         self._extension()
         gone = _key(alive) if alive is not None else _str(b"")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
 
         def answer() -> int | None:
-            got = self._waited(timeout)
+            got = self._waited(deadline - time.monotonic())
             if got is not None and got not in (CHANGED, GONE):
                 raise StoreError(f"the store answered {got} to WAIT_CHANGE (outside the protocol)")
             return got
@@ -228,10 +305,9 @@ class StoreClient:
         if not self.extended:
             raise StoreError("this store server has no held keys (torch's own server): use heartbeats")
 
-    def _waited(self, timeout: float | None) -> int | None:
+    def _waited(self, timeout: float) -> int | None:
         """The answer to a blocking op just sent, or None when `timeout` passed and CANCEL_WAIT took it back."""
-        limit = min(max(self.timeout if timeout is None else timeout, 0.001), 1e6)
-        self._sock.settimeout(limit)
+        self._sock.settimeout(min(max(timeout, 0.001), 1e6))
         try:
             first = self._u8()
         except socket.timeout:  # nothing was read: the stream is still in step
@@ -259,13 +335,15 @@ class StoreClient:
         self._call(U8.pack(MULTI_SET) + U64.pack(len(keys)) + body, None)
 
     def delete_key(self, key: str) -> bool:
+        """True when the key was there (after a reconnect it may read False though this call deleted it)."""
         return self._call(U8.pack(DELETE_KEY) + _key(key), self._i64) == 1
 
     def num_keys(self) -> int:
         return self._call(U8.pack(GETNUMKEYS), self._i64)
 
     def append(self, key: str, value: bytes) -> None:
-        self._call(U8.pack(APPEND) + _key(key) + _str(value), None)
+        """Append to the value (never sent twice: a connection that breaks during it is an error)."""
+        self._call(U8.pack(APPEND) + _key(key) + _str(value), None, UNSAFE)
 
     def close(self) -> None:
         """Close the connection; a call blocked on it in another thread fails at once."""
@@ -276,23 +354,111 @@ class StoreClient:
             pass
         _close(self._sock)
 
-    # -- one exchange at a time; any failure closes the connection (it may be out of step)
+    # -- one exchange at a time; a broken connection is reopened (or the client closed)
 
-    def _call(self, frame: bytes, answer):
+    def _call(self, frame: bytes, answer, resend: int = SAFE):
+        """Send `frame` and read its answer with `answer` (None: the op has none).
+
+        Where the connection may reconnect (`reconnect`, extension 2), a break is survived for up
+        to `reconnect` s: the writes sent since the last answer (they may be lost: an answer
+        confirms everything before it on a connection) and then `frame` are sent again on a new
+        connection of the session. `resend` says whether `frame` may be: SAFE (reads, waits,
+        SET, HOLD, MULTI_SET, DELETE_KEY, COMPARE_SET as the protocol uses it); ONCE (ADD_ONCE: the
+        server answers a request id it already counted with the first sum, while the session lives);
+        UNSAFE (APPEND, a plain ADD: the break is an error, as without reconnecting). Before one of
+        these goes, a connection found closed while idle is reopened: it is known not to have gone.
+        """
         with self._lock:
             if self._broken:
                 raise StoreError(self._broken)
+            if answer is None and self._resumable():
+                if resend == UNSAFE or len(self._unconfirmed) >= MAX_UNCONFIRMED:
+                    frame += U8.pack(PING) + U32.pack(0x5EED)  # a write that must be known to have arrived
+                    answer = lambda: self._expect(U32.unpack(self._read(4))[0], 0x5EED)  # noqa: E731
+                else:
+                    self._unconfirmed.append(frame)
+            broke_at, sent_at, quick = None, time.monotonic(), 0
+            if resend != SAFE and self._resumable() and self._closed_while_idle():  # reconnect before it is sent
+                broke_at = sent_at
+                self._reconnect("the store closed the connection while it was idle", sent_at, sent_at, False, SAFE)
+            while True:
+                try:
+                    if broke_at is None:
+                        self._sock.sendall(frame)
+                    else:  # reconnected: what may have been lost, in order
+                        self._sock.sendall(b"".join(self._unconfirmed) + (frame if answer else b""))
+                    if answer is None:
+                        return None
+                    got = answer()
+                    self._unconfirmed.clear()
+                    return got
+                except socket.timeout:
+                    why, stuck = f"no answer within {self.timeout:g} s", True
+                except EOFError:
+                    why, stuck = "the store closed the connection", False
+                except OSError as e:
+                    why, stuck = _why(e), False
+                except StoreError as e:  # outside the protocol: out of step for good
+                    self._fail(str(e))
+                now = time.monotonic()
+                broke_at = now if broke_at is None else broke_at
+                quick = quick + 1 if now - sent_at < QUICK_BREAK else 0
+                if quick >= 3 and self._resumable():  # the store drops this very request (its server rejects it)
+                    self._fail(f"{why}, each of the 3 times this request was sent")
+                self._reconnect(why, broke_at, now, stuck, resend)
+                sent_at = time.monotonic()
+
+    def _resumable(self) -> bool:
+        return self.reconnect > 0 and self.version >= 2
+
+    def _closed_while_idle(self) -> bool:
+        """Between exchanges nothing may arrive: a readable connection was closed or reset (or is out of step)."""
+        poll = select.poll()  # not select.select: an agent among thousands of connections has descriptors past 1023
+        poll.register(self._sock.fileno(), select.POLLIN)
+        return bool(poll.poll(0))
+
+    def _reconnect(self, why: str, since: float, now: float, stuck: bool, resend: int) -> None:
+        """A new connection in the same session to the same server process, or StoreError; `since`:
+        the call's first break (its time to reconnect runs from there), `now`: this one's.
+
+        A connection that broke open (`stuck`: no answer, a freeze or a partition) is closed only
+        once the new one joined, so the session is never without one; a closed one is gone already
+        and the server keeps the session's held keys for its grace.
+        """
+        if self._broken or not self._resumable() or resend == UNSAFE:
+            self._fail(self._broken or why)
+        old = self._sock
+        if not stuck:
+            _close(old)
+        left = since + self.reconnect - time.monotonic()
+        try:
+            if left <= 0:
+                raise StoreError(f"still broken after {self.reconnect:g} s")
+            self._connect(left, U8.pack(SESSION) + U64.pack(self.session) + U8.pack(SESSION_INFO), bounded=True)
             try:
-                self._sock.sendall(frame)
-                return answer() if answer else None
-            except socket.timeout:
-                self._fail(f"no answer within {self.timeout:g} s")
-            except EOFError:
-                self._fail("the store closed the connection")
-            except OSError as e:
-                self._fail(e.strerror or str(e) or type(e).__name__)
-            except StoreError as e:
-                self._fail(str(e))
+                version = U32.unpack(self._read(4))[0]
+                boot = U64.unpack(self._read(8))[0] if version >= 2 else None
+                resumed = boot is not None and self._u8() == 1
+            except EOFError:  # it hung up on SESSION: a server without our extension
+                boot = None
+            self._sock.settimeout(self.timeout)
+        except (StoreError, OSError, EOFError) as e:
+            _close(old)
+            if self._broken:
+                raise StoreError(self._broken) from None
+            log.info("gave up reconnecting to the store at %s:%d after %.1f s: %s", self.host, self.port,
+                     time.monotonic() - now, _why(e))
+            self._fail(f"{why}; could not reconnect ({_why(e)})")
+        _close(old)
+        if boot != self.boot:
+            self._broken = "the store restarted"
+            _close(self._sock)
+            raise StoreRestarted(f"{self.host}:{self.port} is a new store process: the keys written before are gone")
+        if not resumed and resend == ONCE:
+            self._fail(f"{why}; an add was in flight and the store had ended the session meanwhile, so it cannot tell "
+                       "whether it counted it: not sent again")
+        log.info("reconnected to the store at %s:%d in %.3f s (%s)%s", self.host, self.port, time.monotonic() - now, why,
+                 "" if resumed else "; the store had ended its session meanwhile: the keys it held are gone")
 
     def _fail(self, why: str):
         self._broken = why
@@ -325,6 +491,11 @@ class StoreClient:
     def _expect(got: int, want: int) -> None:
         if got != want:
             raise StoreError(f"the store answered {got}, not {want} (outside the protocol)")
+
+
+def _why(e: BaseException) -> str:
+    """An exception in a few words: its strerror, message, or type."""
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
 def _key(key: str) -> bytes:
@@ -405,7 +576,7 @@ def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
 class _Conn:
     """One client connection: bytes in, replies out, and what it waits for."""
 
-    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "gone", "session", "closed")
+    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "gone", "session", "resumed", "closed")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -416,18 +587,21 @@ class _Conn:
         self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
         self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
         self.session: _Session | None = None
+        self.resumed = False  # its SESSION found the session live (another connection, or within the grace)
         self.closed = False
 
 
 class _Session:
-    """The connections of one client (an agent) and the keys they hold (extension ops)."""
+    """The connections of one client (an agent), the keys they hold and the adds they made (extension ops)."""
 
-    __slots__ = ("id", "conns", "held")
+    __slots__ = ("id", "conns", "held", "adds", "ends")
 
     def __init__(self, sid: int):
         self.id = sid
         self.conns: set[_Conn] = set()
         self.held: set[bytes] = set()
+        self.adds: collections.OrderedDict[int, int] = collections.OrderedDict()  # ADD_ONCE id -> its sum
+        self.ends = 0.0  # without a connection: when its grace is over
 
 
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
@@ -437,10 +611,11 @@ class StoreServer:
     """A TCPStore server on exactly `host:port` (0: any free port), run by one thread with epoll.
 
     Serves torch's clients and ours alike; a client that breaks the protocol loses its own
-    connection and nothing else. `close()` stops it.
+    connection and nothing else. `grace`: how long a session's held keys outlive its last
+    connection (`clock` tells the time). `boot` identifies this server process. `close()` stops it.
     """
 
-    def __init__(self, host: str, port: int, backlog: int = 16384):
+    def __init__(self, host: str, port: int, backlog: int = 16384, grace: float = GRACE, clock=time.monotonic):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -457,7 +632,10 @@ class StoreServer:
         self._waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it, in order
         self._gone_waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it to go
         self._sessions: dict[int, _Session] = {}
+        self._ending: collections.OrderedDict[int, _Session] = collections.OrderedDict()  # no connection left, by `ends`
         self._holder: dict[bytes, _Session] = {}  # held key -> its session
+        self.grace, self._clock = grace, clock
+        self.boot = random.getrandbits(64)
         self._conns: set[_Conn] = set()
         self._dirty: set[_Conn] = set()  # replies queued this turn, sent at its end
         self._sel = selectors.DefaultSelector()
@@ -475,6 +653,7 @@ class StoreServer:
             CANCEL_WAIT: self._cancel_wait, PING: self._ping, QUEUE_PUSH: self._queue_push,
             QUEUE_POP: self._queue_pop, QUEUE_LEN: self._queue_len, LIST_KEYS: self._list_keys, BARRIER: self._barrier,
             SESSION: self._session, HOLD: self._hold, WAIT_CHANGE: self._wait_change,
+            SESSION_INFO: self._session_info, ADD_ONCE: self._add_once,
         }
         self._thread = threading.Thread(target=self._loop, name="launcher-store", daemon=True)
         self._thread.start()
@@ -502,11 +681,16 @@ class StoreServer:
                         self._accept_again = 0.0
                         self._sel.register(self._listener, selectors.EVENT_READ, "accept")
                         timeout = None
+                if self._ending:
+                    ends = max(0.0, next(iter(self._ending.values())).ends - self._clock())
+                    timeout = ends if timeout is None else min(timeout, ends)
                 for key, events in self._sel.select(timeout):
                     if key.data == "accept":
                         self._accept()
                     elif isinstance(key.data, _Conn):
                         self._serve(key.data, events)
+                if self._ending:  # after the turn's events: a reconnect that came with the close counts
+                    self._end_sessions()
                 while self._dirty:
                     self._flush(self._dirty.pop())
         finally:
@@ -686,10 +870,13 @@ class StoreServer:
         self._reply(c, _str(self.data.get(key, b"")))
 
     def _add(self, c: _Conn, key: bytes, delta: int) -> None:
+        self._reply(c, I64.pack(self._sum(key, delta)))
+
+    def _sum(self, key: bytes, delta: int) -> int:
         old = self.data.get(key)
         total = _wrap64(delta + (_stoll(old) if old is not None else 0))
         self._put(key, str(total).encode())
-        self._reply(c, I64.pack(total))
+        return total
 
     def _check(self, c: _Conn, keys: list[bytes]) -> None:
         self._reply(c, U8.pack(READY if all(self._has(k) for k in keys) else NOT_READY))
@@ -770,20 +957,52 @@ class StoreServer:
 
     def _session(self, c: _Conn, sid: int) -> None:
         self._leave_session(c)
-        c.session = self._sessions.setdefault(sid, _Session(sid))
-        c.session.conns.add(c)
+        session = self._sessions.get(sid)
+        c.resumed = session is not None
+        if session is None:
+            session = self._sessions[sid] = _Session(sid)
+        self._ending.pop(sid, None)  # back within its grace: nothing is deleted
+        c.session = session
+        session.conns.add(c)
         self._reply(c, U32.pack(EXT_VERSION))
 
     def _leave_session(self, c: _Conn) -> None:
-        """The session's last connection gone: its held keys go with it."""
+        """The session's last connection gone: its held keys go once its grace is over (`_end_sessions`)."""
         session, c.session = c.session, None
         if session is None:
             return
         session.conns.discard(c)
         if not session.conns:
-            del self._sessions[session.id]
+            session.ends = self._clock() + self.grace
+            self._ending[session.id] = session
+
+    def _end_sessions(self) -> None:
+        """Delete the held keys of the sessions whose grace is over (no connection came back)."""
+        now = self._clock()
+        while self._ending:
+            session = next(iter(self._ending.values()))
+            if session.ends > now:
+                return
+            del self._ending[session.id], self._sessions[session.id]
             for key in list(session.held):
                 self._remove(key)
+
+    def _session_info(self, c: _Conn) -> None:
+        if c.session is None:
+            raise _Malformed("SESSION_INFO before SESSION")
+        self._reply(c, U64.pack(self.boot) + U8.pack(c.resumed))
+
+    def _add_once(self, c: _Conn, key: bytes, delta: int, rid: int) -> None:
+        """ADD, counted once per request id in a session: a resend gets the first sum."""
+        if c.session is None:
+            raise _Malformed("ADD_ONCE before SESSION")
+        adds = c.session.adds
+        total = adds.get(rid)
+        if total is None:
+            total = adds[rid] = self._sum(key, delta)
+            if len(adds) > ADDS_KEPT:
+                adds.popitem(last=False)
+        self._reply(c, I64.pack(total))
 
     def _hold(self, c: _Conn, key: bytes, value: bytes) -> None:
         if c.session is None:
