@@ -222,7 +222,9 @@ class EtcdStore:
         self.lease.hold(_name(key), b"1", self)
 
     def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
-        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble."""
+        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble.
+        Raises RendezvousConnectionError once etcd has not answered this agent's lease for longer than
+        `retry_for`: a watch on a cut connection stays silent, so only the refreshes tell."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
         def decide(present: dict[bytes, bool]) -> Change | None:
@@ -230,7 +232,13 @@ class EtcdStore:
                 return Change.CHANGED
             return Change.GONE if alive and not present[names[1]] else None
 
-        return self._wait_for(names, timeout, decide)
+        got = self._wait_for(names, timeout, decide)
+        if got is None and self.lease is not None:
+            silent, why = self.lease.unanswered()
+            if silent > self.retry_for:  # cut off: the others have dropped this node by now (its lease TTL)
+                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why}, for {silent:.0f} s "
+                                                f"(read_timeout {self.retry_for:g} s)")
+        return got
 
     # ------------------------------------------------------------------ the agent's life
 
@@ -401,6 +409,8 @@ class Lease:
         self.id = 0
         self.held: dict[bytes, bytes] = {}
         self.waiting: set[Watch] = set()  # the watches of this agent's open waits
+        self.answered_at = time.monotonic()  # the last refresh etcd answered
+        self.failing = ""  # why the refreshes fail since then ("" while they do not)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -425,6 +435,11 @@ class Lease:
                     raise RendezvousConnectionError("etcd keeps losing this agent's lease") from None
                 self._renew(lease_id)
         self.held[name] = value
+
+    def unanswered(self) -> tuple[float, str]:
+        """(seconds since etcd last answered a refresh, why the refreshes fail) while they fail; else (0, "")."""
+        why = self.failing
+        return (time.monotonic() - self.answered_at, why) if why else (0.0, "")
 
     def wake(self) -> None:
         """Make every wait of this agent return now (as at its timeout)."""
@@ -457,6 +472,7 @@ class Lease:
                 log.debug("etcd lease keep-alive failed", exc_info=True)
                 why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
                 lost_at = lost_at or time.monotonic()
+                self.failing = why or "no answer"
                 if not told and time.monotonic() - lost_at >= 1.0:
                     told = True
                     log.info(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
@@ -464,6 +480,7 @@ class Lease:
             if told:
                 log.info(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
             lost_at, told = None, False
+            self.answered_at, self.failing = time.monotonic(), ""
             if ttl <= 0:
                 log.info("etcd let this agent's lease expire; taking a new one")
                 try:
