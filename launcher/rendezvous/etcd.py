@@ -19,7 +19,9 @@ The Store operations, under `/launcher/<run_id>/`:
 
 Liveness: each agent holds one lease (TTL = the liveness timeout, at least etcd's 2 s floor),
 refreshed by a thread that rides out etcd restarts and leader changes (leases survive both) and
-takes a new lease, with its keys, if the old one expired anyway. The agent's registration
+takes a new lease, with its keys, if the old one expired anyway. Once the refreshes have failed for
+read_timeout the agent gives its round up (a watch on a cut connection stays silent: a node cut off
+from etcd would otherwise run its workers on in a round the others left long ago). The agent's registration
 `agents/<node>` and its alive keys live on that lease: a dead agent's keys vanish and its
 neighbour's watch sees the DELETE. Clean-up: the last agent out deletes the run's keys; the first
 agent of a new run, finding no agent registered, wipes whatever a killed run left behind.
@@ -223,7 +225,7 @@ class EtcdStore:
 
     def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
         """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble.
-        Raises RendezvousConnectionError once etcd has not answered this agent's lease for longer than
+        Raises RendezvousConnectionError once this agent's lease refreshes have failed for longer than
         `retry_for`: a watch on a cut connection stays silent, so only the refreshes tell."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
@@ -234,10 +236,10 @@ class EtcdStore:
 
         got = self._wait_for(names, timeout, decide)
         if got is None and self.lease is not None:
-            silent, why = self.lease.unanswered()
-            if silent > self.retry_for:  # cut off: the others have dropped this node by now (its lease TTL)
-                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why}, for {silent:.0f} s "
-                                                f"(read_timeout {self.retry_for:g} s)")
+            failing, why = self.lease.failing()
+            if failing > self.retry_for:  # cut off: the others have dropped this node by now (its lease TTL)
+                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (no answer for {failing:.0f} s, "
+                                                f"read_timeout {self.retry_for:g} s)")
         return got
 
     # ------------------------------------------------------------------ the agent's life
@@ -409,8 +411,8 @@ class Lease:
         self.id = 0
         self.held: dict[bytes, bytes] = {}
         self.waiting: set[Watch] = set()  # the watches of this agent's open waits
-        self.answered_at = time.monotonic()  # the last refresh etcd answered
-        self.failing = ""  # why the refreshes fail since then ("" while they do not)
+        self.lost_at: float | None = None  # when the refreshes began to fail (None while etcd answers them)
+        self.why = ""  # why the last one failed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -436,10 +438,10 @@ class Lease:
                 self._renew(lease_id)
         self.held[name] = value
 
-    def unanswered(self) -> tuple[float, str]:
-        """(seconds since etcd last answered a refresh, why the refreshes fail) while they fail; else (0, "")."""
-        why = self.failing
-        return (time.monotonic() - self.answered_at, why) if why else (0.0, "")
+    def failing(self) -> tuple[float, str]:
+        """(for how many seconds the refreshes have failed, why) while they fail; else (0, "")."""
+        lost_at, why = self.lost_at, self.why
+        return (time.monotonic() - lost_at, why) if lost_at is not None else (0.0, "")
 
     def wake(self) -> None:
         """Make every wait of this agent return now (as at its timeout)."""
@@ -463,24 +465,21 @@ class Lease:
             self.store.close()
 
     def _run(self) -> None:
-        lost_at: float | None = None
         told = False
-        while not self._stop.wait(self.interval if lost_at is None else min(self.interval, 0.2)):
+        while not self._stop.wait(self.interval if self.lost_at is None else min(self.interval, 0.2)):
             try:
                 ttl = self._refresh()
             except Exception as e:
                 log.debug("etcd lease keep-alive failed", exc_info=True)
-                why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
-                lost_at = lost_at or time.monotonic()
-                self.failing = why or "no answer"
-                if not told and time.monotonic() - lost_at >= 1.0:
+                self.why = (e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}") or "no answer"
+                self.lost_at = self.lost_at or time.monotonic()
+                if not told and time.monotonic() - self.lost_at >= 1.0:
                     told = True
-                    log.info(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
+                    log.info(f"lost etcd at {self.opts.where} ({self.why}); the workers go on, retrying")
                 continue
             if told:
-                log.info(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
-            lost_at, told = None, False
-            self.answered_at, self.failing = time.monotonic(), ""
+                log.info(f"etcd is back after {time.monotonic() - (self.lost_at or 0):.1f} s")
+            self.lost_at, told = None, False
             if ttl <= 0:
                 log.info("etcd let this agent's lease expire; taking a new one")
                 try:
