@@ -2,21 +2,45 @@
 
 Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--episodes 20] [--seed N] [--bound 60]
 
-Each episode runs a real elastic job: a rendezvous store (c10d: `python -m launcher store`; etcd: an
-etcd member on loopback ports), 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
-default liveness settings, a 1 s last call, a 20 s join timeout) running tests/workers/steps.py, which checkpoints every
-step. Once every worker runs, 1 or 2 faults from FAULTS strike at random times: a worker or an agent
-SIGKILLed, a whole node frozen (SIGSTOP on agent and workers, SIGCONT after 2.5-4 s), the store
-killed (c10d: the job must end with a reason naming it) or etcd killed and restarted on its data
-(the job must ride it out or end with a reason), and, as root, the --log_dir disk filled (a 2 MiB
-tmpfs). After the episode the invariants are checked (see `check`): no orphan process; every live
-node agrees on the round, world and restarts; the true cause is named; the checkpoint is whole; no
-worker line is lost on a node that finished; every node finishes or ends with a clear reason within
---bound s. A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and
-the victims are the seed's; what the processes do with them is up to the kernel).
+Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
+default liveness settings, a 1 s last call, a 3 s read timeout, a 20 s join timeout) running
+tests/workers/steps.py, which checkpoints every step (4 s of training; 12 s with a link cut, 20 s with a
+link down for good), on a rendezvous store: c10d, `python -m launcher store`; etcd, a 3-member etcd
+cluster (static bootstrap, throwaway data dirs, elections within about a second) whose three endpoints
+every agent is given. As root with iproute2, every episode runs on hosts of its own: a hub network
+namespace (a bridge at 10.117.0.1, where the store or etcd runs) and one namespace per node
+(10.117.0.11-13) on a veth into the bridge, all deleted when the episode ends, however it ends (those of
+a campaign killed outright are deleted by the next one). Without root the episode runs on loopback.
 
-Exit status 0 when no invariant was violated, 1 otherwise. A network cut (link down between
-namespace hosts) is not in the campaign yet: tests/test_faults.py covers it once.
+Once every worker runs, 1 or 2 faults from FAULTS strike at random times (at most one per episode hits
+the store):
+- worker-kill: a worker SIGKILLed; agent-kill: an agent SIGKILLed (its guard stops its workers);
+- node-freeze: SIGSTOP on an agent and its workers, SIGCONT after 2.5-4 s;
+- store-kill: c10d, the store killed (the job must end with a reason naming it); etcd, every member
+  killed and restarted on its data (the job must ride it out or end with a reason);
+- disk-full (root): the --log_dir disk filled (a 2 MiB tmpfs);
+- link-cut (root): one node's link set down, at the node or at the hub's bridge, for 1-12 s (both
+  sides of the 2 s liveness timeout and of the 3 s read timeout), then up again;
+- link-down (root): the same, down until the episode ends;
+- etcd-member-kill, etcd-leader-kill (etcd): a follower, or the leader (found through etcd's
+  /v3/maintenance/status), SIGKILLed and restarted on its data dir 0.5-3 s later; quorum is kept.
+
+After the episode the invariants are checked (see `check`): no orphan process; every live node agrees
+on the round, world and restarts; no more restarts charged than workers killed; the true cause named;
+the checkpoint whole; no worker line lost on a node that finished; every node finishes or ends with a
+clear reason within --bound s. Beside those, per fault:
+- a link cut or down: the cut node finishes, or ends with a reason naming the rendezvous store (or,
+  back in time, the job's close), no traceback, nothing of it left; a link down for good: that reason
+  names the store, and its workers stop within read_timeout + 9 s of the cut (none runs on, cut off);
+  a cut past the liveness timeout, the episode's only fault that stops a node: every other node runs
+  a round without it, or has finished, within the liveness timeout + 10 s;
+- an etcd member or the leader lost (quorum kept), or the disk full, alone: ridden out, every node
+  finishes in the first round with no restart and no membership change.
+
+A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
+are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with
+the agents' output. The last lines count the faults that landed, per kind, and the seconds an episode
+took. Exit status 0 when no invariant was violated, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +59,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,18 +67,35 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import _is_helper, _parent, free_port, procs_with_token  # noqa: E402  (the tests' process helpers)
-ROOTED = os.geteuid() == 0 and shutil.which("mount") is not None
+IS_ROOT = os.geteuid() == 0
+SUBNET = "10.117.0"  # the episode's hosts; these addresses exist only inside its namespaces
+NODES = 3
+LIVENESS = 2.0  # the default keep_alive_interval x keep_alive_max_attempt, which the episodes keep
+READ_TIMEOUT = 3.0  # the episodes' --rdzv_conf read_timeout
+REFORM_S = 10.0  # after the liveness timeout: for the others to see a cut node gone and re-form, on busy cores
+# A node cut off for good stops its workers within this of the cut: c10d's client waits read_timeout + 5 s
+# for an answer (etcd: read_timeout after its lease's refreshes began to fail), and a few s on busy cores.
+STOP_S = READ_TIMEOUT + 5.0 + 4.0
 
 
 class Fault(enum.Enum):
     WORKER_KILL = "worker-kill"
     AGENT_KILL = "agent-kill"
     NODE_FREEZE = "node-freeze"
-    STORE_KILL = "store-kill"  # c10d: the job ends; etcd: killed and restarted on its data
+    STORE_KILL = "store-kill"  # c10d: the job ends; etcd: every member killed and restarted on its data
     DISK_FULL = "disk-full"  # root only
+    LINK_CUT = "link-cut"  # root and namespaces only: down for 1-12 s, then up
+    LINK_DOWN = "link-down"  # root and namespaces only: down until the episode ends
+    MEMBER_KILL = "etcd-member-kill"  # a follower; etcd only
+    LEADER_KILL = "etcd-leader-kill"  # etcd only
 
 
-FAULTS = {"c10d": list(Fault), "etcd": list(Fault)}
+COMMON = [Fault.WORKER_KILL, Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.DISK_FULL, Fault.LINK_CUT, Fault.LINK_DOWN]
+FAULTS = {"c10d": COMMON, "etcd": [*COMMON, Fault.MEMBER_KILL, Fault.LEADER_KILL]}
+STORE_FAULTS = {Fault.STORE_KILL, Fault.MEMBER_KILL, Fault.LEADER_KILL}  # at most one per episode
+STOPS_A_NODE = {Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.LINK_CUT, Fault.LINK_DOWN}
+LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
+RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -64,34 +106,56 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-class Proc:
-    """A process of the episode with its own TEST_TOKEN; stdout and stderr read into lists by threads."""
+def ports(n: int) -> list[int]:
+    """`n` distinct free ports (free_port may hand out one port twice in a row)."""
+    got: list[int] = []
+    while len(got) < n:
+        port = free_port()
+        if port not in got:
+            got.append(port)
+    return got
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
-        self.name, self.token = name, uuid.uuid4().hex
+
+def sh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=10)
+
+
+class Proc:
+    """A process of the episode with its own TEST_TOKEN, in network namespace `host` if given; stdout
+    and stderr read into lists by threads (stdout with each line's arrival time)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], host: str | None = None):
+        self.name, self.token, self.host = name, uuid.uuid4().hex, host
         full = dict(os.environ, PYTHONPATH=str(ROOT), TEST_TOKEN=self.token, **env)
         full.pop("PET_PRELOAD", None)
-        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+        cmd = ["ip", "netns", "exec", host, *argv] if host else argv  # ip execs the command: same pid
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
                                       start_new_session=True)
         self.out: list[str] = []
+        self.out_at: list[float] = []
         self.err: list[str] = []
-        self.readers = [threading.Thread(target=self._read, args=(s, into), daemon=True)
-                        for s, into in ((self.popen.stdout, self.out), (self.popen.stderr, self.err))]
+        self.ended_at: float | None = None  # when its stdout closed: it ended
+        self.readers = [threading.Thread(target=self._read, args=(s, into, at), daemon=True)
+                        for s, into, at in ((self.popen.stdout, self.out, self.out_at), (self.popen.stderr, self.err, None))]
         for t in self.readers:
             t.start()
         self.killed = False  # by the campaign: its lines may be lost with it
 
-    @staticmethod
-    def _read(stream, into: list[str]) -> None:
+    def _read(self, stream, into: list[str], at: list[float] | None) -> None:
         for line in stream:
+            if at is not None:
+                at.append(time.monotonic())
             into.append(line.rstrip("\n"))
+        if at is not None:
+            self.ended_at = time.monotonic()
 
     def workers(self) -> list[int]:
         return [p for p in procs_with_token(self.token) if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid]
 
     def starts(self) -> list[dict]:
-        return [dict(re.findall(r"(\w+)=(\S+)", line)) | {"agent": self.name}
-                for line in list(self.out) if " start rank=" in line]
+        """Every "start" line of the steps worker, parsed, with `at`, when it was read."""
+        return [dict(re.findall(r"(\w+)=(\S+)", line)) | {"agent": self.name, "at": at}
+                for line, at in zip(list(self.out), list(self.out_at)) if " start rank=" in line]
 
     def finish(self, timeout: float) -> int | None:
         try:
@@ -112,44 +176,162 @@ class Proc:
             pass
 
 
-class Store:
-    """The episode's rendezvous store: `launcher store` (c10d) or one etcd member (etcd)."""
+# ---------------------------------------------------------------------------- the network
 
-    def __init__(self, backend: str, folder: Path):
-        self.backend, self.folder = backend, folder
-        self.port, self.peer = free_port(), free_port()
-        self.proc: Proc | None = None
-        self.start()
 
-    def start(self) -> None:
-        if self.backend == "c10d":
-            self.proc = Proc("store", [sys.executable, "-m", "launcher", "store", "--host", "127.0.0.1", "--port", str(self.port)], {})
-            ready = lambda: any("serving on" in line for line in self.proc.out + self.proc.err)  # noqa: E731
-        else:
-            url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
-            self.proc = Proc("etcd", [shutil.which("etcd") or "etcd", "--name", "m0", "--data-dir", str(self.folder / "etcd"),
-                                      "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls", peer,
-                                      "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}",
-                                      "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"], {})
-            ready = self._etcd_ready
+class Net:
+    """The episode's hosts: namespace `hub` holds a bridge at SUBNET.1 (the store or etcd runs there);
+    node i's namespace holds eth0 at SUBNET.(11+i), a veth whose other end, p<i>, is a port of the bridge.
+    No interface or address is made outside these namespaces; close() deletes them, and with them
+    every veth and the bridge."""
+
+    def __init__(self, tag: str, nodes: int = NODES):
+        self.hub, self.nodes = f"{tag}-hub", [f"{tag}-n{i}" for i in range(nodes)]
+        self.made: list[str] = []
+        try:
+            for ns in (self.hub, *self.nodes):
+                self._ip("netns", "add", ns)
+                self.made.append(ns)
+                self._ip("-n", ns, "link", "set", "lo", "up")
+            self._ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+            self._ip("-n", self.hub, "addr", "add", f"{SUBNET}.1/24", "dev", "br0")
+            self._ip("-n", self.hub, "link", "set", "br0", "up")
+            for i, ns in enumerate(self.nodes):
+                self._ip("-n", self.hub, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                self._ip("-n", self.hub, "link", "set", f"p{i}", "master", "br0", "up")
+                self._ip("-n", ns, "addr", "add", f"{SUBNET}.{11 + i}/24", "dev", "eth0")
+                self._ip("-n", ns, "link", "set", "eth0", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        r = sh("ip", *args)
+        if r.returncode:
+            raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+    def link(self, node: int, at: str, state: str) -> None:
+        """Set node's link `state` ("down" or "up") at the node's end ("node") or the bridge's ("hub")."""
+        ns, dev = (self.nodes[node], "eth0") if at == "node" else (self.hub, f"p{node}")
+        sh("ip", "-n", ns, "link", "set", dev, state)  # after close(): the namespace is gone, nothing to do
+
+    def close(self) -> None:
+        for ns in reversed(self.made):
+            sh("ip", "netns", "del", ns)
+        self.made.clear()
+
+
+def netns_usable() -> bool:
+    """Root, iproute2, and a namespace can be made here."""
+    if not IS_ROOT or shutil.which("ip") is None:
+        return False
+    probe = f"chaos{os.getpid()}-probe"
+    ok = sh("ip", "netns", "add", probe).returncode == 0
+    sh("ip", "netns", "del", probe)
+    return ok
+
+
+def sweep_namespaces() -> None:
+    """Delete the namespaces of campaigns that died without deleting theirs (their pid in the name is gone)."""
+    for line in sh("ip", "netns", "list").stdout.splitlines():
+        m = re.match(r"(chaos(\d+)-\S+)", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            sh("ip", "netns", "del", m.group(1))
+
+
+# ---------------------------------------------------------------------------- the store
+
+
+class C10dStore:
+    """`launcher store` on ADDR (in namespace `host`)."""
+
+    def __init__(self, addr: str, host: str | None):
+        self.addr, self.host, self.port = addr, host, free_port()
+        self.endpoint = f"{addr}:{self.port}"
+        self.proc = Proc("store", [sys.executable, "-m", "launcher", "store", "--host", addr, "--port", str(self.port)], {}, host)
         deadline = time.monotonic() + 20
-        while not ready():
+        while not any("serving on" in line for line in self.proc.out + self.proc.err):
             if time.monotonic() > deadline or self.proc.popen.poll() is not None:
-                raise RuntimeError(f"the {self.backend} store did not start: {self.proc.err[-5:]}")
+                raise RuntimeError(f"the c10d store did not start: {self.proc.err[-5:]}")
             time.sleep(0.05)
 
-    def _etcd_ready(self) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                return json.loads(r.read()).get("health") == "true"
-        except (OSError, ValueError):
-            return False
-
-    def kill(self) -> None:
-        assert self.proc is not None
+    def close(self) -> None:
         self.proc.kill_all()
+
+
+# Run in the store's namespace: what an etcd member answers on `url` (a POST of `body` if given), or nothing.
+ASK = ("import sys, urllib.request as u\n"
+       "try: print(u.urlopen(u.Request(sys.argv[1], sys.argv[2].encode() or None), timeout=1).read().decode())\n"
+       "except OSError: pass\n")
+
+
+class EtcdCluster:
+    """SIZE etcd members on ADDR's ports (in namespace `host`), bootstrapped statically, their data in
+    `folder`; a member is killed and restarted on its data; close() stops them for good."""
+
+    def __init__(self, folder: Path, addr: str, host: str | None, size: int = 3):
+        self.folder, self.addr, self.host = folder, addr, host
+        flat = ports(2 * size)
+        self.ports = list(zip(flat[::2], flat[1::2]))  # (client, peer) of each member
+        self.endpoint = ",".join(f"{addr}:{client}" for client, _ in self.ports)
+        self.initial = ",".join(f"m{i}=http://{addr}:{peer}" for i, (_, peer) in enumerate(self.ports))
+        self.procs: list[Proc | None] = [None] * size
+        self._lock = threading.Lock()
+        self._closed = False
+        self.start_all()
+
+    def start(self, i: int) -> None:
+        client, peer = (f"http://{self.addr}:{p}" for p in self.ports[i])
+        argv = [shutil.which("etcd") or "etcd", "--name", f"m{i}", "--data-dir", str(self.folder / f"etcd{i}"),
+                "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer, "--initial-cluster", self.initial,
+                "--initial-cluster-token", self.folder.name, "--log-level", "warn", "--logger", "zap",
+                # an election within about a second (etcd's defaults: 1-3 s, close to the episodes' read_timeout)
+                "--heartbeat-interval", "50", "--election-timeout", "500"]
+        with self._lock:  # a restart timer that fires after close() starts nothing
+            if not self._closed:
+                self.procs[i] = Proc(f"etcd{i}", argv, {}, self.host)
+
+    def start_all(self) -> None:
+        for i in range(len(self.ports)):
+            self.start(i)
+        deadline = time.monotonic() + 30
+        while not all(self.ask(i, "/health").get("health") == "true" for i in range(len(self.ports))):
+            if time.monotonic() > deadline or any(p is None or p.popen.poll() is not None for p in self.procs):
+                raise RuntimeError(f"the etcd cluster did not start: {[p.err[-3:] for p in self.procs if p]}")
+            time.sleep(0.1)
+
+    def ask(self, i: int, path: str, body: str = "") -> dict:
+        """Member i's JSON answer on `path` ({} when it does not answer), asked from inside its namespace."""
+        argv = [sys.executable, "-c", ASK, f"http://{self.addr}:{self.ports[i][0]}{path}", body]
+        r = subprocess.run(["ip", "netns", "exec", self.host, *argv] if self.host else argv, capture_output=True, text=True, timeout=10)
+        try:
+            return json.loads(r.stdout or "{}")
+        except ValueError:
+            return {}
+
+    def leader(self) -> int | None:
+        """The member that is the leader now, by its own /v3/maintenance/status."""
+        for i, p in enumerate(self.procs):
+            if p is not None and p.popen.poll() is None:
+                status = self.ask(i, "/v3/maintenance/status", "{}")
+                if status.get("leader") and status.get("leader") == status.get("header", {}).get("member_id"):
+                    return i
+        return None
+
+    def kill(self, i: int) -> None:
+        if self.procs[i] is not None:
+            self.procs[i].kill_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        for i in range(len(self.procs)):
+            self.kill(i)
+
+
+# ---------------------------------------------------------------------------- an episode
 
 
 @dataclass
@@ -157,47 +339,77 @@ class Episode:
     backend: str
     seed: int
     faults: list[tuple[float, Fault]] = field(default_factory=list)
+    landed: list[Fault] = field(default_factory=list)  # the faults that struck, in order
     done: list[str] = field(default_factory=list)  # what was done, in order, for the report
     expect: list[tuple[str, str]] = field(default_factory=list)  # (what, regex a survivor's stderr must hold)
     violations: list[str] = field(default_factory=list)
     frozen: set[str] = field(default_factory=set)  # the nodes it froze
+    cuts: list[tuple[str, float, float]] = field(default_factory=list)  # (node, when, how long) its link was cut
+    seconds: float = 0.0
+    kept: Path | None = None  # --keep: the episode's folder
 
 
-def plan(backend: str, seed: int, rooted: bool) -> Episode:
-    """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, the store's at most once."""
+@dataclass
+class World:
+    """What the faults strike: the agents, the store, the hosts, the log disk; timers that undo a fault later."""
+
+    agents: list[Proc]
+    store: C10dStore | EtcdCluster
+    net: Net | None
+    disk: Path | None
+    timers: list[threading.Timer] = field(default_factory=list)
+
+    def later(self, delay: float, fn, *args) -> None:
+        t = threading.Timer(delay, fn, args=args)
+        t.daemon = True
+        self.timers.append(t)
+        t.start()
+
+
+def plan(backend: str, seed: int, skip: set[Fault] = frozenset()) -> Episode:
+    """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store."""
     rng = random.Random(seed)
     ep = Episode(backend, seed)
-    kinds = [f for f in FAULTS[backend] if rooted or f is not Fault.DISK_FULL]
+    kinds = [f for f in FAULTS[backend] if f not in skip]
     for _ in range(rng.choice((1, 1, 2))):
         fault = rng.choice(kinds)
-        if fault is Fault.STORE_KILL:
-            kinds = [f for f in kinds if f is not Fault.STORE_KILL]
+        if fault in STORE_FAULTS:
+            kinds = [f for f in kinds if f not in STORE_FAULTS]
         ep.faults.append((round(rng.uniform(0.0, 1.5), 3), fault))
     ep.faults.sort(key=lambda f: f[0])
     return ep
 
 
-def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = False) -> Episode:
-    rng = random.Random(ep.seed * 7919 + 1)  # victims and freeze lengths
+def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = False, netns: bool = False) -> Episode:
+    rng = random.Random(ep.seed * 7919 + 1)  # victims, lengths and pauses
+    began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix=f"chaos-{ep.backend}-{ep.seed}-"))
     ckpt, logs = folder / "ckpt", folder / "logs"
     ckpt.mkdir()
     logs.mkdir()
     mounted = False
-    if any(f is Fault.DISK_FULL for _, f in ep.faults):
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], capture_output=True).returncode == 0
-    store = agents = None
+    net = store = world = None
+    agents: list[Proc] = []
     try:
-        store = Store(ep.backend, folder)
+        if any(f is Fault.DISK_FULL for _, f in ep.faults):
+            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], capture_output=True).returncode == 0
+        net = Net(f"chaos{os.getpid()}-{ep.seed}") if netns else None
+        addr, hub = (f"{SUBNET}.1", net.hub) if net else ("127.0.0.1", None)
+        store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
         # join_timeout inside the bound: nodes left below MIN wait for replacements that long (elastic), then say so
-        conf = "last_call_timeout=1,read_timeout=3,join_timeout=20" + (",is_host=false" if ep.backend == "c10d" else "")
+        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20" + (",is_host=false" if ep.backend == "c10d" else "")
         args = [sys.executable, "-m", "launcher", "--nnodes", "2:3", "--nproc_per_node", "2", "--max_restarts", "3",
-                "--rdzv_backend", ep.backend, "--rdzv_endpoint", f"127.0.0.1:{store.port}", "--rdzv_id", f"chaos{ep.seed}",
+                "--rdzv_backend", ep.backend, "--rdzv_endpoint", store.endpoint, "--rdzv_id", f"chaos{ep.seed}",
                 "--rdzv_conf", conf, "--log_dir", str(logs), str(STEPS)]
-        env = {"CKPT_DIR": str(ckpt), "STEPS": "80", "STEP_TIME": "0.05"}
-        agents = [Proc(f"node{i}", args, env) for i in range(3)]
+        # 4 s of training; 12 s with a link cut (a cut node may give up while its workers run), 20 s with a
+        # link down for good (a node that never gives up runs its workers past STOP_S)
+        kinds = {f for _, f in ep.faults}
+        steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
+        env = {"CKPT_DIR": str(ckpt), "STEPS": str(steps), "STEP_TIME": "0.05"}
+        agents = [Proc(f"node{i}", args, env, net.nodes[i] if net else None) for i in range(NODES)]
+        world = World(agents, store, net, logs if mounted else None)
         t_start = time.monotonic()
-        while sum(len(a.starts()) for a in agents) < 6:
+        while sum(len(a.starts()) for a in agents) < 2 * NODES:
             if time.monotonic() - t_start > bound / 2:
                 ep.violations.append("the job never started: not every worker of the first round ran")
                 return ep
@@ -205,32 +417,43 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         t0 = time.monotonic()
         for at, fault in ep.faults:
             time.sleep(max(0.0, t0 + at - time.monotonic()))
-            inject(ep, fault, agents, store, logs if mounted else None, rng)
+            inject(ep, fault, world, rng)
         deadline = t0 + bound
         rcs = {a.name: (a.finish(deadline - time.monotonic()) if not a.killed else -9) for a in agents}
-        check(ep, agents, rcs, ckpt, logs)
+        check(ep, agents, rcs, ckpt)
         if ep.violations and verbose:
             for a in agents:
                 print(f"----- {a.name} rc={rcs[a.name]}\n" + "\n".join(a.err[-30:]), flush=True)
     except Exception as e:  # the harness itself: reported as a violation, never swallowed
         ep.violations.append(f"harness error: {type(e).__name__}: {e}")
     finally:
-        for a in agents or []:
+        for t in world.timers if world else []:
+            t.cancel()
+        for a in agents:
             a.kill_all()
         if store is not None:
-            store.kill()
+            store.close()
+        if net is not None:
+            net.close()
         if mounted:
             subprocess.run(["umount", "-l", str(logs)], capture_output=True)
-        if not keep:
+        if keep:  # the agents' output beside their logs and checkpoint
+            for a in agents:
+                (folder / f"{a.name}.out").write_text("\n".join(a.out))
+                (folder / f"{a.name}.err").write_text("\n".join(a.err))
+            ep.kept = folder
+        else:
             shutil.rmtree(folder, ignore_errors=True)
+        ep.seconds = time.monotonic() - began
     return ep
 
 
-def inject(ep: Episode, fault: Fault, agents: list[Proc], store: Store, disk: Path | None, rng: random.Random) -> None:
-    alive = [a for a in agents if not a.killed and a.popen.poll() is None]
+def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
+    alive = [a for a in w.agents if not a.killed and a.popen.poll() is None]
     if not alive:
         return
     victim = rng.choice(alive)
+    landed = len(ep.done)
     if fault is Fault.WORKER_KILL:
         workers = victim.workers()
         if workers:
@@ -247,31 +470,55 @@ def inject(ep: Episode, fault: Fault, agents: list[Proc], store: Store, disk: Pa
         pids = [victim.popen.pid, *victim.workers()]
         signal_all(pids, signal.SIGSTOP)
         length = rng.uniform(2.5, 4.0)
-        threading.Timer(length, signal_all, args=(pids, signal.SIGCONT)).start()
+        w.later(length, signal_all, pids, signal.SIGCONT)
         ep.done.append(f"SIGSTOP {victim.name} for {length:.1f} s")
         ep.frozen.add(victim.name)
         ep.expect.append(("the frozen node", r"stopped heartbeating|lost its lease"))
+    elif fault is Fault.STORE_KILL and isinstance(w.store, C10dStore):
+        w.store.close()
+        ep.done.append("store SIGKILLed")
+        ep.expect.append(("the lost store", r"rendezvous store"))
     elif fault is Fault.STORE_KILL:
-        store.kill()
-        if ep.backend == "etcd":
-            pause = rng.uniform(0.2, 1.5)
-            time.sleep(pause)
-            store.start()
-            ep.done.append(f"etcd killed, restarted after {pause:.1f} s")
-        else:
-            ep.done.append("store SIGKILLed")
-            ep.expect.append(("the lost store", r"rendezvous store"))
-    elif fault is Fault.DISK_FULL and disk is not None:
-        subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'filler'}", "bs=64k"], capture_output=True)
+        for i in range(len(w.store.procs)):
+            w.store.kill(i)
+        pause = rng.uniform(0.2, 1.5)
+        time.sleep(pause)
+        w.store.start_all()
+        ep.done.append(f"every etcd member killed, restarted after {pause:.1f} s")
+        ep.expect.append(("the etcd outage", r"etcd at"))  # out longer than read_timeout: the nodes give up on it
+    elif fault in (Fault.MEMBER_KILL, Fault.LEADER_KILL):
+        leader = w.store.leader()
+        if leader is not None:
+            i = leader if fault is Fault.LEADER_KILL else rng.choice([m for m in range(len(w.store.procs)) if m != leader])
+            pause = rng.uniform(0.5, 3.0)
+            w.store.kill(i)
+            w.later(pause, w.store.start, i)
+            ep.done.append(f"etcd {'leader' if i == leader else 'follower'} m{i} SIGKILLed, back on its data after {pause:.1f} s")
+    elif fault is Fault.DISK_FULL and w.disk is not None:
+        subprocess.run(["dd", "if=/dev/zero", f"of={w.disk / 'filler'}", "bs=64k"], capture_output=True)
         ep.done.append("log disk filled")
+    elif fault in LINK_FAULTS and w.net is not None:
+        node, at = w.agents.index(victim), rng.choice(("node", "hub"))
+        length = rng.uniform(1.0, 12.0) if fault is Fault.LINK_CUT else float("inf")
+        w.net.link(node, at, "down")
+        if length < float("inf"):
+            w.later(length, w.net.link, node, at, "up")
+        ep.cuts.append((victim.name, time.monotonic(), length))
+        ep.done.append(f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < float("inf") else "for good"))
+        ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died"))
+    if len(ep.done) > landed:
+        ep.landed.append(fault)
 
 
 DISTURBED = re.compile(r"membership changed|restarting|reason: |exited with|killed by|rendezvous store")
+STORE_LOST = re.compile(r"reason: .*(?:rendezvous store|etcd at)")  # a node cut off for good says what it lost
+CUT_REASON = re.compile(rf"{STORE_LOST.pattern}|reason: .*the job was closed")  # back in time, it may find the job over
 
 
-def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Path, logs: Path) -> None:
+def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Path) -> None:
     v = ep.violations
     live = [a for a in agents if not a.killed]
+    cut = {name: STORE_LOST if length == float("inf") else CUT_REASON for name, _, length in ep.cuts}
     for a in live:  # finish, or a clear reason, within the bound
         rc = rcs[a.name]
         text = "\n".join(a.err)
@@ -281,6 +528,9 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
             v.append(f"{a.name}: a Python traceback on the agent's stderr")
         elif rc != 0 and not re.search(r"reason: |error: ", text):
             v.append(f"{a.name}: exit {rc} with no reason given")
+        elif rc != 0 and a.name in cut and not cut[a.name].search(text):
+            v.append(f"{a.name}: its link was cut and it gave up, but its reason does not name what it lost: "
+                     f"{[line for line in a.err if 'reason: ' in line]}")
     for a in agents:  # no orphan: the agent and everything it started are gone
         if rcs.get(a.name) is not None:
             deadline = time.monotonic() + 10
@@ -298,16 +548,23 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
         ranks = [s["rank"] for s in seen]
         if len(ranks) != len(set(ranks)):
             v.append(f"round {rnd}: a rank ran twice: {sorted(ranks)}")
+    restarts = max((int(s["restart"]) for seen in by_round.values() for s in seen), default=0)
+    if restarts > ep.landed.count(Fault.WORKER_KILL):  # only a failed worker is charged to the budget
+        v.append(f"{restarts} restart(s) charged, but {ep.landed.count(Fault.WORKER_KILL)} worker(s) killed")
+    if ep.landed and all(f in RIDDEN_OUT for f in ep.landed):  # ridden out: as if nothing happened
+        if len(by_round) != 1 or any(rcs[a.name] != 0 for a in agents):
+            v.append(f"{'; '.join(ep.done)}: not ridden out: rounds {sorted(by_round)}, exits {rcs}")
     causes = "|".join(f"(?:{rx})" for _, rx in ep.expect) or r"(?!)"
     for a in live:  # the true cause named: what first disturbed each survivor is one of the faults
-        if a.name in ep.frozen:
-            continue  # it missed the change it wakes to; the others name why
+        if a.name in ep.frozen or a.name in cut:
+            continue  # it missed the change it wakes to, or gave up on the store it lost; the others name why
         first = next((line for line in a.err if DISTURBED.search(line)), None)
         if first is not None and not re.search(causes, first):
             v.append(f"{a.name} named a cause that was not injected: {first!r} (injected: {'; '.join(ep.done)})")
     said = [line for a in live for line in a.err if DISTURBED.search(line)]
     if said and len(ep.expect) == 1 and not any(re.search(causes, line) for line in said):  # two faults: one may hide the other
         v.append(f"no survivor named {ep.expect[0][0]}; they said: {said[:3]}")
+    check_cut(ep, agents, rcs)
     try:
         json.loads((ckpt / "ckpt.json").read_text())
     except FileNotFoundError:
@@ -332,36 +589,80 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
                 last[rank] = n
 
 
+def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> None:
+    """A node whose link is down for good stops its workers within STOP_S of the cut (its last worker
+    line). A link cut past the liveness timeout, the episode's only fault that stops a node: each other
+    node runs a round without the cut one, or has finished, within the liveness timeout + REFORM_S."""
+    for name, at, length in ep.cuts:
+        a = next(a for a in agents if a.name == name)
+        last = a.out_at[-1] if a.out_at and not a.killed else None
+        if length == float("inf") and last is not None and last > at + STOP_S:
+            ep.violations.append(f"{name}: cut off for good, its workers still ran {last - at:.0f} s after the cut "
+                                 f"(at most {STOP_S:g} s)")
+    if len(ep.cuts) != 1 or sum(f in STOPS_A_NODE for f in ep.landed) != 1:
+        return
+    name, at, length = ep.cuts[0]
+    if length < LIVENESS + 2.0:  # shorter: heartbeats late by TCP's backoff may or may not drop it
+        return
+    by = at + LIVENESS + REFORM_S
+    rounds_of_cut = {s["round"] for a in agents if a.name == name for s in a.starts()}
+    for a in agents:
+        if a.name == name:
+            continue
+        reformed = any(at < s["at"] <= by and s["round"] not in rounds_of_cut for s in a.starts())
+        finished = rcs[a.name] == 0 and a.ended_at is not None and a.ended_at <= by
+        if not (reformed or finished):
+            ep.violations.append(f"{a.name}: neither re-formed without {name} nor finished within {LIVENESS:g} + {REFORM_S:g} s "
+                                 f"of its link's cut ({length:.1f} s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="c10d,etcd")
     ap.add_argument("--episodes", type=int, default=20, help="per backend")
     ap.add_argument("--seed", type=int, default=None, help="first episode's seed (default: from the clock); episode i uses seed+i")
     ap.add_argument("--bound", type=float, default=60.0, help="seconds from the first fault until every node must have ended")
-    ap.add_argument("--keep", action="store_true", help="keep each episode's folder (logs, checkpoint)")
+    ap.add_argument("--keep", action="store_true", help="keep each episode's folder (logs, checkpoint, the agents' output)")
     ap.add_argument("--verbose", action="store_true", help="print the agents' stderr on a violation")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped campaign still kills its episode's processes
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped campaign still cleans its episode up
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
-    print(f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1",
-          flush=True)
+    netns = netns_usable()
+    skip = set()
+    if not (IS_ROOT and shutil.which("mount")):
+        skip.add(Fault.DISK_FULL)
+    if not netns:
+        skip.add(Fault.LINK_CUT)
+    else:
+        sweep_namespaces()
+    print(f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1"
+          + (f"; skipped (needs root, mount, ip netns): {', '.join(sorted(f.value for f in skip))}" if skip else ""), flush=True)
     total = 0
     for backend in args.backend.split(","):
         if backend == "etcd" and not shutil.which("etcd"):
             print("chaos: etcd: no etcd binary on PATH, skipped", flush=True)
             continue
-        bad = 0
+        bad, landed, seconds = 0, Counter(), 0.0
         for i in range(args.episodes):
-            ep = run_episode(plan(backend, seed + i, ROOTED), args.bound, args.keep, args.verbose)
+            ep = run_episode(plan(backend, seed + i, skip), args.bound, args.keep, args.verbose, netns)
             status = "ok" if not ep.violations else "VIOLATION"
-            print(f"chaos: {backend} seed {ep.seed}: {status}: {'; '.join(ep.done) or 'no fault landed'}", flush=True)
+            print(f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): {'; '.join(ep.done) or 'no fault landed'}"
+                  + (f" (kept in {ep.kept})" if ep.kept else ""), flush=True)
             for line in ep.violations:
                 print(f"chaos:   {line}   (replay: --backend {backend} --seed {ep.seed} --episodes 1)", flush=True)
             bad += bool(ep.violations)
+            landed.update(ep.landed)
+            seconds += ep.seconds
+        counts = ", ".join(f"{f.value} {landed[f]}" for f in FAULTS[backend] if f not in skip)
+        print(f"chaos: {backend}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode", flush=True)
         print(f"chaos: {backend}: {args.episodes} episodes, {bad} with violations", flush=True)
         total += bad
     return 1 if total else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the episode under way cleaned up on the way out
+        print("chaos: interrupted", flush=True)
+        sys.exit(130)

@@ -8,6 +8,7 @@ stopped after it; without the `etcd` binary (Debian: etcd-server) the tests that
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, assert_one_story, finish, free_port, infos, wait_line, worker
+from conftest import ROOT, Cluster, assert_one_story, finish, free_port, infos, network_hosts, wait_gone, wait_line, worker
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
@@ -432,6 +433,42 @@ def test_three_member_cluster_survives_losing_its_leader(launch, etcd_factory):
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
     assert sorted(int(i["rank"]) for _, out, _ in results for i in infos(out)) == [0, 1]
+
+
+@needs_etcd
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 for network namespaces")
+def test_a_host_cut_off_from_etcd_stops_cleanly_and_the_rest_goes_on(tmp_path):
+    """A watch on a cut connection stays silent and the lease cannot be refreshed: after read_timeout
+    without an answer from etcd the cut-off node stops its workers and ends with a reason naming etcd,
+    instead of running its round forever (found by scripts/chaos.py, a link-cut episode held down)."""
+    cluster = Cluster()
+    steps_env = {"CKPT_DIR": str(tmp_path), "STEPS": "300", "STEP_TIME": "0.05"}  # 15 s: the cut-off workers outlast read_timeout
+    with network_hosts("10.79.0") as (a, b, b_link):
+        url, peer = "http://10.79.0.1:2379", "http://10.79.0.1:2380"
+        etcd = subprocess.Popen(["ip", "netns", "exec", a, ETCD, "--name", "m0", "--data-dir", str(tmp_path / "etcd"),
+                                 "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls", peer,
+                                 "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}", "--log-level", "warn"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            run = args("10.79.0.1:2379", "1:2", "--max_restarts", "0", run_id="cut", conf="read_timeout=3,join_timeout=30")
+            node_a = cluster.start(*run, worker("steps.py"), env=steps_env, netns=a, name="a")
+            node_b = cluster.start(*run, worker("steps.py"), env=steps_env, netns=b, name="b")
+            for n in (node_a, node_b):
+                n.wait_for(r"start rank=\d world=2", timeout=40)
+            subprocess.run(["ip", "-n", b, "link", "set", b_link, "down"], check=True)
+            t0 = time.monotonic()
+            node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # its lease expired: re-formed alone
+            assert node_b.wait(60) == 1, node_b.stderr[-3000:]
+            assert time.monotonic() - t0 < 20  # read_timeout 3 s after the refreshes began to fail, then one retry of 3 s
+            assert "reason: cannot reach etcd at 10.79.0.1:2379" in node_b.stderr and "Traceback" not in node_b.stderr, node_b.stderr
+            assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
+            assert node_a.wait(60) == 0, node_a.stderr[-3000:]
+            assert json.loads((tmp_path / "ckpt.json").read_text())["step"] == 300
+        finally:
+            cluster.cleanup()
+            etcd.kill()
+            etcd.wait(10)
 
 
 def _leader(members: list[Member]) -> Member:

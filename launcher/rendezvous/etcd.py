@@ -20,7 +20,9 @@ The Store operations, under `/launcher/<run_id>/`:
 
 Liveness: each agent holds one lease (TTL = the liveness timeout, at least etcd's 2 s floor),
 refreshed by a thread that rides out etcd restarts and leader changes (leases survive both) and
-takes a new lease, with its keys, if the old one expired anyway. The agent's registration
+takes a new lease, with its keys, if the old one expired anyway. Once the refreshes have failed for
+read_timeout the agent gives its round up (a watch on a cut connection stays silent: a node cut off
+from etcd would otherwise run its workers on in a round the others left long ago). The agent's registration
 `agents/<node>` and its alive keys live on that lease: a dead agent's keys vanish and its
 neighbour's watch sees the DELETE. Clean-up: the last agent out deletes the run's keys; the first
 agent of a new run, finding no agent registered, wipes whatever a killed run left behind.
@@ -231,7 +233,9 @@ class EtcdStore:
         self.lease.hold(_name(key), b"1", self)
 
     def wait_change(self, change: str, alive: str | None, timeout: float) -> Change | None:
-        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble."""
+        """CHANGED once `change` exists, GONE once `alive` is absent, None at the timeout or on trouble.
+        Raises RendezvousConnectionError once this agent's lease refreshes have failed for longer than
+        `retry_for`: a watch on a cut connection stays silent, so only the refreshes tell."""
         names = (_name(change),) + ((_name(alive),) if alive else ())
 
         def decide(f: _Follow) -> Change | None:
@@ -239,7 +243,13 @@ class EtcdStore:
                 return Change.CHANGED
             return Change.GONE if alive and not f.present[names[1]] else None
 
-        return self._wait_for(names, timeout, decide)
+        got = self._wait_for(names, timeout, decide)
+        if got is None and self.lease is not None:
+            failing, why = self.lease.failing()
+            if failing > self.retry_for:  # cut off: the others have dropped this node by now (its lease TTL)
+                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (no answer for {failing:.0f} s, "
+                                                f"read_timeout {self.retry_for:g} s)")
+        return got
 
     # ------------------------------------------------------------------ the agent's life
 
@@ -440,6 +450,8 @@ class Lease:
         self.id = 0
         self.held: dict[bytes, bytes] = {}
         self.waiting: set[Watch] = set()  # the watches of this agent's open waits
+        self.lost_at: float | None = None  # when the refreshes began to fail (None while etcd answers them)
+        self.why = ""  # why the last one failed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -472,6 +484,11 @@ class Lease:
                 self._renew(lease_id)
         self.held[name] = value
 
+    def failing(self) -> tuple[float, str]:
+        """(for how many seconds the refreshes have failed, why) while they fail; else (0, "")."""
+        lost_at, why = self.lost_at, self.why
+        return (time.monotonic() - lost_at, why) if lost_at is not None else (0.0, "")
+
     def wake(self) -> None:
         """Make every wait of this agent return now (as at its timeout)."""
         for watch in list(self.waiting):
@@ -494,22 +511,21 @@ class Lease:
             self.store.close()
 
     def _run(self) -> None:
-        lost_at: float | None = None
         told = False
-        while not self._stop.wait(self.interval if lost_at is None else min(self.interval, 0.2)):
+        while not self._stop.wait(self.interval if self.lost_at is None else min(self.interval, 0.2)):
             try:
                 ttl = self._refresh()
             except Exception as e:
                 log.debug("etcd lease keep-alive failed", exc_info=True)
-                why = e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}"
-                lost_at = lost_at or time.monotonic()
-                if not told and time.monotonic() - lost_at >= 1.0:
+                self.why = (e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}") or "no answer"
+                self.lost_at = self.lost_at or time.monotonic()
+                if not told and time.monotonic() - self.lost_at >= 1.0:
                     told = True
-                    log.info(f"lost etcd at {self.opts.where} ({why}); the workers go on, retrying")
+                    log.info(f"lost etcd at {self.opts.where} ({self.why}); the workers go on, retrying")
                 continue
             if told:
-                log.info(f"etcd is back after {time.monotonic() - (lost_at or 0):.1f} s")
-            lost_at, told = None, False
+                log.info(f"etcd is back after {time.monotonic() - (self.lost_at or 0):.1f} s")
+            self.lost_at, told = None, False
             if ttl <= 0:
                 log.info("etcd let this agent's lease expire; taking a new one")
                 try:
