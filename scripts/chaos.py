@@ -358,12 +358,18 @@ class World:
     net: Net | None
     disk: Path | None
     timers: list[threading.Timer] = field(default_factory=list)
+    cut_for_good: set[tuple[int, str]] = field(default_factory=set)  # (node, end) links down until the end
 
     def later(self, delay: float, fn, *args) -> None:
         t = threading.Timer(delay, fn, args=args)
         t.daemon = True
         self.timers.append(t)
         t.start()
+
+    def mend(self, node: int, at: str) -> None:
+        """The end of a temporary cut: the link up again, unless it was cut for good meanwhile."""
+        if (node, at) not in self.cut_for_good:
+            self.net.link(node, at, "up")
 
 
 def plan(backend: str, seed: int, skip: set[Fault] = frozenset()) -> Episode:
@@ -502,7 +508,9 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         length = rng.uniform(1.0, 12.0) if fault is Fault.LINK_CUT else float("inf")
         w.net.link(node, at, "down")
         if length < float("inf"):
-            w.later(length, w.net.link, node, at, "up")
+            w.later(length, w.mend, node, at)
+        else:
+            w.cut_for_good.add((node, at))
         ep.cuts.append((victim.name, time.monotonic(), length))
         ep.done.append(f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < float("inf") else "for good"))
         ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died"))
