@@ -16,7 +16,7 @@ from conftest import FakeClock
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import MAX_VERDICT, SNAPSHOT_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.rendezvous.protocol import LOOK_EVERY, MAX_VERDICT, SNAPSHOT_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
 from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
@@ -158,6 +158,14 @@ def test_last_call_seals_a_round_below_max():
     rnd = agent(store, node("a", lo=1, hi=3), clock).next_round(Cause.START)
     assert rnd.group_world_size == 1
     assert SETTINGS.last_call_timeout <= clock.now < SETTINGS.last_call_timeout + 0.5
+
+
+def test_a_would_be_sealer_looks_at_the_count_once_a_second_until_its_last_call():
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    agent(store, node("a", lo=1, hi=3), clock).next_round(Cause.START)
+    looks = SETTINGS.last_call_timeout / LOOK_EVERY
+    assert store.ops <= 3 * looks + 16, store.ops  # a wait, a closed check and a count per look (ten a second before)
 
 
 def test_too_few_nodes_time_out_with_a_clear_error():
