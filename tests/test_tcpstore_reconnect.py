@@ -19,7 +19,7 @@ import pytest
 
 from conftest import FakeClock, Relay, wait_for
 from launcher.rendezvous.tcpstore import (
-    CHANGED, GONE, MAGIC, StoreClient, StoreError, StoreRestarted, StoreServer,
+    CHANGED, GONE, MAGIC, PROBES, SESSION, StoreClient, StoreError, StoreRestarted, StoreServer,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -320,3 +320,28 @@ def test_a_version_1_client_reads_what_it_always_did(server):
         assert got == struct.pack("<I", 2) + b"\x00"
     finally:
         sock.close()
+
+
+def test_a_connection_cut_as_it_asks_for_its_session_is_not_taken_for_torchs_server(clients):
+    """torch's server hangs up on SESSION every time; ours does when the connection is cut at that
+    moment (a watcher connecting while the network blinks): the client asks again, so it keeps its
+    extension (held keys, reconnects) and a clone does not take the store for a restarted one."""
+    server = StoreServer("127.0.0.1", 0)
+    real, hung = server._handlers[SESSION], []
+
+    def hang_up_once(c, sid: int) -> None:
+        if len(hung) < PROBES - 1:
+            hung.append(sid)
+            server._drop(c)  # what a cut at that moment looks like to the client
+            return
+        real(c, sid)
+
+    server._handlers[SESSION] = hang_up_once
+    try:
+        first = clients(server.port, 77)
+        assert first.extended and hung == [77] * (PROBES - 1)
+        hung.clear()
+        clone = clients(server.port, 77, boot=first.boot)  # the watcher's, cut the same way
+        assert clone.extended and clone.boot == first.boot and hung == [77] * (PROBES - 1)
+    finally:
+        server.close()

@@ -97,6 +97,7 @@ REQUEST = {
     SESSION: "Q", HOLD: "kv", WAIT_CHANGE: "kk", SESSION_INFO: "", ADD_ONCE: "kqQ",
 }
 
+PROBES = 3  # hang-ups on SESSION in a row that tell torch's server (ours hangs up only when cut)
 GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
 ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
 SAFE, ONCE, UNSAFE = 0, 1, 2  # may a request be sent again on a new connection: yes; while its session lives; no
@@ -153,15 +154,20 @@ class StoreClient:
         self._sock = self._connect(connect_timeout)
         found = None
         if session is not None:
-            for attempt in (1, 2):
+            # torch's server hangs up on SESSION every time; ours only when the connection is cut
+            # at that moment (a reconnect under cuts): asked PROBES times before it counts as torch's.
+            for attempt in range(1, PROBES + 1):
                 try:
                     self.version, found = self._join_session(session)
-                    break
                 except (OSError, EOFError) as e:  # our server, cut off in the greeting: once more
                     _close(self._sock)
-                    if attempt == 2:
+                    if attempt == PROBES:
                         raise StoreError(f"the store stopped answering its greeting ({_why(e)})") from None
                     self._sock = self._connect(connect_timeout)
+                    continue
+                if self.version or attempt == PROBES:
+                    break
+                self._sock = self._connect(connect_timeout)
             if not self.version:  # torch's server dropped the connection: a plain one, then
                 self._sock = self._connect(connect_timeout)
         if boot is not None and found != boot:
