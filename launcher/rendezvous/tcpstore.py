@@ -31,7 +31,7 @@ Ops (request fields -> reply; "-" is no reply):
     16 QUEUE_LEN    key                      -> i64
     17 LIST_KEYS    -                        -> i64 count, then count x str
     18 BARRIER      key world:i64            -> u8     0 once `world` clients arrived at `key`
-Extension ops (ours; torch's servers drop a connection that sends them, which is how a client tells):
+Extension ops (ours; torch's servers drop a connection that sends them, which is how a client tells, after PROBES in a row):
     200 SESSION      session:u64             -> u32    EXT_VERSION (2); this connection belongs to `session`
     201 HOLD         key value               -> u8     0: SET, and the key is held by the connection's session
     202 WAIT_CHANGE  change alive            -> u8     0 once `change` exists, 2 once `alive` is absent
