@@ -131,70 +131,66 @@ def test_an_add_whose_answer_was_lost_is_counted_once(server, relay, clients):
     assert c.check([k + "h"]) and relay.accepted == 5
 
 
-def test_an_add_in_flight_when_the_session_was_let_go_is_not_sent_again(clients):
+@pytest.fixture
+def graceless():
+    """A server that ends a session the moment its last connection closes (no grace), behind a relay
+    -> (server, relay)."""
     server = StoreServer("127.0.0.1", 0, grace=0)
     relay = Relay(("127.0.0.1", server.port))
-    try:
-        k = fresh()
-        c = clients(relay.port, 41)
-        probe = clients(server.port, 42)
-        c.hold(k + "alive", b"1")
-        relay.refuse = True
-        relay.cut_next(to_server=False)
-        got = in_thread(lambda: c.add(k + "n", 1))
-        wait_for(lambda: not probe.check([k + "alive"]), timeout=5, what="the session to be let go")
-        relay.refuse = False  # the client's next try gets through, to a session the server forgot
-        wait_for(lambda: got, timeout=10, what="the add to fail")
-        assert isinstance(got[0], StoreError) and "an add was in flight" in str(got[0]), got
-        assert probe.add(k + "n", 0) == 1  # counted once, not twice
-    finally:
-        relay.close()
-        server.close()
+    yield server, relay
+    relay.close()
+    server.close()
 
 
-def test_an_idle_connection_found_closed_is_reopened_before_the_request_goes(clients, caplog):
+def test_an_add_in_flight_when_the_session_was_let_go_is_not_sent_again(clients, graceless):
+    server, relay = graceless
+    k = fresh()
+    c = clients(relay.port, 41)
+    probe = clients(server.port, 42)
+    c.hold(k + "alive", b"1")
+    relay.refuse = True
+    relay.cut_next(to_server=False)
+    got = in_thread(lambda: c.add(k + "n", 1))
+    wait_for(lambda: not probe.check([k + "alive"]), timeout=5, what="the session to be let go")
+    relay.refuse = False  # the client's next try gets through, to a session the server forgot
+    wait_for(lambda: got, timeout=10, what="the add to fail")
+    assert isinstance(got[0], StoreError) and "an add was in flight" in str(got[0]), got
+    assert probe.add(k + "n", 0) == 1  # counted once, not twice
+
+
+def test_an_idle_connection_found_closed_is_reopened_before_the_request_goes(clients, caplog, graceless):
     """A connection cut while idle (an agent's main one while its watcher works), then the session's
     other connection closes and the session ends: the add finds the cut before it sends anything,
     so it goes once, on the new connection, and nothing is lost or counted twice."""
-    server = StoreServer("127.0.0.1", 0, grace=0)
-    relay = Relay(("127.0.0.1", server.port))
-    try:
-        k = fresh()
-        main = clients(relay.port, 45)
-        watcher = clients(server.port, 45)
-        probe = clients(server.port, 46)
-        main.hold(k + "alive", b"1")
-        relay.cut()
-        watcher.close()
-        wait_for(lambda: not probe.check([k + "alive"]), timeout=5, what="the session to end")
-        with caplog.at_level(logging.INFO, logger="launcher.rendezvous.tcpstore"):
-            assert main.add(k + "n", 1) == 1 and probe.add(k + "n", 0) == 1
-        assert "(the store closed the connection while it was idle); the store had ended its session" in caplog.text
-    finally:
-        relay.close()
-        server.close()
+    server, relay = graceless
+    k = fresh()
+    main = clients(relay.port, 45)
+    watcher = clients(server.port, 45)
+    probe = clients(server.port, 46)
+    main.hold(k + "alive", b"1")
+    relay.cut()
+    watcher.close()
+    wait_for(lambda: not probe.check([k + "alive"]), timeout=5, what="the session to end")
+    with caplog.at_level(logging.INFO, logger="launcher.rendezvous.tcpstore"):
+        assert main.add(k + "n", 1) == 1 and probe.add(k + "n", 0) == 1
+    assert "(the store closed the connection while it was idle); the store had ended its session" in caplog.text
 
 
-def test_a_stalled_connection_is_replaced_before_it_is_closed(clients):
+def test_a_stalled_connection_is_replaced_before_it_is_closed(clients, graceless):
     """No answer (a partition that keeps the connection open): the new connection joins the session
     before the old one closes, so even without a grace the held key never goes."""
-    server = StoreServer("127.0.0.1", 0, grace=0)
-    relay = Relay(("127.0.0.1", server.port))
-    try:
-        k = fresh()
-        holder = clients(relay.port, 51, timeout=0.5)
-        watcher = clients(server.port, 52)
-        holder.hold(k + "alive", b"1")
-        watching = in_thread(lambda: watcher.wait_change(k + "change", k + "alive", 2))
-        assert relay.stall() == 1
-        t = time.monotonic()
-        assert holder.add(k + "n", 1) == 1  # unanswered for 0.5 s, then sent on a new connection
-        assert 0.4 < time.monotonic() - t < 3
-        wait_for(lambda: watching, timeout=5, what="the watcher's wait to end")
-        assert watching == [None] and watcher.check([k + "alive"])
-    finally:
-        relay.close()
-        server.close()
+    server, relay = graceless
+    k = fresh()
+    holder = clients(relay.port, 51, timeout=0.5)
+    watcher = clients(server.port, 52)
+    holder.hold(k + "alive", b"1")
+    watching = in_thread(lambda: watcher.wait_change(k + "change", k + "alive", 2))
+    assert relay.stall() == 1
+    t = time.monotonic()
+    assert holder.add(k + "n", 1) == 1  # unanswered for 0.5 s, then sent on a new connection
+    assert 0.4 < time.monotonic() - t < 3
+    wait_for(lambda: watching, timeout=5, what="the watcher's wait to end")
+    assert watching == [None] and watcher.check([k + "alive"])
 
 
 def test_the_grace_keeps_a_sessions_keys_until_it_is_over(clients):
