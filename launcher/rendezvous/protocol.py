@@ -319,7 +319,7 @@ class ElasticRendezvous:
                 return
             self._check_closed()
             if self.clock() >= deadline:
-                raise RendezvousTimeoutError(f"no round formed within {s.join_timeout:g} s (join_timeout); {st.add(self._k(f'r{r}/joined'), 0)} of {n.min_nodes} nodes joined")
+                raise self._no_round(r)
             report_at = self._tell_waiting(r, k, deadline, last_call, report_at)
             count = min(st.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
 
@@ -341,10 +341,9 @@ class ElasticRendezvous:
             if count is not None:
                 sealed_at = sealed_at if sealed_at is not None else self.clock()
                 if self.clock() - sealed_at > 2 * self.settings.read_timeout:
-                    raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
+                    raise self._no_plan(r)
             if self.clock() >= deadline:
-                raise RendezvousTimeoutError(f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
-                                             f"{self.store.add(self._k(f'r{r}/joined'), 0)} of {self.node.min_nodes} nodes joined")
+                raise self._no_round(r)
             report_at = self._tell_waiting(r, k, deadline, None, report_at)
         return self._plan(r, k, raw)
 
@@ -432,7 +431,16 @@ class ElasticRendezvous:
             raw = self.store.wait_get(key, self._slice(deadline, self.settings.read_timeout))
             if raw is not None:
                 return self._plan(r, k, raw)
-        raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
+        raise self._no_plan(r)
+
+    def _no_round(self, r: int) -> RendezvousTimeoutError:
+        joined = self.store.add(self._k(f"r{r}/joined"), 0)
+        return RendezvousTimeoutError(f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
+                                      f"{joined} of {self.node.min_nodes} nodes joined")
+
+    @staticmethod
+    def _no_plan(r: int) -> RendezvousTimeoutError:
+        return RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
 
     def _plan(self, r: int, k: int, raw: bytes) -> Round | None:
         """Make ticket k's plan (`raw`) this node's round; None when the sealer left the ticket out."""

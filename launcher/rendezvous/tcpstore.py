@@ -154,8 +154,9 @@ class StoreClient:
         self._sock = self._connect(connect_timeout)
         found = None
         if session is not None:
-            # torch's server hangs up on SESSION every time; ours only when the connection is cut
-            # at that moment (a reconnect under cuts): asked PROBES times before it counts as torch's.
+            # torch's server hangs up on SESSION every time, ours only when the connection is cut at
+            # that moment: a connection hung up on is opened again, and after PROBES hang-ups it
+            # stays a plain one (torch's server).
             for attempt in range(1, PROBES + 1):
                 try:
                     self.version, found = self._join_session(session)
@@ -163,12 +164,9 @@ class StoreClient:
                     _close(self._sock)
                     if attempt == PROBES:
                         raise StoreError(f"the store stopped answering its greeting ({_why(e)})") from None
-                    self._sock = self._connect(connect_timeout)
-                    continue
-                if self.version or attempt == PROBES:
-                    break
-                self._sock = self._connect(connect_timeout)
-            if not self.version:  # torch's server dropped the connection: a plain one, then
+                else:
+                    if self.version:
+                        break
                 self._sock = self._connect(connect_timeout)
         if boot is not None and found != boot:
             _close(self._sock)
