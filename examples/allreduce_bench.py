@@ -5,6 +5,7 @@
 Same as `python -m launcher bench allreduce --nproc_per_node 2 -- -b 1K -e 16M -f 4`; code and
 options (-h): launcher/allreduce.py. gloo on CPU, NCCL on one GPU per worker.
 """
+
 import sys
 
 from launcher.allreduce import main

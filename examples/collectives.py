@@ -7,6 +7,7 @@ small tensors whose values depend on the rank, so a wrong source, a wrong root o
 contribution shows up. Every rank checks what it got; rank 0 prints, per op, how many ranks
 agreed and the slowest rank's time. The exit status is 1 on every rank if any check failed.
 """
+
 import os
 import sys
 import time
@@ -107,10 +108,17 @@ def barrier():
     return store.check(["collectives/late-rank-arrived"])
 
 
-CHECKS = [("send/recv", send_recv), ("broadcast", broadcast), ("scatter", scatter),
-          ("gather", gather), ("reduce", reduce), ("all_gather", all_gather),
-          ("all_reduce sum", all_reduce_sum), ("all_reduce max", all_reduce_max),
-          ("barrier, 1 late", barrier)]
+CHECKS = [
+    ("send/recv", send_recv),
+    ("broadcast", broadcast),
+    ("scatter", scatter),
+    ("gather", gather),
+    ("reduce", reduce),
+    ("all_gather", all_gather),
+    ("all_reduce sum", all_reduce_sum),
+    ("all_reduce max", all_reduce_max),
+    ("barrier, 1 late", barrier),
+]
 
 ok = torch.zeros(len(CHECKS), device=device)
 seconds = torch.zeros(len(CHECKS), device=device, dtype=torch.float64)
@@ -136,8 +144,11 @@ if rank == 0:
     for i, (name, _) in enumerate(CHECKS):
         verdict = "yes" if ok[i] == world else f"NO {int(ok[i])}/{world}"
         print(f"{name:<18}{verdict:<10}{seconds[i].item() * 1e3:>17.2f} ms")
-    print(f"{'all ' + str(len(CHECKS)) + ' checks passed' if all_ok else 'SOME CHECKS FAILED'} "
-          f"on {world} ranks ({dist.get_backend()}, {device.type})", flush=True)
+    print(
+        f"{'all ' + str(len(CHECKS)) + ' checks passed' if all_ok else 'SOME CHECKS FAILED'} "
+        f"on {world} ranks ({dist.get_backend()}, {device.type})",
+        flush=True,
+    )
 dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
 dist.destroy_process_group()
 sys.exit(0 if all_ok else 1)

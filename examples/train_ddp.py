@@ -20,6 +20,7 @@ Checkpoints go to ./runs/ckpt by default; a second run with the same directory r
 has nothing left to do), so delete it or pass another --checkpoint-dir to start over. On
 several nodes the directory must be on storage that every node sees.
 """
+
 import signal
 
 # A Slurm pre-emption warning (sbatch --signal=USR1@90 and launcher --passthrough_signals SIGUSR1)
@@ -38,18 +39,22 @@ import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 p.add_argument("--epochs", type=int, default=5, help="epochs in all, counting resumed ones")
 p.add_argument("--batch-size", type=int, default=64, help="per worker")
 p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
 p.add_argument("--seed", type=int, default=0, help="model init, data order and dropout")
 p.add_argument("--checkpoint-dir", default=os.path.join("runs", "ckpt"), help="resume from here")
-p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
-               help="checkpoint every N epochs and after the last one")
+p.add_argument(
+    "--checkpoint-every", type=int, default=1, metavar="N", help="checkpoint every N epochs and after the last one"
+)
 p.add_argument("--out", help="rank 0 saves the final model state_dict here")
-p.add_argument("--crash-at-epoch", type=int, metavar="E",
-               help="test hook: --crash-rank SIGKILLs itself halfway through epoch E (first attempt only)")
+p.add_argument(
+    "--crash-at-epoch",
+    type=int,
+    metavar="E",
+    help="test hook: --crash-rank SIGKILLs itself halfway through epoch E (first attempt only)",
+)
 p.add_argument("--crash-rank", type=int, default=1, metavar="R", help="the rank --crash-at-epoch kills")
 args = p.parse_args()
 if "RANK" not in os.environ:
@@ -73,8 +78,10 @@ def log(msg):
         print(msg, flush=True)
 
 
-log(f"attempt {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}): {world} workers, "
-    f"backend {dist.get_backend()}, device {device.type}")
+log(
+    f"attempt {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}): {world} workers, "
+    f"backend {dist.get_backend()}, device {device.type}"
+)
 
 # --- 2. Data: the same 4096 samples on every rank, from a fixed seed. Four classes of points,
 # each a Gaussian blob in 32 dimensions, so the loss visibly goes down.
@@ -89,8 +96,9 @@ loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
 
 # --- 3. Model, optimizer, mixed-precision scaler (a no-op unless CUDA). -----------------------
 torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
-model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128),
-                      nn.ReLU(), nn.Linear(128, 4)).to(device)
+model = nn.Sequential(
+    nn.Linear(32, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4)
+).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 scaler = torch.amp.GradScaler("cuda", enabled=use_cuda)
 
@@ -110,8 +118,10 @@ if os.path.exists(ckpt_path):
 else:
     log(f"no checkpoint yet; training from scratch, checkpoints go to {ckpt_path}")
 if start_epoch > args.epochs:
-    log(f"nothing to do: the checkpoint already covers {args.epochs} epochs "
-        f"(delete {ckpt_dir} or pass another --checkpoint-dir to train again)")
+    log(
+        f"nothing to do: the checkpoint already covers {args.epochs} epochs "
+        f"(delete {ckpt_dir} or pass another --checkpoint-dir to train again)"
+    )
 
 ddp = DDP(model, device_ids=[local_rank] if use_cuda else None)  # wrap after loading
 
@@ -135,8 +145,7 @@ for epoch in range(start_epoch, args.epochs + 1):
     loss_sum = torch.zeros((), device=device)  # kept on the device: no sync per step
     correct = torch.zeros((), device=device)
     for step, (x, y) in enumerate(loader):
-        if (epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0
-                and step == len(loader) // 2):
+        if epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0 and step == len(loader) // 2:
             print(f"rank {rank}: test hook, killing myself halfway through epoch {epoch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -159,14 +168,21 @@ for epoch in range(start_epoch, args.epochs + 1):
         log(f"pre-emption warning (SIGUSR1): checkpointing after epoch {epoch} and carrying on")
         WARNED.clear()
     elapsed = time.perf_counter() - t0
-    log(f"epoch {epoch}/{args.epochs}  loss {stats[0]:.4f}  acc {stats[1]:.3f}  "
-        f"{seen * world / elapsed:,.0f} samples/s")
+    log(
+        f"epoch {epoch}/{args.epochs}  loss {stats[0]:.4f}  acc {stats[1]:.3f}  {seen * world / elapsed:,.0f} samples/s"
+    )
 
     if epoch % args.checkpoint_every == 0 or epoch == args.epochs or stats[2] > 0:
         if rank == 0:
-            save_atomically({"epoch": epoch, "model": model.state_dict(),
-                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
-                            ckpt_path)
+            save_atomically(
+                {
+                    "epoch": epoch,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
+                },
+                ckpt_path,
+            )
         # Nobody starts the next epoch (where it could fail) until the checkpoint is on disk.
         dist.barrier(device_ids=[local_rank] if use_cuda else None)
 

@@ -28,9 +28,20 @@ import os
 import sys
 import time
 
-DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
-          "bfloat16": "bfloat16", "double": "float64", "float64": "float64",
-          "int32": "int32", "int": "int32", "int64": "int64", "int8": "int8", "uint8": "uint8"}
+DTYPES = {
+    "float": "float32",
+    "float32": "float32",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "double": "float64",
+    "float64": "float64",
+    "int32": "int32",
+    "int": "int32",
+    "int64": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+}
 CORRUPT_VAR = "LAUNCHER_ALLREDUCE_CORRUPT_RANK"  # test hook: that rank's check input is off by one
 UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
@@ -73,13 +84,22 @@ def plan(args: argparse.Namespace) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(usage="python -m launcher bench allreduce [launcher flags] [-- options]",
-                                description="all_reduce bandwidth, nccl-tests style (rank 0 prints the table).")
+    p = argparse.ArgumentParser(
+        usage="python -m launcher bench allreduce [launcher flags] [-- options]",
+        description="all_reduce bandwidth, nccl-tests style (rank 0 prints the table).",
+    )
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"), help="smallest size (default 32M)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size (default 32M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=None,
-                   help="multiply the size by this each step (default: factor 2 unless -i is given)")
-    p.add_argument("-i", "--stepbytes", type=parse_size, default=None, help="add this each step when -f is 1 (default 1M)")
+    p.add_argument(
+        "-f",
+        "--stepfactor",
+        type=float,
+        default=None,
+        help="multiply the size by this each step (default: factor 2 unless -i is given)",
+    )
+    p.add_argument(
+        "-i", "--stepbytes", type=parse_size, default=None, help="add this each step when -f is 1 (default 1M)"
+    )
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations per size (default 5)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-d", "--datatype", default="float32", choices=sorted(DTYPES), help="element type (default float32)")
@@ -152,13 +172,20 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, total_wrong = [], 0
     if rank == 0:
-        print(f"# all_reduce sum: {world} ranks, backend {dist.get_backend()}, device {device.type}, "
-              f"{args.datatype}, warm-up {args.warmup_iters}, iters {args.iters}, check {args.check}")
+        print(
+            f"# all_reduce sum: {world} ranks, backend {dist.get_backend()}, device {device.type}, "
+            f"{args.datatype}, warm-up {args.warmup_iters}, iters {args.iters}, check {args.check}"
+        )
         print(f"# {'':>10} {'':>12} {'':>8}  {'out-of-place':^34}  {'in-place':^34}")
-        print(f"# {'size':>10} {'count':>12} {'type':>8}  {'time':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>7}"
-              f"  {'time':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
-        print(f"# {'(B)':>10} {'(elements)':>12} {'':>8}  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"
-              f"  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}", flush=True)
+        print(
+            f"# {'size':>10} {'count':>12} {'type':>8}  {'time':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>7}"
+            f"  {'time':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>7}"
+        )
+        print(
+            f"# {'(B)':>10} {'(elements)':>12} {'':>8}  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"
+            f"  {'(us)':>8} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+            flush=True,
+        )
     for size in plan(args):
         count = size // elem
         if count == 0:
@@ -180,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             row[place] = {"time_us": sec * 1e6, "algbw": algbw, "busbw": algbw * factor, "wrong": wrong}
         rows.append(row)
         if rank == 0:
-            cells = "".join(f"  {row[p]['time_us']:8.1f} {row[p]['algbw']:8.3f} {row[p]['busbw']:8.3f} "
-                            f"{'N/A' if row[p]['wrong'] is None else row[p]['wrong']:>7}" for p in ("oop", "ip"))
+            cells = "".join(
+                f"  {row[p]['time_us']:8.1f} {row[p]['algbw']:8.3f} {row[p]['busbw']:8.3f} "
+                f"{'N/A' if row[p]['wrong'] is None else row[p]['wrong']:>7}"
+                for p in ("oop", "ip")
+            )
             print(f"  {nbytes:>10} {count:>12} {args.datatype:>8}{cells}", flush=True)
     avg = sum(r[p]["busbw"] for r in rows for p in ("oop", "ip")) / max(2 * len(rows), 1)
     if rank == 0:
@@ -189,8 +219,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# Avg bus bandwidth    : {avg:.4f} GB/s", flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"world": world, "backend": dist.get_backend(), "device": device.type,
-                           "rows": rows, "avg_busbw": avg, "wrong": total_wrong}, f, indent=1)
+                json.dump(
+                    {
+                        "world": world,
+                        "backend": dist.get_backend(),
+                        "device": device.type,
+                        "rows": rows,
+                        "avg_busbw": avg,
+                        "wrong": total_wrong,
+                    },
+                    f,
+                    indent=1,
+                )
     dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
     dist.destroy_process_group()
     return 1 if total_wrong else 0

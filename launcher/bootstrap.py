@@ -40,8 +40,10 @@ class BootstrapStore:
             try:
                 self.server = _serve(rnd.master_addr, rnd.master_port)
             except OSError as e:
-                return rnd, (f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
-                             f"({e.strerror or e}); worker rank 0 hosts it this round")
+                return rnd, (
+                    f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
+                    f"({e.strerror or e}); worker rank 0 hosts it this round"
+                )
         return dataclasses.replace(rnd, use_agent_store=True), ""
 
     def close(self) -> None:

@@ -11,9 +11,8 @@ import sys
 
 import click
 
-from . import __version__
+from . import __version__, slurm
 from . import config as cfg
-from . import slurm
 from .errors import EXIT_USAGE, ConfigError
 
 EXAMPLES = """\b
@@ -41,7 +40,16 @@ class GroupedOption(click.Option):
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         """Show one spelling (`--a_b`, torchrun's habit); both are accepted."""
         full = self.opts
-        self.opts = [o for o in full if not (o.startswith("--") and "-" in o[2:] and o.replace("-", "_")[2:] != o[2:] and o[:2] + o[2:].replace("-", "_") in full)]
+        self.opts = [
+            o
+            for o in full
+            if not (
+                o.startswith("--")
+                and "-" in o[2:]
+                and o.replace("-", "_")[2:] != o[2:]
+                and o[:2] + o[2:].replace("-", "_") in full
+            )
+        ]
         try:
             return super().get_help_record(ctx)
         finally:
@@ -79,17 +87,38 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 
 @click.command(
     cls=GroupedCommand,
-    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings={
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+    },
     epilog=EXAMPLES,
 )
 @flag("nproc-per-node", group=NODES, default=None, metavar="N|cpu|gpu|auto", help="Workers on this node.")
 @flag("nnodes", group=NODES, default="1:1", metavar="N|MIN:MAX", help="Nodes in the job.")
 @flag("node-rank", group=NODES, default="0", metavar="R", help="This node's rank (static rendezvous).")
 @flag("master-addr", group=NODES, default="127.0.0.1", metavar="HOST", help="Address of node rank 0 (static).")
-@flag("master-port", group=NODES, default=None, metavar="PORT", help="Port on node rank 0 (static; default 29500, free port on one node).")
+@flag(
+    "master-port",
+    group=NODES,
+    default=None,
+    metavar="PORT",
+    help="Port on node rank 0 (static; default 29500, free port on one node).",
+)
 @flag("local-addr", group=NODES, default=None, metavar="HOST", help="This node's address as the others reach it.")
-@flag("gpus", group=NODES, default=None, metavar="IDS", help="Physical GPUs for this node's workers, e.g. 2,3 (local rank 0 gets GPU 2).")
-@flag("virtual-local-rank", group=NODES, is_flag=True, help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.")
+@flag(
+    "gpus",
+    group=NODES,
+    default=None,
+    metavar="IDS",
+    help="Physical GPUs for this node's workers, e.g. 2,3 (local rank 0 gets GPU 2).",
+)
+@flag(
+    "virtual-local-rank",
+    group=NODES,
+    is_flag=True,
+    help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.",
+)
 @flag("rdzv-backend", group=RDZV, default="static", metavar="NAME", help="static (default), c10d or etcd.")
 @flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
 @flag("rdzv-id", group=RDZV, default="none", metavar="ID", help="Job id shared by all nodes (TORCHELASTIC_RUN_ID).")
@@ -98,36 +127,124 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("module", "-m", group=RUN, is_flag=True, env=False, help="Run the script as `python -m MODULE`.")
 @flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
 @flag("run-path", group=RUN, is_flag=True, help="Accepted for torchrun; scripts run as `python SCRIPT` either way.")
-@click.option("--preload/--no-preload", " /--no_preload", "preload", cls=GroupedOption, group=RUN, default=False,
-              envvar="PET_PRELOAD", show_envvar=False,
-              help="Fork workers from an interpreter that imported torch once (warm start and restarts).")
-@flag("preload-modules", group=RUN, default=None, metavar="MODS",
-      help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).")
+@click.option(
+    "--preload/--no-preload",
+    " /--no_preload",
+    "preload",
+    cls=GroupedOption,
+    group=RUN,
+    default=False,
+    envvar="PET_PRELOAD",
+    show_envvar=False,
+    help="Fork workers from an interpreter that imported torch once (warm start and restarts).",
+)
+@flag(
+    "preload-modules",
+    group=RUN,
+    default=None,
+    metavar="MODS",
+    help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).",
+)
 @flag("role", group=RUN, default="default", metavar="NAME", help="Role name (ROLE_NAME).")
-@flag("append-local-rank", group=RUN, is_flag=True, help="Pass --local-rank=N to the script, as torch.distributed.launch did.")
-@flag("append-local-rank-as", group=RUN, default=None, metavar="FLAG", help="Same, with another spelling, e.g. --local_rank.")
+@flag(
+    "append-local-rank",
+    group=RUN,
+    is_flag=True,
+    help="Pass --local-rank=N to the script, as torch.distributed.launch did.",
+)
+@flag(
+    "append-local-rank-as",
+    group=RUN,
+    default=None,
+    metavar="FLAG",
+    help="Same, with another spelling, e.g. --local_rank.",
+)
 @flag("use-env", group=RUN, is_flag=True, help="With `python -m launcher.launch`: do not append --local-rank.")
 @flag("start-method", group=RUN, default="spawn", metavar="NAME", help="Accepted for torchrun; moot for scripts.")
 @flag("max-restarts", group=SIG, default="0", metavar="N", help="Restarts of the worker group before giving up.")
-@flag("monitor-interval", group=SIG, default="0.1", metavar="SEC", help="Upper bound between periodic checks (exits are seen at once).")
-@flag("shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
-@flag("hang-timeout", group=SIG, default=None, metavar="SEC",
-      help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.")
-@flag("straggler-threshold", group=SIG, default="0.5", metavar="FRACTION",
-      help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).")
-@flag("straggler-period", group=SIG, default="60", metavar="SEC", help="How long a rank must stay below it to be flagged.")
-@flag("signals-to-handle", group=SIG, default=cfg.DEFAULT_SIGNALS, metavar="SIGS", help="Signals that stop the job (forwarded first).")
-@flag("passthrough-signals", group=SIG, default="", metavar="SIGS", help="Signals forwarded to workers that go on, e.g. SIGUSR1.")
+@flag(
+    "monitor-interval",
+    group=SIG,
+    default="0.1",
+    metavar="SEC",
+    help="Upper bound between periodic checks (exits are seen at once).",
+)
+@flag(
+    "shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30)."
+)
+@flag(
+    "hang-timeout",
+    group=SIG,
+    default=None,
+    metavar="SEC",
+    help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.",
+)
+@flag(
+    "straggler-threshold",
+    group=SIG,
+    default="0.5",
+    metavar="FRACTION",
+    help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).",
+)
+@flag(
+    "straggler-period", group=SIG, default="60", metavar="SEC", help="How long a rank must stay below it to be flagged."
+)
+@flag(
+    "signals-to-handle",
+    group=SIG,
+    default=cfg.DEFAULT_SIGNALS,
+    metavar="SIGS",
+    help="Signals that stop the job (forwarded first).",
+)
+@flag(
+    "passthrough-signals",
+    group=SIG,
+    default="",
+    metavar="SIGS",
+    help="Signals forwarded to workers that go on, e.g. SIGUSR1.",
+)
 @flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
-@flag("redirects", "-r", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.")
+@flag(
+    "redirects",
+    "-r",
+    group=LOGS,
+    default="0",
+    metavar="0-3|MAP",
+    help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.",
+)
 @flag("tee", "-t", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files and the console.")
-@flag("local-ranks-filter", group=LOGS, default=None, metavar="RANKS", help="Local ranks shown on the console (all still go to files).")
-@flag("events-file", group=LOGS, default=None, metavar="PATH", help="JSON-lines log of rounds, spawns, exits, restarts, signals.")
-@click.option("--live/--no-live", " /--no_live", "live", cls=GroupedOption, group=LOGS, default=None,
-              help="The live worker table (default: on when stderr is a terminal).")
+@flag(
+    "local-ranks-filter",
+    group=LOGS,
+    default=None,
+    metavar="RANKS",
+    help="Local ranks shown on the console (all still go to files).",
+)
+@flag(
+    "events-file",
+    group=LOGS,
+    default=None,
+    metavar="PATH",
+    help="JSON-lines log of rounds, spawns, exits, restarts, signals.",
+)
+@click.option(
+    "--live/--no-live",
+    " /--no_live",
+    "live",
+    cls=GroupedOption,
+    group=LOGS,
+    default=None,
+    help="The live worker table (default: on when stderr is a terminal).",
+)
 @flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
-@flag("log-level", group=LOGS, envvar="LAUNCHER_LOG_LEVEL", default="info", metavar="LEVEL",
-      help="The launcher's own messages: debug (also what it recovers from), info, warning or error.")
+@flag(
+    "log-level",
+    group=LOGS,
+    envvar="LAUNCHER_LOG_LEVEL",
+    default="info",
+    metavar="LEVEL",
+    help="The launcher's own messages: debug (also what it recovers from), info, warning or error.",
+)
 @flag("duplicate-stdout-filters", group=LOGS, default=None, hidden=True)
 @flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
 @flag("logs-specs", group=LOGS, default=None, hidden=True)
@@ -183,15 +300,36 @@ def store(host: str, port: int) -> None:
 @flag("rdzv-backend", group=RDZV, default="c10d", metavar="NAME", help="c10d or etcd, as on the job's nodes.")
 @flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
 @flag("rdzv-id", group=RDZV, default="none", metavar="ID", help="The job's id.")
-@flag("rdzv-conf", group=RDZV, default="", metavar="K=V,...", help="As on the nodes: TLS, credentials, join_token_file=PATH.")
+@flag(
+    "rdzv-conf",
+    group=RDZV,
+    default="",
+    metavar="K=V,...",
+    help="As on the nodes: TLS, credentials, join_token_file=PATH.",
+)
 @click.option("--json", "json_out", is_flag=True, help="One JSON object (per refresh), for scripts.")
-@click.option("--watch", "watch", default=None, metavar="SEC", is_flag=False, flag_value="2",
-              help="Refresh every SEC seconds (2 when given alone) until Ctrl-C.")
-def status(rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str, json_out: bool, watch: str | None) -> None:
+@click.option(
+    "--watch",
+    "watch",
+    default=None,
+    metavar="SEC",
+    is_flag=False,
+    flag_value="2",
+    help="Refresh every SEC seconds (2 when given alone) until Ctrl-C.",
+)
+def status(
+    rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str, json_out: bool, watch: str | None
+) -> None:
     """Show a running, failed or forming job from its rendezvous store: round, restarts of the budget,
     nodes (state, heartbeat age), ranks (pid, state, restarts, last progress, step rate). Read-only."""
-    config = cfg.status_from_flags(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                                   rdzv_conf=rdzv_conf, json=json_out, watch=watch)
+    config = cfg.status_from_flags(
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        rdzv_conf=rdzv_conf,
+        json=json_out,
+        watch=watch,
+    )
     from .status import StatusUnreachable, status_main
 
     if config.format is cfg.StatusFormat.JSON:
@@ -242,8 +380,8 @@ def workload(args: list[str]) -> tuple[str, list[str]]:
     words = next((w for w in WORKLOADS if tuple(args[: len(w)]) == w), None)
     if words is None:
         raise click.UsageError("the benchmark there is: bench allreduce" + (f" (not {args[1]!r})" if args[1:] else ""))
-    rest, module = args[len(words):], WORKLOADS[words]
-    flags, extra = (rest[: rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    rest, module = args[len(words) :], WORKLOADS[words]
+    flags, extra = (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
     if {"-h", "--help"} & set(flags):  # the module's own options; its import does not import torch
         import importlib
 
@@ -264,10 +402,14 @@ def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
         name, eq, _ = out[i].partition("=")
         if name.startswith("--") and name not in names:
             key = name[2:].replace("-", "_")
-            found = {(id(p), sec): o for o, (p, sec) in names.items() if o.startswith("--") and o[2:].replace("-", "_").startswith(key)}
+            found = {
+                (id(p), sec): o
+                for o, (p, sec) in names.items()
+                if o.startswith("--") and o[2:].replace("-", "_").startswith(key)
+            }
             if len(found) == 1:
                 name = next(iter(found.values()))
-                out[i] = name + out[i][len(out[i].partition("=")[0]):]
+                out[i] = name + out[i][len(out[i].partition("=")[0]) :]
         param = names.get(name if name.startswith("--") else name[:2])
         attached = eq or (not name.startswith("--") and len(name) > 2)
         i += 2 if param and not param[0].is_flag and not attached else 1

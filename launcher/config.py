@@ -12,9 +12,9 @@ import os
 import re
 import signal
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from .errors import ConfigError
 from .parsers import parse_port, parse_seconds
@@ -92,8 +92,17 @@ class LaunchConfig:
     @property
     def job(self) -> JobParams:
         """What every rendezvous backend gets beside its own settings."""
-        return JobParams(self.run_id, self.nproc_per_node, self.min_nodes, self.max_nodes, self.max_restarts,
-                         self.local_addr, self.join_token, self.straggler_threshold, self.straggler_period)
+        return JobParams(
+            self.run_id,
+            self.nproc_per_node,
+            self.min_nodes,
+            self.max_nodes,
+            self.max_restarts,
+            self.local_addr,
+            self.join_token,
+            self.straggler_threshold,
+            self.straggler_period,
+        )
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -225,9 +234,11 @@ def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ..
     out = []
     for name in filter(None, (s.strip() for s in str(text).split(","))):
         try:
-            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
-                name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
-            ]
+            sig = (
+                signal.Signals(int(name))
+                if name.isdigit()
+                else signal.Signals[name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
+            )
         except (KeyError, ValueError):
             raise ConfigError(f"{flag}: {name!r} is not a signal name (e.g. SIGTERM,SIGUSR1)") from None
         if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
@@ -282,7 +293,9 @@ def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
     names = tuple(m.strip() for m in (modules or "").split(",") if m.strip())
     for name in names:
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
-            raise ConfigError(f"--preload_modules {name!r} is not a module name (e.g. --preload_modules transformers,mypkg.model)")
+            raise ConfigError(
+                f"--preload_modules {name!r} is not a module name (e.g. --preload_modules transformers,mypkg.model)"
+            )
     return names if preload or names else None
 
 
@@ -324,13 +337,17 @@ def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags) -> tupl
     """The backend (`local` when one node needs no store), the run id, and the backend's settings."""
     backend = name.strip().lower()
     run_id = "" if rdzv_id == "none" else rdzv_id
-    if standalone or (backend == "static" and not flags.endpoint and flags.master_port is None and flags.max_nodes == 1):
+    if standalone or (
+        backend == "static" and not flags.endpoint and flags.master_port is None and flags.max_nodes == 1
+    ):
         # The embedded default: one node, no store to meet at, a free port picked per round.
         if standalone and flags.max_nodes > 1:
             raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
         backend, run_id = "local", run_id or str(uuid.uuid4())
     elif backend in LATER_BACKENDS:
-        raise ConfigError(f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)")
+        raise ConfigError(
+            f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)"
+        )
     elif backend not in BACKENDS or backend == "local":
         raise ConfigError(f"--rdzv_backend {name!r} is unknown; use static, c10d or etcd")
     return backend, run_id or "none", BACKENDS[backend].parse(flags)
@@ -390,7 +407,9 @@ def from_flags(
         nproc_per_node = str(len(gpu_ids)) if gpu_ids else "1"
     nproc = parse_nproc(nproc_per_node, environ)
     if gpu_ids and nproc > len(gpu_ids):
-        raise ConfigError(f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); give more GPUs or fewer workers")
+        raise ConfigError(
+            f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); give more GPUs or fewer workers"
+        )
     restarts = parse_whole(max_restarts, "--max_restarts")
     if restarts < 0:
         raise ConfigError(f"--max_restarts {max_restarts!r} must be 0 or more")
@@ -410,8 +429,18 @@ def from_flags(
     if not master_addr or not str(master_addr).strip():
         raise ConfigError("--master_addr is empty; give the address of node rank 0")
     program = _program(training_script, module, no_python, run_path)
-    flags = Flags(endpoint=rdzv_endpoint, conf=conf, environ=environ, nnodes=nnodes, min_nodes=min_nodes, max_nodes=max_nodes,
-                  node_rank=rank, master_addr=str(master_addr).strip().strip("[]"), master_port=port, local_addr=local_addr or None)
+    flags = Flags(
+        endpoint=rdzv_endpoint,
+        conf=conf,
+        environ=environ,
+        nnodes=nnodes,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        node_rank=rank,
+        master_addr=str(master_addr).strip().strip("[]"),
+        master_port=port,
+        local_addr=local_addr or None,
+    )
     backend, run_id, settings = _rendezvous(str(rdzv_backend), str(rdzv_id), standalone, flags)
 
     local_rank_arg = None
@@ -448,7 +477,9 @@ def from_flags(
         live=live,
         quiet=quiet,
         log_level=parse_log_level(log_level),
-        hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1) if hang_timeout not in (None, "") else None,
+        hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1)
+        if hang_timeout not in (None, "")
+        else None,
         straggler_threshold=parse_fraction(straggler_threshold, "--straggler_threshold"),
         straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
@@ -478,12 +509,22 @@ class StatusConfig:
     watch: float | None = None  # refresh every this many seconds; None: read once
 
 
-def status_from_flags(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str, rdzv_conf: str = "", json: bool = False,
-                      watch: float | str | None = None, environ: Mapping[str, str] = os.environ) -> StatusConfig:
+def status_from_flags(
+    *,
+    rdzv_backend: str,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    rdzv_conf: str = "",
+    json: bool = False,
+    watch: float | str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> StatusConfig:
     """Validate `launcher status` flags: the rendezvous flags of the job, as on its nodes."""
     backend = str(rdzv_backend).strip().lower()
     if backend not in ("c10d", "etcd"):
-        raise ConfigError(f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; give --rdzv_backend as on the job's nodes")
+        raise ConfigError(
+            f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; give --rdzv_backend as on the job's nodes"
+        )
     if not rdzv_id or rdzv_id == "none":
         raise ConfigError("launcher status needs --rdzv_id, the job's id")
     conf = parse_kv(rdzv_conf)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import signal
-from typing import Mapping
+from collections.abc import Mapping
 
 from .config import JOIN_TOKEN_ENV, LaunchConfig
 from .rendezvous.etcd_settings import ETCD_PASSWORD_ENV
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep
-PROGRESS_VAR = "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(step=), watched with --hang_timeout, read for step rates
+PROGRESS_VAR = (
+    "LAUNCHER_PROGRESS_FILE"  # touched by launcher.progress(step=), watched with --hang_timeout, read for step rates
+)
 # systemd talks to the agent alone; the join token and the etcd password are the agent's secrets
 AGENT_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", JOIN_TOKEN_ENV, ETCD_PASSWORD_ENV)
 
@@ -62,7 +64,9 @@ def worker_env(
         env["GLOO_SOCKET_IFNAME"] = rnd.ifname
     if config.virtual_local_rank:
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        env["CUDA_VISIBLE_DEVICES"] = visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)
+        env["CUDA_VISIBLE_DEVICES"] = (
+            visible[worker.local_rank] if worker.local_rank < len(visible) else str(worker.local_rank)
+        )
     return env
 
 
@@ -94,4 +98,7 @@ def worker_argv(config: LaunchConfig, worker: Worker) -> list[str]:
 
 def workers_of(rnd: Round, nproc: int) -> list[Worker]:
     """This node's workers in a round: global rank = the node's offset + local rank."""
-    return [Worker(local_rank=i, rank=rnd.rank_offset + i, local_world_size=nproc, world_size=rnd.world_size) for i in range(nproc)]
+    return [
+        Worker(local_rank=i, rank=rnd.rank_offset + i, local_world_size=nproc, world_size=rnd.world_size)
+        for i in range(nproc)
+    ]

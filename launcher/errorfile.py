@@ -8,7 +8,8 @@ import json
 import os
 import time
 import traceback
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

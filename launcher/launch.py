@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from .cli import command, main as _main
+from .cli import command
+from .cli import main as _main
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,8 +18,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO
 
 CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -139,8 +140,10 @@ class LogRouter:
         if e.errno in self._disk_errors:
             return
         self._disk_errors.add(e.errno)  # type: ignore[arg-type]
-        log.warning(f"cannot write {path}: {e.strerror or e}; the job goes on, but log files "
-                    "may miss output from now on (the console still gets it unless redirected)")
+        log.warning(
+            f"cannot write {path}: {e.strerror or e}; the job goes on, but log files "
+            "may miss output from now on (the console still gets it unless redirected)"
+        )
 
     def drain(self, streams: list[Stream], timeout: float) -> bool:
         """Wait until every stream reached end of file; False if some writer kept a pipe open."""
@@ -272,10 +275,12 @@ def prefix_for(config, worker, host: str, environ) -> str:
     if template:
         from string import Template
 
-        return Template(template).safe_substitute(
-            role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
-        ) + ":"
+        return (
+            Template(template).safe_substitute(
+                role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
+            )
+            + ":"
+        )
     if config.multi_node:
         return f"[{host} rank{worker.rank}]: "
     return f"[rank{worker.rank}]: "
-

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 
 class Notifier:
@@ -46,7 +46,10 @@ class Notifier:
     def __call__(self, kind: str, fields: dict) -> None:
         """The supervisor's event sink: READY once workers run, STATUS on every change, STOPPING at the end."""
         if kind == "running":
-            self.send(READY=1, STATUS=f"round {fields['round']}: {fields['workers']} workers running, {fields['restarts']} restart(s)")
+            self.send(
+                READY=1,
+                STATUS=f"round {fields['round']}: {fields['workers']} workers running, {fields['restarts']} restart(s)",
+            )
         elif kind == "rendezvous":
             self.send(STATUS=f"waiting for round (cause: {fields['cause']})")
         elif kind == "stopping":

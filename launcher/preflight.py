@@ -45,10 +45,15 @@ N = 1024  # elements per rank in the correctness checks
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(usage="python -m launcher check [launcher flags] [-- options]",
-                                description="Check every rank and the fabric before a big job.")
-    p.add_argument("--sizes", type=lambda text: [parse_size(t) for t in text.split(",")],
-                   help="all_reduce sizes of the bandwidth probe (default 256K,4M on CPU, 4M,64M on CUDA)")
+    p = argparse.ArgumentParser(
+        usage="python -m launcher check [launcher flags] [-- options]",
+        description="Check every rank and the fabric before a big job.",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda text: [parse_size(t) for t in text.split(",")],
+        help="all_reduce sizes of the bandwidth probe (default 256K,4M on CPU, 4M,64M on CUDA)",
+    )
     p.add_argument("--iters", type=int, default=5, help="timed all_reduces per size, the best one kept (default 5)")
     p.add_argument("--slow-factor", type=float, default=0.5, help="flag ranks under this x the median (0: off)")
     p.add_argument("--timeout", type=float, default=120, help="seconds before a stuck collective fails (default 120)")
@@ -66,8 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     timeout = timedelta(seconds=args.timeout)
-    info = {"rank": rank, "host": socket.gethostname(), "local": local_rank, "python": platform.python_version(),
-            "torch": torch.__version__.split("+")[0], "cuda": "-", "nccl": "-", "gpu": "-"}
+    info = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "local": local_rank,
+        "python": platform.python_version(),
+        "torch": torch.__version__.split("+")[0],
+        "cuda": "-",
+        "nccl": "-",
+        "gpu": "-",
+    }
     if torch.cuda.is_available() and not args.cpu:  # NCCL: one GPU per worker
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -75,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         # every rank must join for every group; unbound, a pair's group involves the pair alone
         dist.init_process_group("nccl", init_method="env://", timeout=timeout)
         props = torch.cuda.get_device_properties(device)
-        info.update(cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
-                    gpu=props.name, uuid=str(getattr(props, "uuid", local_rank)))
+        info.update(
+            cuda=torch.version.cuda,
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+            gpu=props.name,
+            uuid=str(getattr(props, "uuid", local_rank)),
+        )
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method="env://", timeout=timeout)
@@ -95,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_reduce(t)
     gathered = [torch.empty(N, device=device) for _ in range(world)]
     dist.all_gather(gathered, pattern(rank))
-    seen = torch.tensor([[float(not torch.equal(t[r], pattern(r))) for r in range(world)],
-                         [float(not torch.equal(gathered[r], pattern(r))) for r in range(world)]], device=device)
+    seen = torch.tensor(
+        [
+            [float(not torch.equal(t[r], pattern(r))) for r in range(world)],
+            [float(not torch.equal(gathered[r], pattern(r))) for r in range(world)],
+        ],
+        device=device,
+    )
     info["seen"] = seen.tolist()
     dist.all_reduce(seen)  # seen[op][r]: how many ranks got row r wrong
 
@@ -184,24 +206,40 @@ def judge(everyone, seen, world, slow_factor):
 
 
 def print_table(everyone, world, sizes, failures):
-    cols = ["rank", "host", "local", "device", "backend", "torch", "python", "cuda", "nccl", "gpu",
-            "all_reduce", "all_gather"]
+    cols = [
+        "rank",
+        "host",
+        "local",
+        "device",
+        "backend",
+        "torch",
+        "python",
+        "cuda",
+        "nccl",
+        "gpu",
+        "all_reduce",
+        "all_gather",
+    ]
     rows = [[str(i[c]) for c in cols] + [f"{i['pair']:.3f}", i["status"]] for i in everyone]
     head = cols + ["pair GB/s", "status"]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
         print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
     bw = [statistics.median(i["job_busbw"][j] for i in everyone) for j in range(len(sizes))]
-    print(f"all_reduce over {world} ranks, busbw (median of ranks): "
-          + ", ".join(f"{human(s)} {b:.3f} GB/s" for s, b in zip(sizes, bw)))
+    print(
+        f"all_reduce over {world} ranks, busbw (median of ranks): "
+        + ", ".join(f"{human(s)} {b:.3f} GB/s" for s, b in zip(sizes, bw))
+    )
     if world == 2:
         print("pair probe: 2 ranks make one pair, so it cannot tell which is slow (not judged)")
     if failures:
         print(f"FAIL: {len({r for r, _ in failures})} of {world} ranks have problems:")
         print("\n".join(f"  {text}" for _, text in failures))
     else:
-        print(f"PASS: {world} ranks on {len({i['host'] for i in everyone})} host(s): versions agree, "
-              "all_reduce and all_gather right, no slow rank")
+        print(
+            f"PASS: {world} ranks on {len({i['host'] for i in everyone})} host(s): versions agree, "
+            "all_reduce and all_gather right, no slow rank"
+        )
     sys.stdout.flush()
 
 

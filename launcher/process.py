@@ -15,7 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, Callable, Iterable, Protocol, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO, Protocol
 
 from .spec import Exit
 
@@ -58,8 +59,14 @@ class WorkerProcess:
     agent too (adopted as the subreaper) and is waited with `waitpid` directly.
     """
 
-    def __init__(self, pid: int, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
-                 popen: subprocess.Popen | None = None, forked: bool = False):
+    def __init__(
+        self,
+        pid: int,
+        stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+        popen: subprocess.Popen | None = None,
+        forked: bool = False,
+    ):
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
@@ -72,7 +79,7 @@ class WorkerProcess:
             self.pidfd = None
 
     @classmethod
-    def of(cls, popen: subprocess.Popen) -> "WorkerProcess":
+    def of(cls, popen: subprocess.Popen) -> WorkerProcess:
         return cls(popen.pid, popen.stdout, popen.stderr, popen=popen)
 
     def poll(self) -> Exit | None:
@@ -219,7 +226,7 @@ class Guard:
         self.pid = 0
         self._fd = -1
 
-    def start(self) -> "Guard":
+    def start(self) -> Guard:
         """Fork the guard; call before any thread starts."""
         r, w = os.pipe()
         pid = os.fork()

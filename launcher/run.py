@@ -58,13 +58,25 @@ def run(config: LaunchConfig) -> int:
             try:
                 events = EventsFile(config.events_file)
             except OSError as e:  # like --log_dir: a disk problem never stops the job
-                log.warning(f"cannot write --events_file {config.events_file}: {e.strerror or e}; the job goes on without it")
+                log.warning(
+                    f"cannot write --events_file {config.events_file}: {e.strerror or e}; the job goes on without it"
+                )
             else:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
-        supervisor = Supervisor(config, rendezvous, logs, run_dir, agent_id=agent_id, guard=guard, starter=starter,
-                                sinks=sinks, periodic=[notifier.tick, starter.check], console=console)
+        supervisor = Supervisor(
+            config,
+            rendezvous,
+            logs,
+            run_dir,
+            agent_id=agent_id,
+            guard=guard,
+            starter=starter,
+            sinks=sinks,
+            periodic=[notifier.tick, starter.check],
+            console=console,
+        )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
         with _live_view(supervisor, console) if live else nullcontext():
@@ -100,7 +112,9 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
     from .env import zygote_env
     from .zygote import Preloaded
 
-    return Preloaded(config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id))
+    return Preloaded(
+        config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)
+    )
 
 
 class _live_view:
@@ -149,8 +163,10 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
             os.makedirs(config.log_dir, exist_ok=True)
             path = tempfile.mkdtemp(prefix=f"{name}_", dir=config.log_dir)
         except OSError as e:
-            log.warning(f"cannot write to --log_dir {config.log_dir}: {e.strerror or e}; the job goes on, "
-                        "with its logs in a temporary folder")
+            log.warning(
+                f"cannot write to --log_dir {config.log_dir}: {e.strerror or e}; the job goes on, "
+                "with its logs in a temporary folder"
+            )
         else:
             log.info(f"logs in {path}")
             return path, False

@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 
 @dataclass(frozen=True)

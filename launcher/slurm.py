@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from .errors import ConfigError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     if token is None:
         return {**job, "state": "absent", "nodes": []}
     if token != token_check(config.join_token, config.rdzv_id):
-        raise ConfigError(f"wrong join token for job {config.rdzv_id!r}: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes")
+        raise ConfigError(
+            f"wrong join token for job {config.rdzv_id!r}: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
+        )
 
     def count(key: str) -> int:
         return 0 if store.get(k(key)) is None else store.add(k(key), 0)  # the key exists: add(0) changes nothing

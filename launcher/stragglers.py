@@ -6,8 +6,8 @@ killed or restarted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,13 @@ class Flagged:
 
 def running_rates(snapshots: Iterable[dict | None]) -> dict[int, float]:
     """rank -> steps/s of every running worker with a known rate, from nodes' snapshots."""
-    return {w["rank"]: float(w["rate"]) for snap in snapshots if snap for w in snap.get("workers", [])
-            if w.get("state") == "running" and w.get("rate") is not None}
+    return {
+        w["rank"]: float(w["rate"])
+        for snap in snapshots
+        if snap
+        for w in snap.get("workers", [])
+        if w.get("state") == "running" and w.get("rate") is not None
+    }
 
 
 class Judge:

@@ -72,7 +72,9 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
-        lines.append(f"{'also failed here' if v else 'root cause'}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
+        lines.append(
+            f"{'also failed here' if v else 'root cause'}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})"
+        )
         message, trace = read_error_file(root.error_file)
         if message:
             lines.append(f"  error: {message}")
@@ -83,7 +85,9 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
             lines.append(f"  log: {path}")
         if root.error_file:
             lines.append(f"  error file: {root.error_file}")
-    others = [f for f in result.failures if not f.collateral and f is not root and f.round == (root.round if root else -1)]
+    others = [
+        f for f in result.failures if not f.collateral and f is not root and f.round == (root.round if root else -1)
+    ]
     for f in others:
         lines.append(f"also failed: {_who(f)} {f.exit.describe()}")
     stopped = [f for f in result.failures if f.collateral and f.round == (root.round if root else -1)]
@@ -92,4 +96,3 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     if kept:
         lines.append(f"logs and error files kept in {kept}")
     return lines
-

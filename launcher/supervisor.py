@@ -20,8 +20,8 @@ import selectors
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import net, process
 from .bootstrap import BootstrapStore
@@ -246,8 +246,10 @@ class Supervisor:
         previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
-            log.info(f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
-                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}")
+            log.info(
+                f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
+                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}"
+            )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
         self.rendezvous.watch(rnd, self.post, self.report)
@@ -262,8 +264,15 @@ class Supervisor:
                 self.logs.disk_error(folder, e)
             error_file = os.path.join(folder, "error.json")
             progress_file = os.path.join(folder, "progress")
-            env = worker_env(self.config, rnd, worker, self.environ, error_file=error_file, agent_id=self.agent_id,
-                             progress_file=progress_file)
+            env = worker_env(
+                self.config,
+                rnd,
+                worker,
+                self.environ,
+                error_file=error_file,
+                agent_id=self.agent_id,
+                progress_file=progress_file,
+            )
             argv = worker_argv(self.config, worker)
             try:
                 proc = self.starter.start(argv, env)
@@ -282,13 +291,29 @@ class Supervisor:
                 path = os.path.join(folder, f"{name}.log") if to_file else None
                 streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
                 files += [path] if path else []
-            self.members.append(Member(worker, proc, streams, error_file, tuple(files), started=self.clock(),
-                                       progress_file=progress_file))
-            self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd.round,
-                      forked=proc.forked)
+            self.members.append(
+                Member(
+                    worker, proc, streams, error_file, tuple(files), started=self.clock(), progress_file=progress_file
+                )
+            )
+            self.emit(
+                "spawn",
+                rank=worker.rank,
+                local_rank=worker.local_rank,
+                pid=proc.pid,
+                round=rnd.round,
+                forked=proc.forked,
+            )
         self._set_state(GroupState.RUNNING)
-        self.emit("running", round=rnd.round, restarts=rnd.restart_count, workers=len(self.members),
-                  group_rank=rnd.group_rank, group_world_size=rnd.group_world_size, world_size=rnd.world_size)
+        self.emit(
+            "running",
+            round=rnd.round,
+            restarts=rnd.restart_count,
+            workers=len(self.members),
+            group_rank=rnd.group_rank,
+            group_world_size=rnd.group_world_size,
+            world_size=rnd.world_size,
+        )
 
     def _spawn_failed(self, program: str, error: OSError) -> None:
         """A worker that cannot be started ends the job with that reason; restarting cannot help."""
@@ -308,7 +333,14 @@ class Supervisor:
             if ex is None:
                 continue
             self._forget(m.proc)
-            self.emit("exit", rank=m.worker.rank, pid=m.proc.pid, returncode=ex.returncode, how=ex.describe(), collateral=m.signalled)
+            self.emit(
+                "exit",
+                rank=m.worker.rank,
+                pid=m.proc.pid,
+                returncode=ex.returncode,
+                how=ex.describe(),
+                collateral=m.signalled,
+            )
             if ex.ok:
                 m.state = WorkerState.SUCCEEDED
             else:
@@ -317,7 +349,9 @@ class Supervisor:
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
-            cause = min((f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at)
+            cause = min(
+                (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
+            )
             log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
@@ -369,8 +403,10 @@ class Supervisor:
             m.straggler = slow
             if slow:
                 rate = event.ranks[m.worker.rank]
-                log.warning(f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
-                            f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)")
+                log.warning(
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
+                    f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)"
+                )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
                 log.info(f"rank {m.worker.rank} on {self.host} caught up with the job's median step rate")
@@ -422,7 +458,9 @@ class Supervisor:
         if self.state is GroupState.RENDEZVOUS:
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
-            log.info(f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)")
+            log.info(
+                f"got {signal.Signals(signum).name}; stopping the workers (up to {self.config.shutdown_timeout:g} s)"
+            )
             self.stop_workers(signum, self.config.shutdown_timeout, then=Then.SIGNAL)
         elif signum == signal.SIGINT and self.stop and self.stop.signum == signal.SIGINT:
             log.info("second SIGINT; killing the workers now")
@@ -434,14 +472,26 @@ class Supervisor:
         """A picture of the group for views; safe to call from another thread."""
         rnd = self.round
         workers = [
-            {"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
-             "started": m.started, "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
-             "straggler": m.straggler}
+            {
+                "rank": m.worker.rank,
+                "local_rank": m.worker.local_rank,
+                "pid": m.proc.pid,
+                "state": m.state.value,
+                "started": m.started,
+                "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
+                "straggler": m.straggler,
+            }
             for m in list(self.members)
         ]
         waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
-        return Snapshot(self.state, rnd.round if rnd else 0, rnd.restart_count if rnd else 0, workers,
-                        signal=self.exit_signal, waiting=waiting)
+        return Snapshot(
+            self.state,
+            rnd.round if rnd else 0,
+            rnd.restart_count if rnd else 0,
+            workers,
+            signal=self.exit_signal,
+            waiting=waiting,
+        )
 
     def report(self) -> dict | None:
         """This node as `launcher status` shows it (published by the rendezvous watcher every few
@@ -454,11 +504,27 @@ class Supervisor:
         workers = []
         for m in list(self.members):
             step, rate = self._step_rate(m)
-            workers.append({"rank": m.worker.rank, "local_rank": m.worker.local_rank, "pid": m.proc.pid, "state": m.state.value,
-                            "restarts": restarts, "progress_age": round(self._idle(m), 1), "step": step, "rate": rate,
-                            "straggler": m.straggler})
-        return {"host": self.host, "state": self.state.value, "round": rnd.round if rnd else 0, "restarts": restarts,
-                "max_restarts": self.config.max_restarts, "workers": workers}
+            workers.append(
+                {
+                    "rank": m.worker.rank,
+                    "local_rank": m.worker.local_rank,
+                    "pid": m.proc.pid,
+                    "state": m.state.value,
+                    "restarts": restarts,
+                    "progress_age": round(self._idle(m), 1),
+                    "step": step,
+                    "rate": rate,
+                    "straggler": m.straggler,
+                }
+            )
+        return {
+            "host": self.host,
+            "state": self.state.value,
+            "round": rnd.round if rnd else 0,
+            "restarts": restarts,
+            "max_restarts": self.config.max_restarts,
+            "workers": workers,
+        }
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
@@ -496,8 +562,11 @@ class Supervisor:
             host=self.host,
             round=self.round.round if self.round else 0,
             collateral=m.signalled and not m.hung,
-            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr" if m.hung else
-            oom_reason(m.proc.pid, self._oom_kills, m.started) if ex.signal == signal.SIGKILL and not m.signalled else "",
+            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr"
+            if m.hung
+            else oom_reason(m.proc.pid, self._oom_kills, m.started)
+            if ex.signal == signal.SIGKILL and not m.signalled
+            else "",
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
         )
@@ -531,9 +600,16 @@ class Supervisor:
         if root is None:
             return None
         message = root.reason or read_error_file(root.error_file)[0]
-        return Verdict(host=self.host, node="", rank=root.worker.rank, local_rank=root.worker.local_rank,
-                       returncode=root.exit.returncode, round=root.round, error=(message.splitlines() or [""])[0],
-                       log=next(iter(root.log_files), root.error_file or ""))
+        return Verdict(
+            host=self.host,
+            node="",
+            rank=root.worker.rank,
+            local_rank=root.worker.local_rank,
+            returncode=root.exit.returncode,
+            round=root.round,
+            error=(message.splitlines() or [""])[0],
+            log=next(iter(root.log_files), root.error_file or ""),
+        )
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:

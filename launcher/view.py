@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 from rich.console import Console
 from rich.live import Live
@@ -66,19 +67,35 @@ def _group_state(snap: Snapshot) -> str:
 def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None]], now: float) -> Table:
     """The table for one snapshot (pure but for `stats`): tests render it into a file console."""
     title = f"round {snap.round} · {_group_state(snap)} · {snap.restarts} restart(s)"
-    table = Table(title=title, title_justify="left", expand=True, header_style="bold",
-                  caption=snap.waiting or None, caption_justify="left")
-    for name, kw in (("rank", {"justify": "right"}), ("pid", {"justify": "right"}), ("state", {}),
-                     ("cpu %", {"justify": "right"}), ("rss", {"justify": "right"}), ("restarts", {"justify": "right"}),
-                     ("uptime", {"justify": "right"}), ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
+    table = Table(
+        title=title,
+        title_justify="left",
+        expand=True,
+        header_style="bold",
+        caption=snap.waiting or None,
+        caption_justify="left",
+    )
+    for name, kw in (
+        ("rank", {"justify": "right"}),
+        ("pid", {"justify": "right"}),
+        ("state", {}),
+        ("cpu %", {"justify": "right"}),
+        ("rss", {"justify": "right"}),
+        ("restarts", {"justify": "right"}),
+        ("uptime", {"justify": "right"}),
+        ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
+    ):
         table.add_column(name, **kw)
     for w in snap.workers:
         cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
         table.add_row(
-            str(w["rank"]), str(w["pid"]),
+            str(w["rank"]),
+            str(w["pid"]),
             _worker_state(w),
-            "" if cpu is None else f"{cpu:.0f}", "" if rss is None else f"{rss / 2**20:.0f} MiB",
-            str(snap.restarts), _duration(now - w["started"]) if w["state"] == "running" else "",
+            "" if cpu is None else f"{cpu:.0f}",
+            "" if rss is None else f"{rss / 2**20:.0f} MiB",
+            str(snap.restarts),
+            _duration(now - w["started"]) if w["state"] == "running" else "",
             Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
         )
     return table
@@ -91,7 +108,9 @@ class ConsoleWriter:
         self.console = console
 
     def write(self, data: bytes) -> None:
-        self.console.print(Text(data.decode(errors="replace").rstrip("\n")), markup=False, highlight=False, soft_wrap=True)
+        self.console.print(
+            Text(data.decode(errors="replace").rstrip("\n")), markup=False, highlight=False, soft_wrap=True
+        )
 
     def flush(self) -> None:
         pass
@@ -100,12 +119,20 @@ class ConsoleWriter:
 class LiveView:
     """Owns a rich `Live`; `start()` and `stop()` are called by the composition root."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot], console: Console | None = None, refresh_per_second: float = 2.0):
+    def __init__(
+        self, snapshot: Callable[[], Snapshot], console: Console | None = None, refresh_per_second: float = 2.0
+    ):
         self.console = console or Console(stderr=True)
         self._snapshot = snapshot
         self._stats = ProcessStats()
-        self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=refresh_per_second,
-                          transient=False, redirect_stdout=False, redirect_stderr=False)
+        self._live = Live(
+            get_renderable=self._render,
+            console=self.console,
+            refresh_per_second=refresh_per_second,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
 
     def _render(self) -> Table:
         return render(self._snapshot(), self._stats, time.monotonic())
@@ -126,7 +153,11 @@ def _age(seconds: object) -> str:
 
 def render_status(job: dict) -> Table:
     """`launcher status` as one table: a row per rank under its node's row (pure: tests render it)."""
-    budget = f"{job.get('restarts', 0)} of {job['max_restarts']}" if job.get("max_restarts") is not None else str(job.get("restarts", 0))
+    budget = (
+        f"{job.get('restarts', 0)} of {job['max_restarts']}"
+        if job.get("max_restarts") is not None
+        else str(job.get("restarts", 0))
+    )
     title = f"job {job['run_id']} · {job['state']} · round {job.get('round', '-')} · restarts {budget}"
     if job.get("forming"):
         title += f" · round {job['forming']['round']} forming, {job['forming']['joined']} joined"
@@ -135,23 +166,57 @@ def render_status(job: dict) -> Table:
         caption.append(f"closed: {job['closed']}")
     v = job.get("verdict")
     if v:
-        caption.append(f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}")
+        caption.append(
+            f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}"
+        )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
-    table = Table(title=title, title_justify="left", caption="\n".join(caption) or None, caption_justify="left",
-                  expand=False, header_style="bold")
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="\n".join(caption) or None,
+        caption_justify="left",
+        expand=False,
+        header_style="bold",
+    )
     for name in ("node / rank", "host", "state", "heartbeat", "pid", "restarts", "progress", "step", "steps/s"):
         table.add_column(name, justify="right" if name in ("pid", "restarts", "step", "steps/s") else "left")
     for n in job["nodes"]:
-        table.add_row(Text(f"node {n['group_rank']}", style="bold"), n["host"], Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
-                      _age(n.get("heartbeat_age")) + " ago", "", "", "", "", "")
+        table.add_row(
+            Text(f"node {n['group_rank']}", style="bold"),
+            n["host"],
+            Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
+            _age(n.get("heartbeat_age")) + " ago",
+            "",
+            "",
+            "",
+            "",
+            "",
+        )
         for w in n["workers"]:
-            table.add_row(f"  rank {w['rank']}", "", _worker_state(w), "", str(w["pid"]), str(w["restarts"]),
-                          _age(w.get("progress_age")) + (" ago" if w.get("progress_age") is not None else ""),
-                          "" if w.get("step") is None else str(w["step"]), "" if w.get("rate") is None else f"{w['rate']:.2f}")
+            table.add_row(
+                f"  rank {w['rank']}",
+                "",
+                _worker_state(w),
+                "",
+                str(w["pid"]),
+                str(w["restarts"]),
+                _age(w.get("progress_age")) + (" ago" if w.get("progress_age") is not None else ""),
+                "" if w.get("step") is None else str(w["step"]),
+                "" if w.get("rate") is None else f"{w['rate']:.2f}",
+            )
     if not job["nodes"]:
-        table.add_row("", "", "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
-                      "", "", "", "", "", "")
+        table.add_row(
+            "",
+            "",
+            "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        )
     return table
 
 

@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .process import PR_SET_PDEATHSIG, Spawner, Starter, WorkerProcess, prctl, set_name
 from .spec import Exit
@@ -74,8 +74,16 @@ def startup_settings(env: dict[str, str]) -> dict[str, str]:
 class Preloaded:
     """A `Starter` that forks Python workers from a zygote, and spawns whatever it cannot fork."""
 
-    def __init__(self, program: Sequence[str], module: bool, modules: Sequence[str], env: dict[str, str],
-                 *, fallback: Starter | None = None, ready_timeout: float = READY_TIMEOUT):
+    def __init__(
+        self,
+        program: Sequence[str],
+        module: bool,
+        modules: Sequence[str],
+        env: dict[str, str],
+        *,
+        fallback: Starter | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ):
         self.program = tuple(program)  # interpreter, flags and script (or -m and module): the prefix of every argv
         self.module = module
         self.modules = tuple(dict.fromkeys([*DEFAULT_MODULES, *modules]))
@@ -90,8 +98,13 @@ class Preloaded:
         try:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [self.program[0], "-m", "launcher.zygote", str(theirs.fileno()), str(os.getpid()), *self.modules],
-                env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, process_group=0, close_fds=True,
+                env=self.env,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                process_group=0,
+                close_fds=True,
             )
         except OSError as e:
             self.proc = None
@@ -106,7 +119,7 @@ class Preloaded:
         if tuple(argv[: len(self.program)]) == self.program and self._wait_ready():
             if startup_settings(env) == self._startup:
                 try:
-                    return self._fork(list(argv[len(self.program):]), env)
+                    return self._fork(list(argv[len(self.program) :]), env)
                 except ZygoteLost as e:
                     self._give_up(str(e))
             else:
@@ -146,12 +159,17 @@ class Preloaded:
                 self._give_up(reply["error"])
                 return False
             self.state, self.import_seconds = ZygoteState.READY, reply.get("seconds")
-            log.debug("preload: zygote pid %s ready after %.2f s of imports", self.proc and self.proc.pid, self.import_seconds or 0)
+            log.debug(
+                "preload: zygote pid %s ready after %.2f s of imports",
+                self.proc and self.proc.pid,
+                self.import_seconds or 0,
+            )
         return self.state is ZygoteState.READY
 
     def _fork(self, args: list[str], env: dict[str, str]) -> WorkerProcess:
-        request = marshal.dumps({"target": self.program[-1], "module": self.module, "args": args, "env": env,
-                                 "cwd": os.getcwd()})
+        request = marshal.dumps(
+            {"target": self.program[-1], "module": self.module, "args": args, "env": env, "cwd": os.getcwd()}
+        )
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -347,8 +365,11 @@ def become_worker(job: dict) -> None:
         os.dup2(fd, target)
     _close(fd for fd in (stdin[0], out, err) if fd > 2)
     for sig in signal.valid_signals():  # what a fresh python has: defaults, SIGINT raises, SIGPIPE ignored
-        handler = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
-                   signal.SIGXFSZ: signal.SIG_IGN}.get(sig, signal.SIG_DFL)
+        handler = {
+            signal.SIGINT: signal.default_int_handler,
+            signal.SIGPIPE: signal.SIG_IGN,
+            signal.SIGXFSZ: signal.SIG_IGN,
+        }.get(sig, signal.SIG_DFL)
         try:
             signal.signal(sig, handler)
         except (OSError, ValueError):  # SIGKILL, SIGSTOP, glibc's own
@@ -385,8 +406,12 @@ def run_worker(job: dict) -> None:
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.realpath(target))
         main = types.ModuleType("__main__")
-        main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path),
-                             __builtins__=sys.modules["builtins"])
+        main.__dict__.update(
+            __file__=path,
+            __cached__=None,
+            __loader__=SourceFileLoader("__main__", path),
+            __builtins__=sys.modules["builtins"],
+        )
         sys.modules["__main__"] = main
         with open(path, "rb") as f:
             code = compile(f.read(), path, "exec")

@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import _is_helper, _parent, free_port, procs_with_token  # noqa: E402  (the tests' process helpers)
+
 IS_ROOT = os.geteuid() == 0
 SUBNET = "10.117.0"  # the episode's hosts; these addresses exist only inside its namespaces
 NODES = 3
@@ -90,7 +91,15 @@ class Fault(enum.Enum):
     LEADER_KILL = "etcd-leader-kill"  # etcd only
 
 
-COMMON = [Fault.WORKER_KILL, Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.DISK_FULL, Fault.LINK_CUT, Fault.LINK_DOWN]
+COMMON = [
+    Fault.WORKER_KILL,
+    Fault.AGENT_KILL,
+    Fault.NODE_FREEZE,
+    Fault.STORE_KILL,
+    Fault.DISK_FULL,
+    Fault.LINK_CUT,
+    Fault.LINK_DOWN,
+]
 FAULTS = {"c10d": COMMON, "etcd": [*COMMON, Fault.MEMBER_KILL, Fault.LEADER_KILL]}
 STORE_FAULTS = {Fault.STORE_KILL, Fault.MEMBER_KILL, Fault.LEADER_KILL}  # at most one per episode
 STOPS_A_NODE = {Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.LINK_CUT, Fault.LINK_DOWN}
@@ -129,14 +138,17 @@ class Proc:
         full = dict(os.environ, PYTHONPATH=str(ROOT), TEST_TOKEN=self.token, **env)
         full.pop("PET_PRELOAD", None)
         cmd = ["ip", "netns", "exec", host, *argv] if host else argv  # ip execs the command: same pid
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, start_new_session=True
+        )
         self.out: list[str] = []
         self.out_at: list[float] = []
         self.err: list[str] = []
         self.ended_at: float | None = None  # when its stdout closed: it ended
-        self.readers = [threading.Thread(target=self._read, args=(s, into, at), daemon=True)
-                        for s, into, at in ((self.popen.stdout, self.out, self.out_at), (self.popen.stderr, self.err, None))]
+        self.readers = [
+            threading.Thread(target=self._read, args=(s, into, at), daemon=True)
+            for s, into, at in ((self.popen.stdout, self.out, self.out_at), (self.popen.stderr, self.err, None))
+        ]
         for t in self.readers:
             t.start()
         self.killed = False  # by the campaign: its lines may be lost with it
@@ -150,12 +162,19 @@ class Proc:
             self.ended_at = time.monotonic()
 
     def workers(self) -> list[int]:
-        return [p for p in procs_with_token(self.token) if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid]
+        return [
+            p
+            for p in procs_with_token(self.token)
+            if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid
+        ]
 
     def starts(self) -> list[dict]:
         """Every "start" line of the steps worker, parsed, with `at`, when it was read."""
-        return [dict(re.findall(r"(\w+)=(\S+)", line)) | {"agent": self.name, "at": at}
-                for line, at in zip(list(self.out), list(self.out_at)) if " start rank=" in line]
+        return [
+            dict(re.findall(r"(\w+)=(\S+)", line)) | {"agent": self.name, "at": at}
+            for line, at in zip(list(self.out), list(self.out_at))
+            if " start rank=" in line
+        ]
 
     def finish(self, timeout: float) -> int | None:
         try:
@@ -249,7 +268,9 @@ class C10dStore:
     def __init__(self, addr: str, host: str | None):
         self.addr, self.host, self.port = addr, host, free_port()
         self.endpoint = f"{addr}:{self.port}"
-        self.proc = Proc("store", [sys.executable, "-m", "launcher", "store", "--host", addr, "--port", str(self.port)], {}, host)
+        self.proc = Proc(
+            "store", [sys.executable, "-m", "launcher", "store", "--host", addr, "--port", str(self.port)], {}, host
+        )
         deadline = time.monotonic() + 20
         while not any("serving on" in line for line in self.proc.out + self.proc.err):
             if time.monotonic() > deadline or self.proc.popen.poll() is not None:
@@ -261,9 +282,11 @@ class C10dStore:
 
 
 # Run in the store's namespace: what an etcd member answers on `url` (a POST of `body` if given), or nothing.
-ASK = ("import sys, urllib.request as u\n"
-       "try: print(u.urlopen(u.Request(sys.argv[1], sys.argv[2].encode() or None), timeout=1).read().decode())\n"
-       "except OSError: pass\n")
+ASK = (
+    "import sys, urllib.request as u\n"
+    "try: print(u.urlopen(u.Request(sys.argv[1], sys.argv[2].encode() or None), timeout=1).read().decode())\n"
+    "except OSError: pass\n"
+)
 
 
 class EtcdCluster:
@@ -283,12 +306,34 @@ class EtcdCluster:
 
     def start(self, i: int) -> None:
         client, peer = (f"http://{self.addr}:{p}" for p in self.ports[i])
-        argv = [shutil.which("etcd") or "etcd", "--name", f"m{i}", "--data-dir", str(self.folder / f"etcd{i}"),
-                "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer, "--initial-cluster", self.initial,
-                "--initial-cluster-token", self.folder.name, "--log-level", "warn", "--logger", "zap",
-                # an election within about a second (etcd's defaults: 1-3 s, close to the episodes' read_timeout)
-                "--heartbeat-interval", "50", "--election-timeout", "500"]
+        argv = [
+            shutil.which("etcd") or "etcd",
+            "--name",
+            f"m{i}",
+            "--data-dir",
+            str(self.folder / f"etcd{i}"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            self.initial,
+            "--initial-cluster-token",
+            self.folder.name,
+            "--log-level",
+            "warn",
+            "--logger",
+            "zap",
+            # an election within about a second (etcd's defaults: 1-3 s, close to the episodes' read_timeout)
+            "--heartbeat-interval",
+            "50",
+            "--election-timeout",
+            "500",
+        ]
         with self._lock:  # a restart timer that fires after close() starts nothing
             if not self._closed:
                 self.procs[i] = Proc(f"etcd{i}", argv, {}, self.host)
@@ -305,7 +350,9 @@ class EtcdCluster:
     def ask(self, i: int, path: str, body: str = "") -> dict:
         """Member i's JSON answer on `path` ({} when it does not answer), asked from inside its namespace."""
         argv = [sys.executable, "-c", ASK, f"http://{self.addr}:{self.ports[i][0]}{path}", body]
-        r = subprocess.run(["ip", "netns", "exec", self.host, *argv] if self.host else argv, capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            ["ip", "netns", "exec", self.host, *argv] if self.host else argv, capture_output=True, text=True, timeout=10
+        )
         try:
             return json.loads(r.stdout or "{}")
         except ValueError:
@@ -398,15 +445,41 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
     agents: list[Proc] = []
     try:
         if any(f is Fault.DISK_FULL for _, f in ep.faults):
-            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], capture_output=True).returncode == 0
+            mounted = (
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], capture_output=True
+                ).returncode
+                == 0
+            )
         net = Net(f"chaos{os.getpid()}-{ep.seed}") if netns else None
         addr, hub = (f"{SUBNET}.1", net.hub) if net else ("127.0.0.1", None)
         store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
         # join_timeout inside the bound: nodes left below MIN wait for replacements that long (elastic), then say so
-        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20" + (",is_host=false" if ep.backend == "c10d" else "")
-        args = [sys.executable, "-m", "launcher", "--nnodes", "2:3", "--nproc_per_node", "2", "--max_restarts", "3",
-                "--rdzv_backend", ep.backend, "--rdzv_endpoint", store.endpoint, "--rdzv_id", f"chaos{ep.seed}",
-                "--rdzv_conf", conf, "--log_dir", str(logs), str(STEPS)]
+        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20" + (
+            ",is_host=false" if ep.backend == "c10d" else ""
+        )
+        args = [
+            sys.executable,
+            "-m",
+            "launcher",
+            "--nnodes",
+            "2:3",
+            "--nproc_per_node",
+            "2",
+            "--max_restarts",
+            "3",
+            "--rdzv_backend",
+            ep.backend,
+            "--rdzv_endpoint",
+            store.endpoint,
+            "--rdzv_id",
+            f"chaos{ep.seed}",
+            "--rdzv_conf",
+            conf,
+            "--log_dir",
+            str(logs),
+            str(STEPS),
+        ]
         # 4 s of training; 12 s with a link cut (a cut node may give up while its workers run), 20 s with a
         # link down for good (a node that never gives up runs its workers past STOP_S)
         kinds = {f for _, f in ep.faults}
@@ -495,11 +568,17 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
     elif fault in (Fault.MEMBER_KILL, Fault.LEADER_KILL):
         leader = w.store.leader()
         if leader is not None:
-            i = leader if fault is Fault.LEADER_KILL else rng.choice([m for m in range(len(w.store.procs)) if m != leader])
+            i = (
+                leader
+                if fault is Fault.LEADER_KILL
+                else rng.choice([m for m in range(len(w.store.procs)) if m != leader])
+            )
             pause = rng.uniform(0.5, 3.0)
             w.store.kill(i)
             w.later(pause, w.store.start, i)
-            ep.done.append(f"etcd {'leader' if i == leader else 'follower'} m{i} SIGKILLed, back on its data after {pause:.1f} s")
+            ep.done.append(
+                f"etcd {'leader' if i == leader else 'follower'} m{i} SIGKILLed, back on its data after {pause:.1f} s"
+            )
     elif fault is Fault.DISK_FULL and w.disk is not None:
         subprocess.run(["dd", "if=/dev/zero", f"of={w.disk / 'filler'}", "bs=64k"], capture_output=True)
         ep.done.append("log disk filled")
@@ -512,7 +591,9 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         else:
             w.cut_for_good.add((node, at))
         ep.cuts.append((victim.name, time.monotonic(), length))
-        ep.done.append(f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < float("inf") else "for good"))
+        ep.done.append(
+            f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < float("inf") else "for good")
+        )
         ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died"))
     if len(ep.done) > landed:
         ep.landed.append(fault)
@@ -537,8 +618,10 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
         elif rc != 0 and not re.search(r"reason: |error: ", text):
             v.append(f"{a.name}: exit {rc} with no reason given")
         elif rc != 0 and a.name in cut and not cut[a.name].search(text):
-            v.append(f"{a.name}: its link was cut and it gave up, but its reason does not name what it lost: "
-                     f"{[line for line in a.err if 'reason: ' in line]}")
+            v.append(
+                f"{a.name}: its link was cut and it gave up, but its reason does not name what it lost: "
+                f"{[line for line in a.err if 'reason: ' in line]}"
+            )
     for a in agents:  # no orphan: the agent and everything it started are gone
         if rcs.get(a.name) is not None:
             deadline = time.monotonic() + 10
@@ -570,7 +653,9 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
         if first is not None and not re.search(causes, first):
             v.append(f"{a.name} named a cause that was not injected: {first!r} (injected: {'; '.join(ep.done)})")
     said = [line for a in live for line in a.err if DISTURBED.search(line)]
-    if said and len(ep.expect) == 1 and not any(re.search(causes, line) for line in said):  # two faults: one may hide the other
+    if (
+        said and len(ep.expect) == 1 and not any(re.search(causes, line) for line in said)
+    ):  # two faults: one may hide the other
         v.append(f"no survivor named {ep.expect[0][0]}; they said: {said[:3]}")
     check_cut(ep, agents, rcs)
     try:
@@ -584,7 +669,9 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
             continue
         last: dict[tuple[str, str], int] = {}
         for line in a.out:
-            m = re.search(r"\[rank(\d+)\]: (start|step) rank=\d+ (?:world=\S+ restart=\S+ round=\S+ from=(\d+)|n=(\d+))", line)
+            m = re.search(
+                r"\[rank(\d+)\]: (start|step) rank=\d+ (?:world=\S+ restart=\S+ round=\S+ from=(\d+)|n=(\d+))", line
+            )
             if not m:
                 continue
             rank, kind = m.group(1), m.group(2)
@@ -605,8 +692,10 @@ def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> No
         a = next(a for a in agents if a.name == name)
         last = a.out_at[-1] if a.out_at and not a.killed else None
         if length == float("inf") and last is not None and last > at + STOP_S:
-            ep.violations.append(f"{name}: cut off for good, its workers still ran {last - at:.0f} s after the cut "
-                                 f"(at most {STOP_S:g} s)")
+            ep.violations.append(
+                f"{name}: cut off for good, its workers still ran {last - at:.0f} s after the cut "
+                f"(at most {STOP_S:g} s)"
+            )
     if len(ep.cuts) != 1 or sum(f in STOPS_A_NODE for f in ep.landed) != 1:
         return
     name, at, length = ep.cuts[0]
@@ -620,17 +709,25 @@ def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> No
         reformed = any(at < s["at"] <= by and s["round"] not in rounds_of_cut for s in a.starts())
         finished = rcs[a.name] == 0 and a.ended_at is not None and a.ended_at <= by
         if not (reformed or finished):
-            ep.violations.append(f"{a.name}: neither re-formed without {name} nor finished within {LIVENESS:g} + {REFORM_S:g} s "
-                                 f"of its link's cut ({length:.1f} s)")
+            ep.violations.append(
+                f"{a.name}: neither re-formed without {name} nor finished within {LIVENESS:g} + {REFORM_S:g} s "
+                f"of its link's cut ({length:.1f} s)"
+            )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="c10d,etcd")
     ap.add_argument("--episodes", type=int, default=20, help="per backend")
-    ap.add_argument("--seed", type=int, default=None, help="first episode's seed (default: from the clock); episode i uses seed+i")
-    ap.add_argument("--bound", type=float, default=60.0, help="seconds from the first fault until every node must have ended")
-    ap.add_argument("--keep", action="store_true", help="keep each episode's folder (logs, checkpoint, the agents' output)")
+    ap.add_argument(
+        "--seed", type=int, default=None, help="first episode's seed (default: from the clock); episode i uses seed+i"
+    )
+    ap.add_argument(
+        "--bound", type=float, default=60.0, help="seconds from the first fault until every node must have ended"
+    )
+    ap.add_argument(
+        "--keep", action="store_true", help="keep each episode's folder (logs, checkpoint, the agents' output)"
+    )
     ap.add_argument("--verbose", action="store_true", help="print the agents' stderr on a violation")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped campaign still cleans its episode up
@@ -643,8 +740,11 @@ def main() -> int:
         skip.add(Fault.LINK_CUT)
     else:
         sweep_namespaces()
-    print(f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1"
-          + (f"; skipped (needs root, mount, ip netns): {', '.join(sorted(f.value for f in skip))}" if skip else ""), flush=True)
+    print(
+        f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1"
+        + (f"; skipped (needs root, mount, ip netns): {', '.join(sorted(f.value for f in skip))}" if skip else ""),
+        flush=True,
+    )
     total = 0
     for backend in args.backend.split(","):
         if backend == "etcd" and not shutil.which("etcd"):
@@ -654,15 +754,21 @@ def main() -> int:
         for i in range(args.episodes):
             ep = run_episode(plan(backend, seed + i, skip), args.bound, args.keep, args.verbose, netns)
             status = "ok" if not ep.violations else "VIOLATION"
-            print(f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): {'; '.join(ep.done) or 'no fault landed'}"
-                  + (f" (kept in {ep.kept})" if ep.kept else ""), flush=True)
+            print(
+                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): {'; '.join(ep.done) or 'no fault landed'}"
+                + (f" (kept in {ep.kept})" if ep.kept else ""),
+                flush=True,
+            )
             for line in ep.violations:
                 print(f"chaos:   {line}   (replay: --backend {backend} --seed {ep.seed} --episodes 1)", flush=True)
             bad += bool(ep.violations)
             landed.update(ep.landed)
             seconds += ep.seconds
         counts = ", ".join(f"{f.value} {landed[f]}" for f in FAULTS[backend] if f not in skip)
-        print(f"chaos: {backend}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode", flush=True)
+        print(
+            f"chaos: {backend}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode",
+            flush=True,
+        )
         print(f"chaos: {backend}: {args.episodes} episodes, {bad} with violations", flush=True)
         total += bad
     return 1 if total else 0

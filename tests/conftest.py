@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import re
 import selectors
+import signal
 import socket
 import struct
 import subprocess
@@ -146,8 +146,10 @@ class Agent:
         self.popen, self.token, self.name = popen, token, name
         self.out: list[str] = []
         self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(s, l), daemon=True)
-                         for s, l in ((popen.stdout, self.out), (popen.stderr, self.err))]
+        self._readers = [
+            threading.Thread(target=self._read, args=(s, l), daemon=True)
+            for s, l in ((popen.stdout, self.out), (popen.stderr, self.err))
+        ]
         for t in self._readers:
             t.start()
 
@@ -186,7 +188,9 @@ class Agent:
                 if seen >= len(lines):
                     break
             time.sleep(0.02)
-        pytest.fail(f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+        pytest.fail(
+            f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}"
+        )
 
     def wait(self, timeout: float = 60) -> int:
         rc = self.popen.wait(timeout)
@@ -199,7 +203,9 @@ class Agent:
 
     def workers(self) -> list[int]:
         """Pids of this agent's processes other than itself and its helpers (guard, zygote): its workers."""
-        return [p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_helper(p)]
+        return [
+            p for p in procs_with_token(self.token) if p != self.pid and _parent(p) == self.pid and not _is_helper(p)
+        ]
 
 
 def _parent(pid: int) -> int:
@@ -283,12 +289,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def c10d(port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "",
-         host: str = "127.0.0.1") -> list[str]:
+def c10d(
+    port: int, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "", host: str = "127.0.0.1"
+) -> list[str]:
     """Launcher flags for a c10d job on HOST:PORT, with a 1 s last call unless `conf` says otherwise."""
     conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
-    return ["--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", f"{host}:{port}", "--rdzv_id", run_id, "--rdzv_conf", conf, *extra]
+    return [
+        "--nnodes",
+        nnodes,
+        "--nproc_per_node",
+        str(nproc),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{host}:{port}",
+        "--rdzv_id",
+        run_id,
+        "--rdzv_conf",
+        conf,
+        *extra,
+    ]
 
 
 def infos(out: str) -> list[dict]:
@@ -333,8 +353,10 @@ def wait_line(proc: subprocess.Popen, needle: str, timeout: float = 30) -> str:
                 if lines is not None:
                     lines.put(line)
 
-        proc.readers = [threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
-                        threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True)]
+        proc.readers = [
+            threading.Thread(target=pump, args=(proc.stdout, proc.out, proc.lines), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, proc.err), daemon=True),
+        ]
         for t in proc.readers:
             t.start()
     deadline, seen = time.monotonic() + timeout, ""
@@ -367,11 +389,19 @@ def assert_one_story(stderrs: list[str], rank: int, error: str) -> None:
     error as the job's root cause: the node it ran on as its own, every other node as remote, each with
     the true reason; no node blames a store that closed the connection."""
     local = [e for e in stderrs if re.search(rf"launcher: root cause: rank {rank} \(local rank \d+\)", e)]
-    remote = [e for e in stderrs if re.search(rf"launcher: root cause \(remote, node \S+\): rank {rank} \(local rank \d+\) on \S+ exited with code 1", e)]
+    remote = [
+        e
+        for e in stderrs
+        if re.search(
+            rf"launcher: root cause \(remote, node \S+\): rank {rank} \(local rank \d+\) on \S+ exited with code 1", e
+        )
+    ]
     assert len(local) == 1 and len(remote) == len(stderrs) - 1, stderrs
     assert "reason: no restarts left (--max_restarts 0)" in local[0], local[0]
     for e in remote:
-        assert re.search(r"reason: the job was closed: restart budget spent \(--max_restarts 0\); closed by node \S+", e), e
+        assert re.search(
+            r"reason: the job was closed: restart budget spent \(--max_restarts 0\); closed by node \S+", e
+        ), e
         assert "re-forming" not in e, e
     for e in stderrs:
         assert f"error: {error}" in e and "closed the connection" not in e, e
@@ -409,9 +439,16 @@ def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list:
     """`n` ElasticRendezvous nodes (nproc 2, --nnodes lo:hi) on the store at `port`."""
     from launcher.rendezvous.protocol import ElasticRendezvous, Node
 
-    return [ElasticRendezvous(client(port), run_id, Node(node_id=f"n{i}", addr="127.0.0.1", nproc=2, min_nodes=lo, max_nodes=hi,
-                                                         max_restarts=3), SETTINGS, port_picker=lambda: 23456)
-            for i in range(n)]
+    return [
+        ElasticRendezvous(
+            client(port),
+            run_id,
+            Node(node_id=f"n{i}", addr="127.0.0.1", nproc=2, min_nodes=lo, max_nodes=hi, max_restarts=3),
+            SETTINGS,
+            port_picker=lambda: 23456,
+        )
+        for i in range(n)
+    ]
 
 
 class FakeClock:

@@ -20,15 +20,15 @@ import time
 from unittest import mock
 
 import pytest
+from conftest import agents, client, worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import agents, client, worker
 from launcher import cli
 from launcher import config as cfg
+from launcher.errors import ConfigError, LauncherError, RendezvousError
 from launcher.rendezvous.etcd_settings import ETCD_KEYS
 from launcher.rendezvous.settings import RDZV_KEYS, RendezvousSettings, parse_rdzv_settings
-from launcher.errors import ConfigError, LauncherError, RendezvousError
 from launcher.run import make_run_dir
 
 SCRIPT = worker("echo_args.py")
@@ -37,19 +37,103 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 # ---------------------------------------------------------------------------- strategies
 
 TRICKY = [
-    "", " ", "0", "-0", "1", "-1", "2", "1.5", "-2.5", "1e3", "1e-9", "nan", "NaN", "inf", "-inf", "Infinity", "1e309",
-    "1e400", "9" * 30, "9" * 5000, "0x10", "0o7", "1_000", " 3 ", "\u0663", "\u00b2", "1:2", "2:1", "0:0", "1:", ":1", "1:2:3",
-    "a=b", "=", "==", ",", ",,", "a", "true", "false", "yes", "none", "null", "gpu", "cpu", "auto", "\n", "\t", "\U0001f4a5",
-    "../x", "/", "a/b", "x" * 300, "SIGTERM", "SIGKILL", "USR1", "99", "0:1,1:3", "12:3", "3:9", "[::1]:29400", "h:99999",
-    "h:0", "h:-1", "http://h:2379", "static", "c10d", "etcd", "etcd-v2", "local",
+    "",
+    " ",
+    "0",
+    "-0",
+    "1",
+    "-1",
+    "2",
+    "1.5",
+    "-2.5",
+    "1e3",
+    "1e-9",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e309",
+    "1e400",
+    "9" * 30,
+    "9" * 5000,
+    "0x10",
+    "0o7",
+    "1_000",
+    " 3 ",
+    "\u0663",
+    "\u00b2",
+    "1:2",
+    "2:1",
+    "0:0",
+    "1:",
+    ":1",
+    "1:2:3",
+    "a=b",
+    "=",
+    "==",
+    ",",
+    ",,",
+    "a",
+    "true",
+    "false",
+    "yes",
+    "none",
+    "null",
+    "gpu",
+    "cpu",
+    "auto",
+    "\n",
+    "\t",
+    "\U0001f4a5",
+    "../x",
+    "/",
+    "a/b",
+    "x" * 300,
+    "SIGTERM",
+    "SIGKILL",
+    "USR1",
+    "99",
+    "0:1,1:3",
+    "12:3",
+    "3:9",
+    "[::1]:29400",
+    "h:99999",
+    "h:0",
+    "h:-1",
+    "http://h:2379",
+    "static",
+    "c10d",
+    "etcd",
+    "etcd-v2",
+    "local",
 ]
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=24)
 value = st.one_of(st.sampled_from(TRICKY), text, st.integers().map(str), st.floats().map(repr))
 
 STRING_FLAGS = [
-    "nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port", "local_addr", "rdzv_backend", "rdzv_endpoint",
-    "rdzv_id", "rdzv_conf", "max_restarts", "monitor_interval", "role", "redirects", "tee", "local_ranks_filter",
-    "signals_to_handle", "passthrough_signals", "shutdown_timeout", "append_local_rank_as", "gpus", "hang_timeout",
+    "nnodes",
+    "nproc_per_node",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "local_addr",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "max_restarts",
+    "monitor_interval",
+    "role",
+    "redirects",
+    "tee",
+    "local_ranks_filter",
+    "signals_to_handle",
+    "passthrough_signals",
+    "shutdown_timeout",
+    "append_local_rank_as",
+    "gpus",
+    "hang_timeout",
 ]
 BOOL_FLAGS = ["standalone", "module", "no_python", "run_path", "virtual_local_rank", "append_local_rank", "use_env"]
 conf_key = st.one_of(st.sampled_from(sorted(RDZV_KEYS) + ["join_timeout"] * 3 + list(ETCD_KEYS)), text)
@@ -117,7 +201,11 @@ def test_from_flags_is_a_config_error_or_a_usable_config(data, tmp_path_factory)
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`launcher ARGV` in this process with the job itself stubbed out: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    with mock.patch("launcher.run.run", return_value=0), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        mock.patch("launcher.run.run", return_value=0),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         try:
             cli.main(argv)
             code = 0
@@ -126,7 +214,9 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-CLI_FLAGS = [f"--{f}" for f in STRING_FLAGS] + [f"--{f.replace('_', '-')}" for f in STRING_FLAGS[:6]] + ["-r", "-t", "--bogus"]
+CLI_FLAGS = (
+    [f"--{f}" for f in STRING_FLAGS] + [f"--{f.replace('_', '-')}" for f in STRING_FLAGS[:6]] + ["-r", "-t", "--bogus"]
+)
 
 
 @FUZZ
@@ -135,8 +225,13 @@ def test_cli_any_flags_exit_0_or_one_line_and_exit_2(data):
     argv: list[str] = []
     for flag in data.draw(st.lists(st.sampled_from(CLI_FLAGS), max_size=5), label="flags"):
         argv += [flag, data.draw(value, label=flag)]
-    argv += data.draw(st.lists(st.sampled_from(["--" + f.replace("_", "-") for f in BOOL_FLAGS]), max_size=2), label="bools")
-    argv += [data.draw(st.sampled_from([SCRIPT, "missing.py", "-"]), label="script"), *data.draw(st.lists(value, max_size=2))]
+    argv += data.draw(
+        st.lists(st.sampled_from(["--" + f.replace("_", "-") for f in BOOL_FLAGS]), max_size=2), label="bools"
+    )
+    argv += [
+        data.draw(st.sampled_from([SCRIPT, "missing.py", "-"]), label="script"),
+        *data.draw(st.lists(value, max_size=2)),
+    ]
     code, out, err = run_cli(argv)
     if code == 0:
         assert err == "", err
@@ -159,18 +254,42 @@ def test_store_subcommand_bad_host_or_port_is_one_line(host, port):
 # ---------------------------------------------------------------------------- the command line, real processes
 
 
-@pytest.mark.parametrize("args", [
-    ["--nnodes", "0", SCRIPT],
-    ["--max_restarts", "-1", SCRIPT],
-    ["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "--rdzv_conf", "join_timeout=inf", SCRIPT],
-    ["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "--rdzv_conf", "read_timeout=1e400", SCRIPT],
-    ["--monitor_interval", "1e300", SCRIPT],
-    ["--rdzv_conf", "=", SCRIPT],
-    ["--nproc_per_node", "\u0663x", SCRIPT],
-    ["--bogus", SCRIPT],
-    ["store", "--port", "99999"],
-    ["store", "--host", "10.255.255.254", "--port", "0"],
-], ids=lambda a: " ".join(a)[:40])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nnodes", "0", SCRIPT],
+        ["--max_restarts", "-1", SCRIPT],
+        [
+            "--nnodes",
+            "2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "h:1",
+            "--rdzv_conf",
+            "join_timeout=inf",
+            SCRIPT,
+        ],
+        [
+            "--nnodes",
+            "2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "h:1",
+            "--rdzv_conf",
+            "read_timeout=1e400",
+            SCRIPT,
+        ],
+        ["--monitor_interval", "1e300", SCRIPT],
+        ["--rdzv_conf", "=", SCRIPT],
+        ["--nproc_per_node", "\u0663x", SCRIPT],
+        ["--bogus", SCRIPT],
+        ["store", "--port", "99999"],
+        ["store", "--host", "10.255.255.254", "--port", "0"],
+    ],
+    ids=lambda a: " ".join(a)[:40],
+)
 def test_real_cli_bad_input_one_line_exit_2(launch, args):
     r = launch.run(*args, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -183,6 +302,7 @@ def test_real_cli_bad_input_one_line_exit_2(launch, args):
 from launcher.rendezvous.api import Cause  # noqa: E402
 from launcher.rendezvous.protocol import MAX_VALUE, ElasticRendezvous  # noqa: E402
 from launcher.spec import Round  # noqa: E402
+
 
 def join(rdzvs: list[ElasticRendezvous], timeout: float = 40) -> list[object]:
     """Every node asks for its first round at once; each gets a Round or the exception it raised."""
@@ -210,7 +330,15 @@ def sane(result: object) -> None:
         assert str(result) and len(str(result)) < 1000, str(result)[:200]
         return
     assert isinstance(result, Round), f"crashed: {type(result).__name__}: {result}"
-    for name in ("round", "restart_count", "group_rank", "group_world_size", "rank_offset", "world_size", "master_port"):
+    for name in (
+        "round",
+        "restart_count",
+        "group_rank",
+        "group_world_size",
+        "rank_offset",
+        "world_size",
+        "master_port",
+    ):
         v = getattr(result, name)
         assert type(v) is int and 0 <= v < 1 << 31, (name, v)
     assert 0 <= result.group_rank < result.group_world_size and 0 < result.master_port < 65536
@@ -265,13 +393,41 @@ def test_a_malformed_node_entry_is_left_out_and_the_real_nodes_form(store_port, 
     formed(join(agents(store_port, 2, *nnodes)), nodes=2)
 
 
-@pytest.mark.parametrize("plan", [
-    {"group_rank": "0", "group_world_size": 2, "rank_offset": 0, "world_size": 4, "master_addr": "h", "master_port": 1, "restarts": 0},
-    {"group_rank": 0, "group_world_size": 2, "rank_offset": 0, "world_size": 4, "master_addr": ["h"], "master_port": 1, "restarts": 0},
-    {"group_rank": 5, "group_world_size": 2, "rank_offset": 0, "world_size": 4, "master_addr": "h", "master_port": 1, "restarts": 0},
-    {"group_rank": 0},
-    "not a plan",
-], ids=["rank-string", "addr-list", "rank-out-of-range", "fields-missing", "a-string"])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {
+            "group_rank": "0",
+            "group_world_size": 2,
+            "rank_offset": 0,
+            "world_size": 4,
+            "master_addr": "h",
+            "master_port": 1,
+            "restarts": 0,
+        },
+        {
+            "group_rank": 0,
+            "group_world_size": 2,
+            "rank_offset": 0,
+            "world_size": 4,
+            "master_addr": ["h"],
+            "master_port": 1,
+            "restarts": 0,
+        },
+        {
+            "group_rank": 5,
+            "group_world_size": 2,
+            "rank_offset": 0,
+            "world_size": 4,
+            "master_addr": "h",
+            "master_port": 1,
+            "restarts": 0,
+        },
+        {"group_rank": 0},
+        "not a plan",
+    ],
+    ids=["rank-string", "addr-list", "rank-out-of-range", "fields-missing", "a-string"],
+)
 def test_a_hostile_sealer_with_a_malformed_plan_is_a_clean_error(store_port, plan):
     """A rogue client joins as the second node, seals the round and writes the first node a bad plan."""
     [real] = agents(store_port, 1, 2, 2)
@@ -281,7 +437,9 @@ def test_a_hostile_sealer_with_a_malformed_plan_is_a_clean_error(store_port, pla
     rogue = client(store_port)
     assert rogue.wait(["job/r0/node1"], 20)  # the real node has its ticket and its entry
     k = rogue.add("job/r0/joined", 1)
-    rogue.set(f"job/r0/node{k}", json.dumps({"id": "rogue", "addr": "10.0.0.9", "port": 5, "nproc": 2, "prev": -1}).encode())
+    rogue.set(
+        f"job/r0/node{k}", json.dumps({"id": "rogue", "addr": "10.0.0.9", "port": 5, "nproc": 2, "prev": -1}).encode()
+    )
     rogue.compare_set("job/r0/sealed", b"", f"{k}:rogue".encode())
     rogue.set("job/r0/plan1", json.dumps(plan).encode())
     t.join(30)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 # As root: c10d 164, a node's link cut for 4.6 s (the others re-form without it), then 165, a worker
@@ -24,8 +23,19 @@ SEEDS, EPISODES = {"c10d": 164, "etcd": 169}, 2
 def test_a_short_fault_campaign_breaks_no_invariant(backend):
     if backend == "etcd" and shutil.which("etcd") is None:
         pytest.skip("no etcd binary on PATH")
-    cmd = [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--backend", backend, "--episodes", str(EPISODES),
-           "--seed", str(SEEDS[backend]), "--bound", "45", "--verbose"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "chaos.py"),
+        "--backend",
+        backend,
+        "--episodes",
+        str(EPISODES),
+        "--seed",
+        str(SEEDS[backend]),
+        "--bound",
+        "45",
+        "--verbose",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=140, cwd=ROOT)
     assert r.returncode == 0, f"{' '.join(cmd[1:])}\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert f"{backend}: {EPISODES} episodes, 0 with violations" in r.stdout, r.stdout

@@ -19,8 +19,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from conftest import ROOT, Cluster, assert_one_story, finish, free_port, infos, network_hosts, wait_gone, wait_line, worker
+from conftest import (
+    ROOT,
+    Cluster,
+    assert_one_story,
+    finish,
+    free_port,
+    infos,
+    network_hosts,
+    wait_gone,
+    wait_line,
+    worker,
+)
 
 ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
@@ -40,22 +50,44 @@ class Member:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
-    def start(self) -> "Member":
+    def start(self) -> Member:
         scheme = "https" if self.tls else "http"
         url = f"{scheme}://{self.endpoint}"
         cmd = [
-            ETCD, "--name", self.name, "--data-dir", str(self.folder / self.name),
-            "--listen-client-urls", url, "--advertise-client-urls", url,
-            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-            "--initial-cluster", self.cluster, "--initial-cluster-token", self.folder.name,
-            "--log-level", "warn", "--logger", "zap",
+            ETCD,
+            "--name",
+            self.name,
+            "--data-dir",
+            str(self.folder / self.name),
+            "--listen-client-urls",
+            url,
+            "--advertise-client-urls",
+            url,
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{self.peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster",
+            self.cluster,
+            "--initial-cluster-token",
+            self.folder.name,
+            "--log-level",
+            "warn",
+            "--logger",
+            "zap",
         ]
         if self.fast:
             cmd += ["--heartbeat-interval", "50", "--election-timeout", "500"]
         if self.tls:
-            cmd += ["--cert-file", self.tls["server.crt"], "--key-file", self.tls["server.key"],
-                    "--trusted-ca-file", self.tls["ca.crt"], "--client-cert-auth"]
+            cmd += [
+                "--cert-file",
+                self.tls["server.crt"],
+                "--key-file",
+                self.tls["server.key"],
+                "--trusted-ca-file",
+                self.tls["ca.crt"],
+                "--client-cert-auth",
+            ]
         log = open(self.folder / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         log.close()
@@ -166,8 +198,19 @@ def keys_of(member: Member, run_id: str, **kw) -> list[bytes]:
 def args(endpoints: str, nnodes: str, *extra: str, nproc: int = 1, run_id: str = "job", conf: str = "") -> list[str]:
     conf = ",".join(filter(None, ["last_call_timeout=1", conf]))
     return [
-        "--nnodes", nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "etcd",
-        "--rdzv_endpoint", endpoints, "--rdzv_id", run_id, "--rdzv_conf", conf, *extra,
+        "--nnodes",
+        nnodes,
+        "--nproc_per_node",
+        str(nproc),
+        "--rdzv_backend",
+        "etcd",
+        "--rdzv_endpoint",
+        endpoints,
+        "--rdzv_id",
+        run_id,
+        "--rdzv_conf",
+        conf,
+        *extra,
     ]
 
 
@@ -184,8 +227,14 @@ def test_the_grpc_engine_needs_its_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyetcd" else real(name, *a))
     with pytest.raises(ConfigError, match=r"engine=grpc needs etcd's gRPC client: pip install 'launcher\[etcd-grpc\]'"):
-        from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_endpoint="127.0.0.1:2379",
-                   rdzv_conf="engine=grpc", environ={})
+        from_flags(
+            training_script="x",
+            no_python=True,
+            rdzv_backend="etcd",
+            rdzv_endpoint="127.0.0.1:2379",
+            rdzv_conf="engine=grpc",
+            environ={},
+        )
 
 
 @pytest.mark.timeout(60)
@@ -193,9 +242,30 @@ def test_config_errors_are_one_line(launch):
     cases = {
         ("--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "127.0.0.1:2379"): "v2 API",
         ("--rdzv_backend", "etcd"): "needs --rdzv_endpoint",
-        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "password=hunter2"): "would show in ps",
-        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "heartbeat=1"): "not an etcd rendezvous setting",
-        ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "engine=http2"): "is not gateway or grpc",
+        (
+            "--rdzv_backend",
+            "etcd",
+            "--rdzv_endpoint",
+            "127.0.0.1",
+            "--rdzv_conf",
+            "password=hunter2",
+        ): "would show in ps",
+        (
+            "--rdzv_backend",
+            "etcd",
+            "--rdzv_endpoint",
+            "127.0.0.1",
+            "--rdzv_conf",
+            "heartbeat=1",
+        ): "not an etcd rendezvous setting",
+        (
+            "--rdzv_backend",
+            "etcd",
+            "--rdzv_endpoint",
+            "127.0.0.1",
+            "--rdzv_conf",
+            "engine=http2",
+        ): "is not gateway or grpc",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "is_host=1"): "does not apply",
         ("--rdzv_backend", "etcd", "--rdzv_endpoint", "127.0.0.1", "--rdzv_conf", "cert=/nonexistent"): "no such file",
     }
@@ -239,13 +309,19 @@ print(rnd.world_size, sorted(heavy))
 @needs_etcd
 @pytest.mark.timeout(60)
 def test_fixed_size_round_of_three(launch, etcd):
-    procs = [launch.start(*args(etcd.endpoint, "3", nproc=2, run_id="fixed"), worker("node_info.py"), env={"SLEEP": "0.5"})
-             for _ in range(3)]
+    procs = [
+        launch.start(*args(etcd.endpoint, "3", nproc=2, run_id="fixed"), worker("node_info.py"), env={"SLEEP": "0.5"})
+        for _ in range(3)
+    ]
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
     seen = [i for _, out, _ in results for i in infos(out)]
     assert sorted(int(i["rank"]) for i in seen) == list(range(6))
-    assert {i["world"] for i in seen} == {"6"} and {i["restart"] for i in seen} == {"0"} and {i["round"] for i in seen} == {"0"}
+    assert (
+        {i["world"] for i in seen} == {"6"}
+        and {i["restart"] for i in seen} == {"0"}
+        and {i["round"] for i in seen} == {"0"}
+    )
     assert len({i["master"] for i in seen}) == 1
     assert keys_of(etcd, "fixed") == [b"/launcher/fixed/closed"]  # cleaned up but for the marker a late node reads
     rerun = [launch.start(*args(etcd.endpoint, "3", nproc=2, run_id="fixed"), worker("node_info.py")) for _ in range(3)]
@@ -271,8 +347,11 @@ def test_elastic_growth_from_one_to_three(launch, etcd):
 @pytest.mark.timeout(60)
 def test_worker_failure_restarts_every_node_once(launch, etcd):
     procs = [
-        launch.start(*args(etcd.endpoint, "2", "--max_restarts", "1", nproc=2, run_id="fail"), worker("node_info.py"),
-                     env={"SLEEP": "1.5", "FAIL_RANK": "3"})
+        launch.start(
+            *args(etcd.endpoint, "2", "--max_restarts", "1", nproc=2, run_id="fail"),
+            worker("node_info.py"),
+            env={"SLEEP": "1.5", "FAIL_RANK": "3"},
+        )
         for _ in range(2)
     ]
     results = finish(procs)
@@ -284,12 +363,20 @@ def test_worker_failure_restarts_every_node_once(launch, etcd):
 @needs_etcd
 @pytest.mark.timeout(60)
 def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(launch, etcd):
-    procs = [launch.start(*args(etcd.endpoint, "2", nproc=2, run_id="verdict"), worker("raise_rank.py"),
-                          env={"FAIL_RANK": "3", "SLEEP": "60"}) for _ in range(2)]
+    procs = [
+        launch.start(
+            *args(etcd.endpoint, "2", nproc=2, run_id="verdict"),
+            worker("raise_rank.py"),
+            env={"FAIL_RANK": "3", "SLEEP": "60"},
+        )
+        for _ in range(2)
+    ]
     results = finish(procs, timeout=45)
     assert [rc for rc, _, _ in results] == [1, 1], [e for _, _, e in results]
     assert_one_story([e for _, _, e in results], 3, "RuntimeError: loss is NaN at step 7 on rank 3")
-    assert keys_of(etcd, "verdict") == [b"/launcher/verdict/closed"]  # the verdict went with the others; the marker stays
+    assert keys_of(etcd, "verdict") == [
+        b"/launcher/verdict/closed"
+    ]  # the verdict went with the others; the marker stays
 
 
 @needs_etcd
@@ -351,8 +438,11 @@ def test_only_an_agent_that_finds_nobody_signed_in_sweeps_and_wait_get_returns_t
         assert keys_of(etcd, "sweep") == [b"/launcher/sweep/agents/node-a"]
         stores[0].set("sweep/round", b"0")
         stores[1].register("sweep", "node-b", retry_for=10)  # node-a is in: nothing is swept
-        assert sorted(keys_of(etcd, "sweep")) == [b"/launcher/sweep/agents/node-a", b"/launcher/sweep/agents/node-b",
-                                                  b"/launcher/sweep/round"]
+        assert sorted(keys_of(etcd, "sweep")) == [
+            b"/launcher/sweep/agents/node-a",
+            b"/launcher/sweep/agents/node-b",
+            b"/launcher/sweep/round",
+        ]
         assert stores[1].wait_get("sweep/round", 1.0) == b"0"  # present: from the read
         later = threading.Timer(0.3, lambda: c.put("/launcher/sweep/plan1", b"yours"))
         later.start()
@@ -373,8 +463,10 @@ def test_rerun_after_a_killed_run_starts_clean(launch, etcd):
     c.put("/launcher/rerun/closed", b"the last run gave up")  # what a SIGKILLed run leaves: no agent signed in
     c.put("/launcher/rerun/round", b"7")
     c.close()
-    procs = [launch.start(*args(etcd.endpoint, "2", run_id="rerun"), worker("node_info.py"), env={"SLEEP": "0.2"})
-             for _ in range(2)]
+    procs = [
+        launch.start(*args(etcd.endpoint, "2", run_id="rerun"), worker("node_info.py"), env={"SLEEP": "0.2"})
+        for _ in range(2)
+    ]
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
     assert {i["round"] for _, out, _ in results for i in infos(out)} == {"0"}
@@ -396,8 +488,10 @@ def test_unreachable_cluster_is_a_clear_error(launch):
 @pytest.mark.timeout(90)
 def test_etcd_killed_and_restarted_mid_run_leaves_training_alone(launch, etcd_factory):
     (member,) = etcd_factory()
-    procs = [launch.start(*args(member.endpoint, "2", run_id="outage"), worker("node_info.py"), env={"SLEEP": "9"})
-             for _ in range(2)]
+    procs = [
+        launch.start(*args(member.endpoint, "2", run_id="outage"), worker("node_info.py"), env={"SLEEP": "9"})
+        for _ in range(2)
+    ]
     for p in procs:
         wait_line(p, "world=2")
     member.kill()
@@ -429,7 +523,10 @@ def test_three_member_cluster_survives_losing_its_leader(launch, etcd_factory):
         assert [i["round"] for i in infos(out)] == ["0"], out
         assert "membership changed" not in err, err
     # A new job on the same endpoints, one of them dead: rendezvous still works.
-    procs = [launch.start(*args(endpoints, "2", run_id="ha2"), worker("node_info.py"), env={"SLEEP": "0.2"}) for _ in range(2)]
+    procs = [
+        launch.start(*args(endpoints, "2", run_id="ha2"), worker("node_info.py"), env={"SLEEP": "0.2"})
+        for _ in range(2)
+    ]
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
     assert sorted(int(i["rank"]) for _, out, _ in results for i in infos(out)) == [0, 1]
@@ -437,21 +534,52 @@ def test_three_member_cluster_survives_losing_its_leader(launch, etcd_factory):
 
 @needs_etcd
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 for network namespaces")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 for network namespaces"
+)
 def test_a_host_cut_off_from_etcd_stops_cleanly_and_the_rest_goes_on(tmp_path):
     """A watch on a cut connection stays silent and the lease cannot be refreshed: after read_timeout
     without an answer from etcd the cut-off node stops its workers and ends with a reason naming etcd,
     instead of running its round forever (found by scripts/chaos.py, a link-cut episode held down)."""
     cluster = Cluster()
-    steps_env = {"CKPT_DIR": str(tmp_path), "STEPS": "300", "STEP_TIME": "0.05"}  # 15 s: the cut-off workers outlast read_timeout
+    steps_env = {
+        "CKPT_DIR": str(tmp_path),
+        "STEPS": "300",
+        "STEP_TIME": "0.05",
+    }  # 15 s: the cut-off workers outlast read_timeout
     with network_hosts("10.79.0") as (a, b, b_link):
         url, peer = "http://10.79.0.1:2379", "http://10.79.0.1:2380"
-        etcd = subprocess.Popen(["ip", "netns", "exec", a, ETCD, "--name", "m0", "--data-dir", str(tmp_path / "etcd"),
-                                 "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls", peer,
-                                 "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}", "--log-level", "warn"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        etcd = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                a,
+                ETCD,
+                "--name",
+                "m0",
+                "--data-dir",
+                str(tmp_path / "etcd"),
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"m0={peer}",
+                "--log-level",
+                "warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
-            run = args("10.79.0.1:2379", "1:2", "--max_restarts", "0", run_id="cut", conf="read_timeout=3,join_timeout=30")
+            run = args(
+                "10.79.0.1:2379", "1:2", "--max_restarts", "0", run_id="cut", conf="read_timeout=3,join_timeout=30"
+            )
             node_a = cluster.start(*run, worker("steps.py"), env=steps_env, netns=a, name="a")
             node_b = cluster.start(*run, worker("steps.py"), env=steps_env, netns=b, name="b")
             for n in (node_a, node_b):
@@ -460,8 +588,12 @@ def test_a_host_cut_off_from_etcd_stops_cleanly_and_the_rest_goes_on(tmp_path):
             t0 = time.monotonic()
             node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # its lease expired: re-formed alone
             assert node_b.wait(60) == 1, node_b.stderr[-3000:]
-            assert time.monotonic() - t0 < 20  # read_timeout 3 s after the refreshes began to fail, then one retry of 3 s
-            assert "reason: cannot reach etcd at 10.79.0.1:2379" in node_b.stderr and "Traceback" not in node_b.stderr, node_b.stderr
+            assert (
+                time.monotonic() - t0 < 20
+            )  # read_timeout 3 s after the refreshes began to fail, then one retry of 3 s
+            assert (
+                "reason: cannot reach etcd at 10.79.0.1:2379" in node_b.stderr and "Traceback" not in node_b.stderr
+            ), node_b.stderr
             assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
             assert node_a.wait(60) == 0, node_a.stderr[-3000:]
             assert json.loads((tmp_path / "ckpt.json").read_text())["step"] == 300
@@ -482,17 +614,36 @@ def _leader(members: list[Member]) -> Member:
 def make_certs(folder: Path) -> dict:
     """A throwaway CA, a server certificate for 127.0.0.1, a client certificate with a Common Name
     (CN train: etcd refuses it on its JSON gateway once auth is on) and one without (O only)."""
+
     def ssl(*a: str) -> None:
         subprocess.run(["openssl", *a], cwd=folder, check=True, capture_output=True, timeout=30)
 
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=launcher-test-ca")
-    for name, subject, usage in (("server", "/CN=etcd", "serverAuth,clientAuth"), ("client", "/CN=train", "clientAuth"),
-                                 ("nocn", "/O=launcher-test", "clientAuth")):
+    for name, subject, usage in (
+        ("server", "/CN=etcd", "serverAuth,clientAuth"),
+        ("client", "/CN=train", "clientAuth"),
+        ("nocn", "/O=launcher-test", "clientAuth"),
+    ):
         ssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
         (folder / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
-        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+        ssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+        )
     names = ("ca.crt", "server.crt", "server.key", "client.crt", "client.key", "nocn.crt", "nocn.key")
     return {f: str(folder / f) for f in names}
 
@@ -516,19 +667,27 @@ def enable_auth(member: Member) -> None:
     c.close()
 
 
-SH_WORKER = ("--no_python", "sh", "-c",
-             'env > "$DUMP_DIR/$RANK.env"; echo "info rank=$RANK world=$WORLD_SIZE round=$LAUNCHER_ROUND"; sleep "$SLEEP"')
+SH_WORKER = (
+    "--no_python",
+    "sh",
+    "-c",
+    'env > "$DUMP_DIR/$RANK.env"; echo "info rank=$RANK world=$WORLD_SIZE round=$LAUNCHER_ROUND"; sleep "$SLEEP"',
+)
 
 
 REFUSED = "refuses JSON gateway requests from a client certificate with a Common Name"
 
 
-def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str, conf: str = "") -> tuple[list, list[str]]:
+def secure_run(
+    launch, member: Member, certs: dict, tmp_path: Path, cert: str, conf: str = ""
+) -> tuple[list, list[str]]:
     """Two agents logged in as train (the password from the environment, and from a file) with the
     client certificate `cert`, a third with a wrong password and a fourth whose role cannot touch
     /launcher/; etcd is killed and restarted under the first two (it forgets their tokens).
     `conf`: more --rdzv_conf for every agent. -> (the two agents' results, every agent's stderr)."""
-    tls = ",".join(filter(None, [f"cacert={certs['ca.crt']},cert={certs[cert + '.crt']},key={certs[cert + '.key']}", conf]))
+    tls = ",".join(
+        filter(None, [f"cacert={certs['ca.crt']},cert={certs[cert + '.crt']},key={certs[cert + '.key']}", conf])
+    )
     password_file = tmp_path / "password"
     password_file.write_text("s3cret-pw\n")
     password_file.chmod(0o600)
@@ -536,15 +695,27 @@ def secure_run(launch, member: Member, certs: dict, tmp_path: Path, cert: str, c
     dump.mkdir()
     run = {"DUMP_DIR": str(dump), "SLEEP": "6"}
     procs = [
-        launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), *SH_WORKER,
-                     env={**run, "LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"}),
-        launch.start(*args(member.endpoint, "2", run_id="secure", conf=f"{tls},user=train,password_file={password_file}"),
-                     *SH_WORKER, env=run),
+        launch.start(
+            *args(member.endpoint, "2", run_id="secure", conf=tls),
+            *SH_WORKER,
+            env={**run, "LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"},
+        ),
+        launch.start(
+            *args(member.endpoint, "2", run_id="secure", conf=f"{tls},user=train,password_file={password_file}"),
+            *SH_WORKER,
+            env=run,
+        ),
     ]
-    wrong = launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), worker("node_info.py"),
-                         env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "not-the-password"})
-    denied = launch.start(*args(member.endpoint, "2", run_id="secure", conf=tls), worker("node_info.py"),
-                          env={"LAUNCHER_ETCD_USER": "outsider", "LAUNCHER_ETCD_PASSWORD": "outsider-pw"})
+    wrong = launch.start(
+        *args(member.endpoint, "2", run_id="secure", conf=tls),
+        worker("node_info.py"),
+        env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "not-the-password"},
+    )
+    denied = launch.start(
+        *args(member.endpoint, "2", run_id="secure", conf=tls),
+        worker("node_info.py"),
+        env={"LAUNCHER_ETCD_USER": "outsider", "LAUNCHER_ETCD_PASSWORD": "outsider-pw"},
+    )
     (rc_wrong, out_wrong, err_wrong), (rc_denied, _, err_denied) = finish([wrong, denied], timeout=30)
     assert rc_wrong == 1 and "rejected user 'train': wrong user name or password" in err_wrong, err_wrong
     assert rc_denied == 1 and "denied user 'outsider'" in err_denied and "permission denied" in err_denied, err_denied
@@ -573,11 +744,19 @@ def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
     (member,) = etcd_factory(tls=certs)
     enable_auth(member)
     tls = f"cacert={certs['ca.crt']},cert={certs['client.crt']},key={certs['client.key']}"
-    r = launch.run(*args(member.endpoint, "1", run_id="refused", conf=tls), worker("node_info.py"), timeout=30,
-                   env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"})
+    r = launch.run(
+        *args(member.endpoint, "1", run_id="refused", conf=tls),
+        worker("node_info.py"),
+        timeout=30,
+        env={"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"},
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     refused = [line for line in r.stderr.splitlines() if REFUSED in line]
-    assert len(refused) == 1 and "pip install 'launcher[etcd-grpc]'" in refused[0] and "--rdzv_conf engine=grpc" in refused[0], r.stderr
+    assert (
+        len(refused) == 1
+        and "pip install 'launcher[etcd-grpc]'" in refused[0]
+        and "--rdzv_conf engine=grpc" in refused[0]
+    ), r.stderr
     secure_run(launch, member, certs, tmp_path, "client", conf="engine=grpc")
 
 
@@ -598,11 +777,17 @@ def test_tls_certificate_without_common_name_and_password_on_the_gateway(launch,
 def test_tls_mismatch_is_a_clear_error(launch, etcd, etcd_factory, tmp_path):
     certs = make_certs(tmp_path)
     # TLS spoken to a plain etcd: refused at once
-    r = launch.run(*args(etcd.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30)
+    r = launch.run(
+        *args(etcd.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30
+    )
     assert r.returncode == 1 and "does not speak TLS" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     (member,) = etcd_factory(tls=certs)
     # no client certificate for an etcd that requires one: refused at once
-    r = launch.run(*args(member.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"), worker("node_info.py"), timeout=30)
+    r = launch.run(
+        *args(member.endpoint, "2", conf=f"cacert={certs['ca.crt']},join_timeout=20"),
+        worker("node_info.py"),
+        timeout=30,
+    )
     assert r.returncode == 1 and f"TLS with etcd at {member.endpoint} failed" in r.stderr, r.stderr
     assert "etcd wants a client certificate" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     # plain HTTP spoken to a TLS etcd: it closes the connection; after the join timeout, a hint
@@ -617,9 +802,25 @@ def test_tls_mismatch_is_a_clear_error(launch, etcd, etcd_factory, tmp_path):
 def etcd_status(member: Member, run_id: str, env: dict) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "launcher", "status", "--json", "--rdzv_backend", "etcd",
-                           "--rdzv_endpoint", member.endpoint, "--rdzv_id", run_id], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher",
+            "status",
+            "--json",
+            "--rdzv_backend",
+            "etcd",
+            "--rdzv_endpoint",
+            member.endpoint,
+            "--rdzv_id",
+            run_id,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
 
 
 @needs_etcd
@@ -628,16 +829,26 @@ def test_status_on_etcd_shows_the_running_job_and_refuses_wrong_credentials(laun
     (member,) = etcd_factory()
     enable_auth(member)
     good = {"LAUNCHER_ETCD_USER": "train", "LAUNCHER_ETCD_PASSWORD": "s3cret-pw"}
-    procs = [launch.start(*args(member.endpoint, "2", nproc=2, run_id="seen"), worker("stepper.py"), env={**good, "STEPS": "400"})
-             for _ in range(2)]
+    procs = [
+        launch.start(
+            *args(member.endpoint, "2", nproc=2, run_id="seen"), worker("stepper.py"), env={**good, "STEPS": "400"}
+        )
+        for _ in range(2)
+    ]
     deadline, seen = time.monotonic() + 40, {}
-    while time.monotonic() < deadline and not (len(seen.get("nodes", [])) == 2 and all(
-            w["rate"] for n in seen["nodes"] for w in n["workers"])):
+    while time.monotonic() < deadline and not (
+        len(seen.get("nodes", [])) == 2 and all(w["rate"] for n in seen["nodes"] for w in n["workers"])
+    ):
         r = etcd_status(member, "seen", good)
         assert r.returncode == 0, r.stderr
         seen = json.loads(r.stdout)
         time.sleep(0.5)
-    assert seen["state"] == "running" and sorted(w["rank"] for n in seen["nodes"] for w in n["workers"]) == [0, 1, 2, 3], seen
+    assert seen["state"] == "running" and sorted(w["rank"] for n in seen["nodes"] for w in n["workers"]) == [
+        0,
+        1,
+        2,
+        3,
+    ], seen
     r = etcd_status(member, "seen", {**good, "LAUNCHER_ETCD_PASSWORD": "not-the-password"})
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "wrong user name or password" in r.stderr and "not-the-password" not in r.stderr, r.stderr

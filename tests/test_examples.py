@@ -6,14 +6,22 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import ROOT, Launch, wait_gone
 
 TRAIN = str(ROOT / "examples" / "train_ddp.py")
 COLLECTIVES = str(ROOT / "examples" / "collectives.py")
 EPOCHS = 4
-OPS = ["send/recv", "broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce sum",
-       "all_reduce max", "barrier"]
+OPS = [
+    "send/recv",
+    "broadcast",
+    "scatter",
+    "gather",
+    "reduce",
+    "all_gather",
+    "all_reduce sum",
+    "all_reduce max",
+    "barrier",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +31,9 @@ def baseline(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("baseline")
     launch = Launch()
     try:
-        r = launch.run("--nproc_per_node", "2", TRAIN, "--epochs", str(EPOCHS), "--out", "final.pt",
-                       cwd=str(cwd), timeout=90)
+        r = launch.run(
+            "--nproc_per_node", "2", TRAIN, "--epochs", str(EPOCHS), "--out", "final.pt", cwd=str(cwd), timeout=90
+        )
         assert not wait_gone(launch.token), "processes left behind"
     finally:
         launch.cleanup()
@@ -50,9 +59,22 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
     assert a.returncode == 0, a.stdout + a.stderr
     out = tmp_path / "final.pt"
     r = launch.run(
-        "--nproc_per_node", "2", "--max_restarts", "1", TRAIN, "--epochs", str(EPOCHS),
-        "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(out),
-        "--crash-at-epoch", "3", "--crash-rank", "1", timeout=90,
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        TRAIN,
+        "--epochs",
+        str(EPOCHS),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(out),
+        "--crash-at-epoch",
+        "3",
+        "--crash-rank",
+        "1",
+        timeout=90,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank1]: rank 1: test hook, killing myself halfway through epoch 3" in r.stdout

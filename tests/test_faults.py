@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Agent, Cluster, Relay, assert_one_story, free_port, network_hosts, sh, wait_gone, worker
 from conftest import c10d as shared_c10d
 
@@ -87,8 +86,12 @@ def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
         assert int(starts(a)[-1]["from"]) > 0  # the second attempt resumed from the checkpoint
     assert f"pid {victim}" in agents[1].stderr or "killed by SIGKILL" in agents[1].stderr, agents[1].stderr
     # the other node says which rank failed where, not that the membership changed
-    agents[0].wait_for(rf"launcher: a worker failed on another node: rank \d \(local rank [01]\) on \S+ killed by SIGKILL "
-                       rf"\(attempt 0\), node \S+:{agents[1].pid}; restarting the group", stream="err", timeout=1)
+    agents[0].wait_for(
+        rf"launcher: a worker failed on another node: rank \d \(local rank [01]\) on \S+ killed by SIGKILL "
+        rf"\(attempt 0\), node \S+:{agents[1].pid}; restarting the group",
+        stream="err",
+        timeout=1,
+    )
     assert checkpoint(tmp_path)["step"] == 30
     assert cluster.leftovers() == {}
 
@@ -96,13 +99,21 @@ def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
 def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path):
     port, logs = free_port(), tmp_path / "logs"
     env = steps_env(tmp_path, steps=60, HANG="1:5")  # rank 1 goes silent at step 5 of attempt 0
-    agents = [cluster.start(*c10d(port, "2", "--max_restarts", "1", "--hang_timeout", "2", "--log_dir", str(logs), nproc=2),
-                            STEPS, env=env) for _ in range(2)]
+    agents = [
+        cluster.start(
+            *c10d(port, "2", "--max_restarts", "1", "--hang_timeout", "2", "--log_dir", str(logs), nproc=2),
+            STEPS,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     t0 = time.monotonic()
     rcs = [a.wait(120) for a in agents]
     assert rcs == [0, 0], [a.stderr[-3000:] for a in agents]
     hung = next(a for a in agents if re.search(r" rank1\]: start", a.stdout))
-    assert "rank 1 made no progress for" in hung.stderr and "(--hang_timeout); dumping its stacks" in hung.stderr, hung.stderr
+    assert "rank 1 made no progress for" in hung.stderr and "(--hang_timeout); dumping its stacks" in hung.stderr, (
+        hung.stderr
+    )
     assert re.search(r"rank1\]: .*in stuck_in_collective", hung.stderr), hung.stderr  # faulthandler's dump, prefixed
     for a in agents:
         assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
@@ -128,7 +139,11 @@ def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_
 def test_a_node_that_never_comes_is_waited_for_out_loud(cluster):
     alone = cluster.start(*c10d(free_port(), "2", conf="join_timeout=30"), worker("node_info.py"))
     t0 = time.monotonic()
-    alone.wait_for(r"launcher: waiting for nodes in round 0: 1 joined \(min 2, max 2\); join timeout in 2\d s", stream="err", timeout=20)
+    alone.wait_for(
+        r"launcher: waiting for nodes in round 0: 1 joined \(min 2, max 2\); join timeout in 2\d s",
+        stream="err",
+        timeout=20,
+    )
     assert time.monotonic() - t0 < 15  # the first line comes after 5 s (with the start and the interpreter's import)
     alone.signal(signal.SIGTERM)
     assert alone.wait(20) == 128 + signal.SIGTERM
@@ -140,8 +155,12 @@ def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
     """A client node leaves: the other says who left and why, then names it as missing while it waits.
     The store-hosting node leaves: it closes the job saying so, and the other ends with that reason."""
     port = free_port()
-    host, client = (cluster.start(*c10d(port, "2", conf=f"join_timeout=30,is_host={h}"), worker("node_info.py"),
-                                  env={"SLEEP": "60"}) for h in ("true", "false"))
+    host, client = (
+        cluster.start(
+            *c10d(port, "2", conf=f"join_timeout=30,is_host={h}"), worker("node_info.py"), env={"SLEEP": "60"}
+        )
+        for h in ("true", "false")
+    )
     for a in (host, client):
         a.wait_for(r" info rank=")
     gone, stays = (client, host) if stopped == "client" else (host, client)
@@ -149,9 +168,17 @@ def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
     assert gone.wait(30) == 128 + signal.SIGTERM
     node = rf"\S+:{gone.pid}"
     if stopped == "client":
-        stays.wait_for(rf"launcher: membership changed \({node} left: stopped by SIGTERM\); re-forming the job", stream="err", timeout=15)
-        stays.wait_for(rf"waiting for nodes in round 1: 1 joined \(min 2, max 2\), 1 expected back from round 0; missing: {node}; "
-                       r"join timeout in 2\d s", stream="err", timeout=15)
+        stays.wait_for(
+            rf"launcher: membership changed \({node} left: stopped by SIGTERM\); re-forming the job",
+            stream="err",
+            timeout=15,
+        )
+        stays.wait_for(
+            rf"waiting for nodes in round 1: 1 joined \(min 2, max 2\), 1 expected back from round 0; missing: {node}; "
+            r"join timeout in 2\d s",
+            stream="err",
+            timeout=15,
+        )
         stays.signal(signal.SIGTERM)
         assert stays.wait(30) == 128 + signal.SIGTERM
     else:
@@ -159,7 +186,9 @@ def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
         why = rf"the node hosting the store \({node} left: stopped by SIGTERM\); closed by node {node}"
         stays.wait_for(rf"launcher: the job was closed \({why}\); stopping the workers", stream="err", timeout=5)
         stays.wait_for(rf"launcher: reason: the job was closed: {why}$", stream="err", timeout=5)
-        assert "closed the connection" not in stays.stderr and "lost the rendezvous store" not in stays.stderr, stays.stderr
+        assert "closed the connection" not in stays.stderr and "lost the rendezvous store" not in stays.stderr, (
+            stays.stderr
+        )
 
 
 # ---------------------------------------------------------------------------- agents
@@ -190,7 +219,9 @@ def first_line_after(agents: list[Agent], pattern: str, t0: float, timeout: floa
         if any(rx.search(line) for a in agents for line in list(a.err)):
             return time.monotonic() - t0
         time.sleep(0.005)
-    pytest.fail(f"no stderr line matching {pattern!r} within {timeout} s\n" + "\n".join(a.stderr[-2000:] for a in agents))
+    pytest.fail(
+        f"no stderr line matching {pattern!r} within {timeout} s\n" + "\n".join(a.stderr[-2000:] for a in agents)
+    )
 
 
 def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp_path):
@@ -198,9 +229,15 @@ def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp
     agent's held `alive` key wakes, and the survivors re-form without waiting for the heartbeats."""
     port = free_port()
     env = steps_env(tmp_path, steps=80)
-    host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host")
-    others = [cluster.start(*c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env,
-                            name=f"node{i}") for i in (1, 2)]
+    host = cluster.start(
+        *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host"
+    )
+    others = [
+        cluster.start(
+            *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env, name=f"node{i}"
+        )
+        for i in (1, 2)
+    ]
     for a in (host, *others):  # both workers of each: a line still in a killed agent's pipe is lost with it,
         a.wait_for(r"start rank=\d world=6", count=2)  # and the survivors' are stopped within milliseconds
     victim = others[1]
@@ -230,8 +267,10 @@ def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(clu
     port = free_port()
     env = steps_env(tmp_path, steps=120)
     host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=true"), STEPS, env=env, name="host")
-    others = [cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=false"), STEPS, env=env,
-                            name=f"node{i}") for i in (1, 2)]
+    others = [
+        cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=false"), STEPS, env=env, name=f"node{i}")
+        for i in (1, 2)
+    ]
     for a in others:
         a.wait_for(r"start rank=\d world=3")
     victim = next(a for a in others if starts(a)[-1]["rank"] != "0")  # a stale rank 0 would write checkpoints
@@ -240,8 +279,12 @@ def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(clu
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
-    noticed = first_line_after([host, survivor], r"membership changed \(node with group rank \d stopped heartbeating", t0)
-    assert noticed > 1.4, noticed  # a frozen agent's connections stay open: only the heartbeats tell (2 s - one 0.5 s beat)
+    noticed = first_line_after(
+        [host, survivor], r"membership changed \(node with group rank \d stopped heartbeating", t0
+    )
+    assert noticed > 1.4, (
+        noticed
+    )  # a frozen agent's connections stay open: only the heartbeats tell (2 s - one 0.5 s beat)
     for a in (host, survivor):
         a.wait_for(r"start rank=\d world=2 restart=0", timeout=20)
     assert time.monotonic() - t0 < 8, "survivors took longer than the liveness timeout (2 s) + re-forming"
@@ -281,8 +324,12 @@ def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, 
     env = steps_env(tmp_path, steps=100)
     cluster.store("10.78.0.1", port, netns=a)
     conf = "is_host=false,read_timeout=3"
-    node_a = cluster.start(*c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=a, name="a")
-    node_b = cluster.start(*c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=b, name="b")
+    node_a = cluster.start(
+        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=a, name="a"
+    )
+    node_b = cluster.start(
+        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=b, name="b"
+    )
     for n in (node_a, node_b):
         n.wait_for(r"start rank=\d world=2")
     sh("ip", "-n", b, "link", "set", b_link, "down")
@@ -307,7 +354,9 @@ def test_a_remote_ranks_exception_is_the_root_cause_on_every_host(cluster, two_h
     node_a = cluster.start(*run, worker("raise_rank.py"), env=env, netns=a, name="a")  # hosts the store: its address
     node_b = cluster.start(*run, worker("raise_rank.py"), env=env, netns=b, name="b")
     assert [n.wait(60) for n in (node_a, node_b)] == [1, 1], [n.stderr[-3000:] for n in (node_a, node_b)]
-    assert_one_story([node_a.stderr, node_b.stderr], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}")
+    assert_one_story(
+        [node_a.stderr, node_b.stderr], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}"
+    )
     assert cluster.leftovers() == {}
 
 
@@ -371,7 +420,9 @@ def test_store_connections_cut_again_and_again_the_job_rides_it_out(cluster, tmp
         cuts += relay.cut(rst=cuts % 2 == 1) > 0
     for a in agents:
         assert a.wait(10) == 0, a.stderr[-3000:]
-        assert not re.search(r"died|stopped heartbeating|membership changed|lost the rendezvous store", a.stderr), a.stderr
+        assert not re.search(r"died|stopped heartbeating|membership changed|lost the rendezvous store", a.stderr), (
+            a.stderr
+        )
         assert {s["restart"] for s in starts(a)} == {"0"} and {s["round"] for s in starts(a)} == {"0"}, starts(a)
     said = sum(a.stderr.count("reconnected to the store at") for a in agents)
     print(f"\n{cuts} cuts, {relay.accepted} connections through the relay, {said} reconnects logged")
@@ -437,7 +488,9 @@ def test_log_dir_disk_full_job_goes_on_and_says_so(cluster, tmp_path, small_disk
     assert checkpoint(ckpt)["step"] == 20
     written = 0
     for rank in (0, 1):  # the console has everything; each file holds a prefix of it, never garbage
-        printed = "".join(l.split("]: ", 1)[1] + "\n" for l in a.out if l.startswith(f"[rank{rank}]: ") and "restart=1" not in l)
+        printed = "".join(
+            l.split("]: ", 1)[1] + "\n" for l in a.out if l.startswith(f"[rank{rank}]: ") and "restart=1" not in l
+        )
         for log in small_disk.glob(f"*/attempt_0/{rank}/stdout.log"):
             text = log.read_text()
             assert printed.startswith(text), (rank, len(text))
@@ -522,7 +575,9 @@ def test_static_master_port_taken_is_a_clear_error(cluster, tmp_path, squat):
     port = free_port()
     squat(port)
     t0 = time.monotonic()
-    a = cluster.start("--nnodes", "1", "--master_port", str(port), "--nproc_per_node", "2", STEPS, env=steps_env(tmp_path))
+    a = cluster.start(
+        "--nnodes", "1", "--master_port", str(port), "--nproc_per_node", "2", STEPS, env=steps_env(tmp_path)
+    )
     assert a.wait(30) == 1, a.stderr
     assert time.monotonic() - t0 < 15
     assert f"--master_port {port} is already in use on this host" in a.stderr, a.stderr
@@ -536,11 +591,17 @@ def test_c10d_endpoint_taken_by_another_program_is_a_clear_error(cluster, tmp_pa
     port = free_port()
     squat(port, kind)
     t0 = time.monotonic()
-    a = cluster.start(*c10d(port, "2", conf=",".join(filter(None, ["join_timeout=3,read_timeout=2", conf]))), STEPS,
-                      env=steps_env(tmp_path))
+    a = cluster.start(
+        *c10d(port, "2", conf=",".join(filter(None, ["join_timeout=3,read_timeout=2", conf]))),
+        STEPS,
+        env=steps_env(tmp_path),
+    )
     assert a.wait(60) == 1, a.stderr
     assert time.monotonic() - t0 < 30  # join_timeout + read_timeout + 5 s at most
-    expected = {"": f"rendezvous store at 127.0.0.1:{port}", "is_host=true": f"cannot host the rendezvous store on 127.0.0.1:{port}: port taken"}
+    expected = {
+        "": f"rendezvous store at 127.0.0.1:{port}",
+        "is_host=true": f"cannot host the rendezvous store on 127.0.0.1:{port}: port taken",
+    }
     assert expected[conf] in a.stderr and ("another program on that port" in a.stderr or conf), a.stderr
     one_line_error(a.stderr)
     assert cluster.leftovers() == {}

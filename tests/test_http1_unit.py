@@ -43,7 +43,9 @@ class Server:
         while b"\r\n\r\n" not in data:
             data += sock.recv(4096)
         head, _, rest = data.partition(b"\r\n\r\n")
-        length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0)
+        length = next(
+            (int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0
+        )
         while len(rest) < length:
             rest += sock.recv(4096)
         self.requests.append((head, rest))
@@ -75,10 +77,16 @@ def test_keep_alive_posts_on_one_connection(serve):
     def script(server, sock, n):
         for _ in range(2):
             body = server.read_request(sock)
-            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
 
     server, conn = serve(script)
-    assert conn.post("/v3/kv/range", b'{"key":"YQ=="}', {"Authorization": "tok"}, soon()) == (200, b'{"key":"YQ=="}', True)
+    assert conn.post("/v3/kv/range", b'{"key":"YQ=="}', {"Authorization": "tok"}, soon()) == (
+        200,
+        b'{"key":"YQ=="}',
+        True,
+    )
     assert conn.post("/v3/kv/put", b"{}", {}, soon()) == (200, b"{}", True)
     assert server.accepted == 1
     head = server.requests[0][0].decode()
@@ -106,6 +114,7 @@ def test_connection_close_and_a_body_to_the_end_are_not_reused(serve):
 def stream(serve, body) -> Connection:
     """A watch-like exchange: the server answers 200, chunked, then plays `body(sock)`; the
     connection comes back with the head read."""
+
     def script(server, sock, n):
         server.read_request(sock)
         sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -148,12 +157,15 @@ def test_an_abort_from_another_thread_ends_a_blocked_read(serve):
     conn.close()
 
 
-@pytest.mark.parametrize("answer, message", [
-    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP answer"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "connection closed by etcd"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not an HTTP answer"),
-    (b"", "connection closed by etcd"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "connection closed by etcd"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not an HTTP answer"),
+        (b"", "connection closed by etcd"),
+    ],
+)
 def test_what_is_not_a_whole_answer_is_closed(serve, answer, message):
     def script(server, sock, n):
         server.read_request(sock)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, worker
 
 BAD_INPUT = [
@@ -88,8 +87,14 @@ def test_script_arguments_pass_through_untouched(launch):
 
 def test_module_mode(launch):
     r = launch.run(
-        "--nproc_per_node", "2", "-m", "pkg.hello", "--lr", "1",
-        env={"PYTHONPATH": str(ROOT / "tests" / "workers")}, timeout=60,
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "pkg.hello",
+        "--lr",
+        "1",
+        env={"PYTHONPATH": str(ROOT / "tests" / "workers")},
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     assert "module rank=1 args=['--lr', '1']" in r.stdout
@@ -108,7 +113,10 @@ def test_legacy_local_rank_argument(launch):
     assert "args=['--local_rank=0']" in r.stdout
     legacy = subprocess.run(
         [sys.executable, "-m", "launcher.launch", "--nproc_per_node", "1", worker("echo_args.py"), "y"],
-        capture_output=True, text=True, timeout=60, env=launch.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launch.env(),
     )
     assert "args=['--local-rank=0', 'y']" in legacy.stdout
 
@@ -148,10 +156,14 @@ def test_environment_matches_torchrun(launch, tmp_path):
 
 
 def test_omp_rule_and_user_values_pass_through(launch, tmp_path):
-    ours = _dump([sys.executable, "-m", "launcher", "--nproc_per_node", "2", worker("dump_env.py")], tmp_path / "a", launch.env())
+    ours = _dump(
+        [sys.executable, "-m", "launcher", "--nproc_per_node", "2", worker("dump_env.py")], tmp_path / "a", launch.env()
+    )
     assert ours[0]["env"]["OMP_NUM_THREADS"] == "1"
     env = {**launch.env(), "OMP_NUM_THREADS": "7", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
-    ours = _dump([sys.executable, "-m", "launcher", "--nproc_per_node", "2", worker("dump_env.py")], tmp_path / "b", env)
+    ours = _dump(
+        [sys.executable, "-m", "launcher", "--nproc_per_node", "2", worker("dump_env.py")], tmp_path / "b", env
+    )
     assert ours[1]["env"]["OMP_NUM_THREADS"] == "7"
     assert ours[1]["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
 
@@ -172,8 +184,17 @@ def test_static_two_nodes_on_one_host(launch):
     port = str(_free_port())
     nodes = [
         launch.start(
-            "--nnodes", "2", "--node_rank", str(r), "--master_addr", "127.0.0.1", "--master_port", port,
-            "--nproc_per_node", "2", worker("ddp_seed.py"),
+            "--nnodes",
+            "2",
+            "--node_rank",
+            str(r),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--nproc_per_node",
+            "2",
+            worker("ddp_seed.py"),
         )
         for r in (0, 1)
     ]

@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, free_port, kill_leftovers, procs_with_token, wait_gone, worker
 
 SCRIPT = ROOT / "scripts" / "launch_hosts.sh"
@@ -43,11 +42,15 @@ def sshd(tmp_path_factory):
         f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
-        "LogLevel ERROR\n")
-    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
-                              stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))
-    ssh = (f"ssh -F /dev/null -p {port} -i {d / 'client_key'} -o StrictHostKeyChecking=no "
-           "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -o ConnectTimeout=10")
+        "LogLevel ERROR\n"
+    )
+    server = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w")
+    )
+    ssh = (
+        f"ssh -F /dev/null -p {port} -i {d / 'client_key'} -o StrictHostKeyChecking=no "
+        "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -o ConnectTimeout=10"
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -81,8 +84,21 @@ class Hosts:
         full = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "NCCL_", "GLOO_", "TORCH_"))}
         full.pop("PYTEST_CURRENT_TEST", None)
         full.update(SSH=self.ssh, TEST_TOKEN=self.token, OMP_NUM_THREADS="1", **(env or {}))
-        cmd = ["bash", str(SCRIPT), "-f", str(self.hostfile), "-e", "TEST_TOKEN,OMP_NUM_THREADS",
-               "--python", sys.executable, "-p", str(free_port()), *opts, "--", *args]
+        cmd = [
+            "bash",
+            str(SCRIPT),
+            "-f",
+            str(self.hostfile),
+            "-e",
+            "TEST_TOKEN,OMP_NUM_THREADS",
+            "--python",
+            sys.executable,
+            "-p",
+            str(free_port()),
+            *opts,
+            "--",
+            *args,
+        ]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT)
         self.procs.append(p)
         return p
@@ -120,9 +136,21 @@ def wait_ready(folder: Path, n: int, timeout: float = 60) -> None:
 def test_two_nodes_run_and_finish_with_host_prefixes_and_the_environment(hosts, tmp_path):
     dump = tmp_path / "dump"
     dump.mkdir()
-    p = hosts.start("--nproc_per_node", "1", worker("dump_env.py"), "--flag", "it's quoted",
-                    env={"DUMP_DIR": str(dump), "PET_MONITOR_INTERVAL": "0.05", "NCCL_DEBUG": "WARN",
-                         "GLOO_SOCKET_IFNAME": "lo", "NOT_FORWARDED": "1"}, opts=("-e", "DUMP_DIR"))
+    p = hosts.start(
+        "--nproc_per_node",
+        "1",
+        worker("dump_env.py"),
+        "--flag",
+        "it's quoted",
+        env={
+            "DUMP_DIR": str(dump),
+            "PET_MONITOR_INTERVAL": "0.05",
+            "NCCL_DEBUG": "WARN",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NOT_FORWARDED": "1",
+        },
+        opts=("-e", "DUMP_DIR"),
+    )
     out, err = p.communicate(timeout=90)
     assert p.returncode == 0, out + err
     envs = {int(f.stem): json.loads(f.read_text()) for f in dump.glob("*.json")}
@@ -149,7 +177,11 @@ def test_slots_set_nproc_per_node(hosts):
     out, err = p.communicate(timeout=90)
     assert p.returncode == 0, out + err
     assert sorted(l.split("info ")[1].split()[0] for l in out.splitlines() if "info rank=" in l) == [
-        "rank=0", "rank=1", "rank=2", "rank=3"], out
+        "rank=0",
+        "rank=1",
+        "rank=2",
+        "rank=3",
+    ], out
     assert sum("world=4" in l for l in out.splitlines()) == 4, out
 
 
@@ -163,18 +195,28 @@ def test_uneven_slots_need_the_c10d_rendezvous(hosts):
     assert p.returncode == 0, out + err
     assert sum("world=3" in l for l in out.splitlines()) == 3, out
     assert sorted(l.split("info ")[1].split()[0] for l in out.splitlines() if "info rank=" in l) == [
-        "rank=0", "rank=1", "rank=2"], out
+        "rank=0",
+        "rank=1",
+        "rank=2",
+    ], out
 
 
 def test_ctrl_c_stops_both_remote_launchers_and_nothing_else(hosts, launch, tmp_path):
     # Another job of the same user on the same "hosts", which must not be touched.
     other_marks = tmp_path / "other"
     other_marks.mkdir()
-    other = launch.start("--nproc_per_node", "1", worker("signals.py"), env={"MARK_DIR": str(other_marks), "SLEEP": "60"})
+    other = launch.start(
+        "--nproc_per_node", "1", worker("signals.py"), env={"MARK_DIR": str(other_marks), "SLEEP": "60"}
+    )
     folder = tmp_path / "marks"
     folder.mkdir()
-    p = hosts.start("--nproc_per_node", "1", worker("signals.py"),
-                    env={"MARK_DIR": str(folder), "SLEEP": "60"}, opts=("-e", "MARK_DIR,SLEEP"))
+    p = hosts.start(
+        "--nproc_per_node",
+        "1",
+        worker("signals.py"),
+        env={"MARK_DIR": str(folder), "SLEEP": "60"},
+        opts=("-e", "MARK_DIR,SLEEP"),
+    )
     wait_ready(folder, 2)
     wait_ready(other_marks, 1)
     # the launchers, their workers and guards, the local ssh clients and readers: all carry the token
@@ -185,7 +227,9 @@ def test_ctrl_c_stops_both_remote_launchers_and_nothing_else(hosts, launch, tmp_
     assert p.returncode == 130, out + err
     assert time.monotonic() - t0 < 30
     assert "SIGINT: stopping the launchers on 2 host(s)" in err
-    assert "[127.0.0.1#0]" in out and "[127.0.0.1#1]" in out and out.count("got SIGTERM") == 2, out  # streamed to the end
+    assert "[127.0.0.1#0]" in out and "[127.0.0.1#1]" in out and out.count("got SIGTERM") == 2, (
+        out
+    )  # streamed to the end
     assert not wait_gone(hosts.token, 10), "processes of the stopped run are left"
     for rank, seen in marks(folder).items():
         assert seen == ["ready", "SIGTERM", "exit"], (rank, seen)  # stopped gracefully, once
@@ -195,8 +239,13 @@ def test_ctrl_c_stops_both_remote_launchers_and_nothing_else(hosts, launch, tmp_
 def test_sigterm_stops_them_too_and_exits_143(hosts, tmp_path):
     folder = tmp_path / "marks"
     folder.mkdir()
-    p = hosts.start("--nproc_per_node", "1", worker("signals.py"),
-                    env={"MARK_DIR": str(folder), "SLEEP": "60"}, opts=("-e", "MARK_DIR,SLEEP"))
+    p = hosts.start(
+        "--nproc_per_node",
+        "1",
+        worker("signals.py"),
+        env={"MARK_DIR": str(folder), "SLEEP": "60"},
+        opts=("-e", "MARK_DIR,SLEEP"),
+    )
     wait_ready(folder, 2)
     p.terminate()
     out, err = p.communicate(timeout=60)
@@ -210,9 +259,15 @@ def test_launchers_that_do_not_stop_are_killed(hosts, tmp_path, how):
     # Workers ignore SIGTERM and their launchers would wait 60 s: --grace 2, or a second Ctrl-C, kills them.
     folder = tmp_path / "marks"
     folder.mkdir()
-    p = hosts.start("--nproc_per_node", "1", "--shutdown_timeout", "60", worker("signals.py"),
-                    env={"MARK_DIR": str(folder), "SLEEP": "60", "IGNORE": "SIGTERM"},
-                    opts=("-e", "MARK_DIR,SLEEP,IGNORE", "--grace", "2" if how == "grace" else "60"))
+    p = hosts.start(
+        "--nproc_per_node",
+        "1",
+        "--shutdown_timeout",
+        "60",
+        worker("signals.py"),
+        env={"MARK_DIR": str(folder), "SLEEP": "60", "IGNORE": "SIGTERM"},
+        opts=("-e", "MARK_DIR,SLEEP,IGNORE", "--grace", "2" if how == "grace" else "60"),
+    )
     wait_ready(folder, 2)
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
@@ -230,8 +285,13 @@ def test_launchers_that_do_not_stop_are_killed(hosts, tmp_path, how):
 
 
 def test_a_failing_host_stops_the_others_and_gives_the_exit_status(hosts, tmp_path):
-    p = hosts.start("--nproc_per_node", "1", worker("exit_code.py"),
-                    env={"FAIL_RANK": "1", "CODE": "3", "DELAY": "1", "SLEEP": "60"}, opts=("-e", "FAIL_RANK,CODE,DELAY,SLEEP"))
+    p = hosts.start(
+        "--nproc_per_node",
+        "1",
+        worker("exit_code.py"),
+        env={"FAIL_RANK": "1", "CODE": "3", "DELAY": "1", "SLEEP": "60"},
+        opts=("-e", "FAIL_RANK,CODE,DELAY,SLEEP"),
+    )
     t0 = time.monotonic()
     out, err = p.communicate(timeout=90)
     assert p.returncode == 3, out + err  # the launcher's exit status is its failed worker's
@@ -252,8 +312,13 @@ def test_a_failing_host_stops_the_others_and_gives_the_exit_status(hosts, tmp_pa
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, hostfile, args, message):
     (tmp_path / "hosts").write_text(hostfile)
-    p = subprocess.run(["bash", str(SCRIPT), "-f", str(tmp_path / "hosts"), "--", *args],
-                       capture_output=True, text=True, timeout=30, env=dict(os.environ, SSH="false"))
+    p = subprocess.run(
+        ["bash", str(SCRIPT), "-f", str(tmp_path / "hosts"), "--", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, SSH="false"),
+    )
     assert p.returncode == 2 and message in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, network_hosts, worker
 
 pytestmark = pytest.mark.skipif(
@@ -25,12 +24,28 @@ def two_hosts():
 
 def test_c10d_across_two_network_hosts(launch, two_hosts):
     a, b = two_hosts
-    args = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "10.77.0.1:29400",
-            "--rdzv_id", "netns", worker("ddp_seed.py")]
+    args = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "10.77.0.1:29400",
+        "--rdzv_id",
+        "netns",
+        worker("ddp_seed.py"),
+    ]
     env = launch.env({"PYTHONPATH": str(ROOT)})
     procs = [
-        subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "launcher", *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "launcher", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for ns in (a, b)
     ]
     launch.procs.extend(procs)

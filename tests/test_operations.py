@@ -13,8 +13,8 @@ import time
 import uuid
 
 import pytest
-
 from conftest import ROOT, worker
+
 from launcher.spec import GroupState, Snapshot
 
 
@@ -33,8 +33,9 @@ def notified(launch, tmp_path, *args: str, **env: str) -> list[str]:
 
 
 def test_sd_notify_ready_status_watchdog_stopping(launch, tmp_path):
-    messages = notified(launch, tmp_path, "--nproc_per_node", "2", worker("dump_env.py"), WATCHDOG_USEC="100000",
-                        DUMP_DIR=str(tmp_path))
+    messages = notified(
+        launch, tmp_path, "--nproc_per_node", "2", worker("dump_env.py"), WATCHDOG_USEC="100000", DUMP_DIR=str(tmp_path)
+    )
     ready = next(m for m in messages if "READY=1" in m)
     assert "STATUS=round 0: 2 workers running" in ready
     assert messages.index(ready) < [i for i, m in enumerate(messages) if "STOPPING=1" in m][0]
@@ -43,14 +44,25 @@ def test_sd_notify_ready_status_watchdog_stopping(launch, tmp_path):
 
 
 def test_watchdog_pings_while_running(launch, tmp_path):
-    messages = notified(launch, tmp_path, "--nproc_per_node", "1", worker("node_info.py"), WATCHDOG_USEC="200000", SLEEP="1.2")
+    messages = notified(
+        launch, tmp_path, "--nproc_per_node", "1", worker("node_info.py"), WATCHDOG_USEC="200000", SLEEP="1.2"
+    )
     assert sum(m == "WATCHDOG=1" for m in messages) >= 5  # every 0.1 s for ~1.2 s
 
 
 def test_events_file_records_the_story(launch, tmp_path):
     events_file = tmp_path / "events.jsonl"
-    r = launch.run("--nproc_per_node", "2", "--max_restarts", "1", "--events_file", str(events_file),
-                   worker("node_info.py"), env={"FAIL_RANK": "1", "SLEEP": "0.5"}, timeout=60)
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        "--events_file",
+        str(events_file),
+        worker("node_info.py"),
+        env={"FAIL_RANK": "1", "SLEEP": "0.5"},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     kinds = [e["event"] for e in events]
@@ -72,7 +84,9 @@ def test_gpus_select_devices(launch, tmp_path):
 
 
 def test_gpus_with_virtual_local_rank(launch, tmp_path):
-    r = launch.run("--gpus", "5,7", "--virtual_local_rank", worker("dump_env.py"), env={"DUMP_DIR": str(tmp_path)}, timeout=60)
+    r = launch.run(
+        "--gpus", "5,7", "--virtual_local_rank", worker("dump_env.py"), env={"DUMP_DIR": str(tmp_path)}, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     envs = {p.stem: json.loads(p.read_text())["env"] for p in tmp_path.glob("*.json")}
     assert envs["0"]["CUDA_VISIBLE_DEVICES"] == "5" and envs["1"]["CUDA_VISIBLE_DEVICES"] == "7"
@@ -85,12 +99,27 @@ def test_more_workers_than_gpus_is_an_error(launch):
 
 
 def test_quiet_and_timestamped_notes(launch):
-    loud = launch.run("--nproc_per_node", "1", "--max_restarts", "1", worker("node_info.py"),
-                      env={"FAIL_RANK": "0", "SLEEP": "0"}, timeout=60)
+    loud = launch.run(
+        "--nproc_per_node",
+        "1",
+        "--max_restarts",
+        "1",
+        worker("node_info.py"),
+        env={"FAIL_RANK": "0", "SLEEP": "0"},
+        timeout=60,
+    )
     note = next(l for l in loud.stderr.splitlines() if "stopping the group" in l)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d launcher: ", note)  # off a terminal: timestamped
-    quiet = launch.run("-q", "--nproc_per_node", "1", "--max_restarts", "1", worker("node_info.py"),
-                       env={"FAIL_RANK": "0", "SLEEP": "0"}, timeout=60)
+    quiet = launch.run(
+        "-q",
+        "--nproc_per_node",
+        "1",
+        "--max_restarts",
+        "1",
+        worker("node_info.py"),
+        env={"FAIL_RANK": "0", "SLEEP": "0"},
+        timeout=60,
+    )
     assert quiet.returncode == 0 and "launcher:" not in quiet.stderr
 
 
@@ -99,10 +128,22 @@ def test_view_renders_a_table():
 
     from launcher.view import render
 
-    snap = Snapshot(GroupState.RUNNING, round=3, restarts=1, workers=[
-        {"rank": 0, "local_rank": 0, "pid": 111, "state": "running", "started": 0.0, "last_line": "epoch 2 loss 0.5"},
-        {"rank": 1, "local_rank": 1, "pid": 112, "state": "failed", "started": 0.0, "last_line": "Traceback"},
-    ])
+    snap = Snapshot(
+        GroupState.RUNNING,
+        round=3,
+        restarts=1,
+        workers=[
+            {
+                "rank": 0,
+                "local_rank": 0,
+                "pid": 111,
+                "state": "running",
+                "started": 0.0,
+                "last_line": "epoch 2 loss 0.5",
+            },
+            {"rank": 1, "local_rank": 1, "pid": 112, "state": "failed", "started": 0.0, "last_line": "Traceback"},
+        ],
+    )
     out = io.StringIO()
     Console(file=out, width=100, color_system=None).print(render(snap, lambda pid: (12.0, 50 * 2**20), now=75.0))
     text = out.getvalue()
@@ -123,7 +164,9 @@ def test_live_view_in_a_real_terminal(tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not re.search(r"│\s+0 │\s+\d+ │ running", screen):
             time.sleep(0.3)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+            ).stdout
         assert "round 0 · running" in screen and "last line" in screen, screen
         assert re.search(r"│\s+0 │\s+\d+ │ running", screen), screen
         assert "[rank0]: step" in screen  # logs scroll above the table

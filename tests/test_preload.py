@@ -7,12 +7,17 @@ import os
 import signal
 
 import pytest
-
 from conftest import ROOT, procs_with_token, wait_for, wait_gone, worker
 
 # What legitimately differs between two launches of the same job (a fresh run folder, port, ids).
-PER_LAUNCH = {"DUMP_DIR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "LAUNCHER_AGENT_ID",
-              "LAUNCHER_PROGRESS_FILE"}
+PER_LAUNCH = {
+    "DUMP_DIR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "LAUNCHER_AGENT_ID",
+    "LAUNCHER_PROGRESS_FILE",
+}
 
 
 def _dump(launch, tmp_path, name: str, args: list[str], env: dict) -> dict:
@@ -61,8 +66,9 @@ def test_forked_worker_matches_a_spawned_one(launch, tmp_path, monkeypatch, omp,
 
 
 def test_zygote_killed_mid_job_falls_back_to_spawning(launch, tmp_path):
-    p = launch.start("--preload", "--nproc_per_node", "2", "--max_restarts", "1", worker("held.py"),
-                     env={"DUMP_DIR": str(tmp_path)})
+    p = launch.start(
+        "--preload", "--nproc_per_node", "2", "--max_restarts", "1", worker("held.py"), env={"DUMP_DIR": str(tmp_path)}
+    )
     wait_for(lambda: (tmp_path / "0-0").exists() and (tmp_path / "0-1").exists(), 60, "attempt 0's workers")
     assert all((tmp_path / f"0-{r}").read_text().endswith(" 1") for r in (0, 1)), "attempt 0 was not forked"
     zygote = _zygote_of(launch.token)
@@ -78,8 +84,15 @@ def test_zygote_killed_mid_job_falls_back_to_spawning(launch, tmp_path):
 
 
 def test_preload_module_that_fails_to_import_is_one_line(launch, tmp_path):
-    r = launch.run("--preload_modules", "no_such_module_xyz", "--nproc_per_node", "2", worker("parity.py"),
-                   env={"DUMP_DIR": str(tmp_path)}, timeout=90)
+    r = launch.run(
+        "--preload_modules",
+        "no_such_module_xyz",
+        "--nproc_per_node",
+        "2",
+        worker("parity.py"),
+        env={"DUMP_DIR": str(tmp_path)},
+        timeout=90,
+    )
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if "preload:" in line]
     assert len(lines) == 1 and "'no_such_module_xyz' failed to import (ModuleNotFoundError" in lines[0], r.stderr
@@ -89,8 +102,9 @@ def test_preload_module_that_fails_to_import_is_one_line(launch, tmp_path):
 
 def test_preload_module_that_starts_a_thread_falls_back(launch, tmp_path):
     env = {"DUMP_DIR": str(tmp_path), "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'workers'}"}
-    p = launch.start("--preload_modules", "threadmod", "--nproc_per_node", "1", "--max_restarts", "0",
-                     worker("held.py"), env=env)
+    p = launch.start(
+        "--preload_modules", "threadmod", "--nproc_per_node", "1", "--max_restarts", "0", worker("held.py"), env=env
+    )
     wait_for(lambda: (tmp_path / "0-0").exists(), 60, "the worker")
     (tmp_path / "go").touch()
     _, err = p.communicate(timeout=60)

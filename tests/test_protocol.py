@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+from conftest import agents, client
+
 from launcher.rendezvous.api import Cause
 from launcher.spec import Round
-
-from conftest import agents, client
 
 
 class SlowAfterTicket:

@@ -11,12 +11,22 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from conftest import FakeClock
-from launcher.rendezvous.settings import RendezvousSettings
+
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import LOOK_EVERY, MAX_VERDICT, SNAPSHOT_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous, Node, assign, decode_verdict, encode_verdict
+from launcher.rendezvous.protocol import (
+    LOOK_EVERY,
+    MAX_VERDICT,
+    SNAPSHOT_EVERY,
+    WAIT_REPORT_EVERY,
+    ElasticRendezvous,
+    Node,
+    assign,
+    decode_verdict,
+    encode_verdict,
+)
+from launcher.rendezvous.settings import RendezvousSettings
 from launcher.spec import Verdict
 
 SETTINGS = RendezvousSettings(join_timeout=60, last_call_timeout=5, read_timeout=2)
@@ -85,7 +95,7 @@ class MemoryStore:
             self.data.update(zip(keys, values))
             self.cond.notify_all()
 
-    def clone(self) -> "MemoryStore":
+    def clone(self) -> MemoryStore:
         return self
 
     def close(self) -> None:
@@ -93,7 +103,15 @@ class MemoryStore:
 
 
 def node(name: str, lo: int = 1, hi: int = 1, nproc: int = 2, restarts: int = 3, token: str | None = None) -> Node:
-    return Node(node_id=name, addr=f"{name}.example", nproc=nproc, min_nodes=lo, max_nodes=hi, max_restarts=restarts, token=token)
+    return Node(
+        node_id=name,
+        addr=f"{name}.example",
+        nproc=nproc,
+        min_nodes=lo,
+        max_nodes=hi,
+        max_restarts=restarts,
+        token=token,
+    )
 
 
 def agent(store: MemoryStore, n: Node, clock=None, port: int = 29500) -> ElasticRendezvous:
@@ -171,7 +189,9 @@ def test_a_would_be_sealer_looks_at_the_count_once_a_second_until_its_last_call(
 def test_too_few_nodes_time_out_with_a_clear_error():
     clock = FakeClock()
     store = MemoryStore(clock)
-    with pytest.raises(RendezvousTimeoutError, match=r"no round formed within 60 s \(join_timeout\); 1 of 2 nodes joined"):
+    with pytest.raises(
+        RendezvousTimeoutError, match=r"no round formed within 60 s \(join_timeout\); 1 of 2 nodes joined"
+    ):
         agent(store, node("a", lo=2, hi=2), clock).next_round(Cause.START)
     assert SETTINGS.join_timeout <= clock.now < SETTINGS.join_timeout + 1.5
 
@@ -201,11 +221,14 @@ def test_one_failure_is_charged_once_whoever_reports_it():
     assert a.next_round(Cause.FAILURE).restart_count == 0
 
 
-@pytest.mark.parametrize("theirs, mine, message", [
-    (None, "s3cret", "was started without a join token"),
-    ("s3cret", None, "needs a join token"),
-    ("s3cret", "other", "wrong join token"),
-])
+@pytest.mark.parametrize(
+    "theirs, mine, message",
+    [
+        (None, "s3cret", "was started without a join token"),
+        ("s3cret", None, "needs a join token"),
+        ("s3cret", "other", "wrong join token"),
+    ],
+)
 def test_join_tokens_must_match(theirs, mine, message):
     clock = FakeClock()
     store = MemoryStore(clock)
@@ -215,11 +238,14 @@ def test_join_tokens_must_match(theirs, mine, message):
         agent(store, node("b", token=mine), clock).next_round(Cause.START)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("job/round", b"-1", "malformed round number"),
-    ("job/r0/joined", b"-5", "malformed ticket counter"),
-    ("job/r0/sealed", b"x:evil", "malformed seal"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("job/round", b"-1", "malformed round number"),
+        ("job/r0/joined", b"-5", "malformed ticket counter"),
+        ("job/r0/sealed", b"x:evil", "malformed seal"),
+    ],
+)
 def test_garbage_under_the_prefix_is_a_clear_error(key, value, message):
     clock = FakeClock()
     store = MemoryStore(clock)
@@ -334,13 +360,23 @@ def test_leaving_tells_the_others():
 # ---------------------------------------------------------------------------- the job's verdict
 
 
-VERDICT = Verdict(host="h1", node="", rank=3, local_rank=1, returncode=1, round=0, error="RuntimeError: loss is NaN",
-                  log="/logs/attempt_0/1/stderr.log")
+VERDICT = Verdict(
+    host="h1",
+    node="",
+    rank=3,
+    local_rank=1,
+    returncode=1,
+    round=0,
+    error="RuntimeError: loss is NaN",
+    log="/logs/attempt_0/1/stderr.log",
+)
 
 
 def test_the_node_that_spends_the_budget_publishes_the_verdict_and_every_node_reads_it():
     store = MemoryStore()
-    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    host = ElasticRendezvous(
+        store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True
+    )
     other = agent(store, node("n1", lo=2, hi=2, restarts=0))
     join_all([host, other])
     with pytest.raises(RestartBudgetExhausted):
@@ -358,7 +394,9 @@ def test_the_node_that_spends_the_budget_publishes_the_verdict_and_every_node_re
 
 def test_the_store_host_waits_for_the_readers_at_most_the_exit_barrier_timeout():
     store = MemoryStore()
-    host = ElasticRendezvous(store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True)
+    host = ElasticRendezvous(
+        store, "job", node("n0", lo=2, hi=2, restarts=0), SETTINGS, port_picker=lambda: 1, is_host=True
+    )
     join_all([host, agent(store, node("n1", lo=2, hi=2, restarts=0))])
     store.clock = host.clock = FakeClock()  # from here on, waits move simulated time
     with pytest.raises(RestartBudgetExhausted):
@@ -379,17 +417,20 @@ def _verdict_with(**fields) -> bytes:
     return json.dumps({**json.loads(encode_verdict(VERDICT)), **fields}).encode()
 
 
-@pytest.mark.parametrize("raw, message", [
-    (b"{" + b" " * MAX_VERDICT + b"}", "oversized verdict"),
-    (b"not json", "verdict that is not JSON"),
-    (b"[1, 2]", "malformed verdict"),
-    (_verdict_with(rank=True), "malformed verdict"),
-    (_verdict_with(rank=-1), "malformed verdict"),
-    (_verdict_with(returncode="1"), "malformed verdict"),
-    (_verdict_with(error="line one\nline two"), "malformed verdict"),
-    (_verdict_with(error="x" * 301), "malformed verdict"),
-    (_verdict_with(host=None), "malformed verdict"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"{" + b" " * MAX_VERDICT + b"}", "oversized verdict"),
+        (b"not json", "verdict that is not JSON"),
+        (b"[1, 2]", "malformed verdict"),
+        (_verdict_with(rank=True), "malformed verdict"),
+        (_verdict_with(rank=-1), "malformed verdict"),
+        (_verdict_with(returncode="1"), "malformed verdict"),
+        (_verdict_with(error="line one\nline two"), "malformed verdict"),
+        (_verdict_with(error="x" * 301), "malformed verdict"),
+        (_verdict_with(host=None), "malformed verdict"),
+    ],
+)
 def test_hostile_verdicts_are_rejected_and_the_close_still_says_why(raw, message):
     with pytest.raises(RendezvousError, match=message):
         decode_verdict(raw)
@@ -424,7 +465,10 @@ def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
     with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
         a.next_round(Cause.MEMBERSHIP)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
-    assert lines[0] == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+    assert (
+        lines[0]
+        == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+    )
 
 
 # ---------------------------------------------------------------------------- snapshots: O(N) per interval
@@ -454,12 +498,23 @@ def test_snapshots_and_the_straggler_judge_cost_o_n_store_operations_per_interva
     from launcher.stragglers import Judge
 
     n, store = 12, KeyCounting()
-    nodes = [ElasticRendezvous(store, "job", node(f"n{i}", lo=n, hi=n), SETTINGS, port_picker=lambda: 1, judge=Judge(0.5, 60))
-             for i in range(n)]
+    nodes = [
+        ElasticRendezvous(
+            store, "job", node(f"n{i}", lo=n, hi=n), SETTINGS, port_picker=lambda: 1, judge=Judge(0.5, 60)
+        )
+        for i in range(n)
+    ]
     rounds = join_all(nodes)
+
     def report(rank: int):
-        return lambda: {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3,
-                        "workers": [{"rank": rank, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": 1.0}]}
+        return lambda: {
+            "host": "h",
+            "state": "running",
+            "round": 0,
+            "restarts": 0,
+            "max_restarts": 3,
+            "workers": [{"rank": rank, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": 1.0}],
+        }
 
     for a, rnd in zip(nodes, rounds):
         a.watch(rnd, lambda event: None, report(rnd.group_rank))
@@ -473,13 +528,29 @@ def test_snapshots_and_the_straggler_judge_cost_o_n_store_operations_per_interva
     assert 1 <= store.by_kind["set", "stragglers"] <= 2 and store.by_kind["get", "stragglers"] <= 2 * n
 
 
-GOOD_SNAPSHOT = {"host": "h", "state": "running", "round": 0, "restarts": 0, "max_restarts": 3, "time": 1.5, "node": "h:1",
-                 "workers": [{"rank": 0, "local_rank": 0, "pid": 9, "state": "running", "restarts": 0, "rate": 2.5, "step": 7}]}
+GOOD_SNAPSHOT = {
+    "host": "h",
+    "state": "running",
+    "round": 0,
+    "restarts": 0,
+    "max_restarts": 3,
+    "time": 1.5,
+    "node": "h:1",
+    "workers": [{"rank": 0, "local_rank": 0, "pid": 9, "state": "running", "restarts": 0, "rate": 2.5, "step": 7}],
+}
 
 
-@pytest.mark.parametrize("change", [
-    {"host": "evil\x1b[2J"}, {"round": True}, {"time": "now"}, {"workers": "all"}, {"node": "has space"}, {"max_restarts": None},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"host": "evil\x1b[2J"},
+        {"round": True},
+        {"time": "now"},
+        {"workers": "all"},
+        {"node": "has space"},
+        {"max_restarts": None},
+    ],
+)
 def test_a_hostile_snapshot_is_left_out(change):
     from launcher.rendezvous.protocol import read_snapshot
     from launcher.stragglers import running_rates
@@ -487,8 +558,10 @@ def test_a_hostile_snapshot_is_left_out(change):
     assert read_snapshot(json.dumps(GOOD_SNAPSHOT).encode())["workers"][0]["rate"] == 2.5
     assert read_snapshot(json.dumps({**GOOD_SNAPSHOT, **change}).encode()) is None
     assert read_snapshot(b"[" * 10 + b"x") is None and read_snapshot(b"{}" + b" " * (1 << 17)) is None
-    bad_workers = [{"rank": True, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0},
-                   {"rank": 1, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": "fast"}]
+    bad_workers = [
+        {"rank": True, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0},
+        {"rank": 1, "local_rank": 0, "pid": 1, "state": "running", "restarts": 0, "rate": "fast"},
+    ]
     snap = read_snapshot(json.dumps({**GOOD_SNAPSHOT, "workers": bad_workers}).encode())
     assert [w["rank"] for w in snap["workers"]] == [1] and snap["workers"][0]["rate"] is None
     assert running_rates([snap]) == {}  # a rate that is not a number never reaches the judge
@@ -504,11 +577,13 @@ def test_the_others_are_told_which_rank_failed_when_a_failure_ends_the_round():
     result: list = []
     threading.Thread(target=lambda: result.append(a.next_round(Cause.FAILURE, VERDICT)), daemon=True).start()
     assert got.wait(10)
-    assert posted[0].reason == "rank 3 (local rank 1) on h1 exited with code 1 (attempt 0): RuntimeError: loss is NaN, node a"
+    assert (
+        posted[0].reason
+        == "rank 3 (local rank 1) on h1 exited with code 1 (attempt 0): RuntimeError: loss is NaN, node a"
+    )
     assert posted[0].failed and not posted[0].closed
     b._stop_watch.set()
     b.next_round(Cause.MEMBERSHIP)  # both meet again, restart charged once
-
 
 
 def test_a_finished_job_is_closed_so_a_node_that_comes_back_late_stops():
@@ -520,7 +595,10 @@ def test_a_finished_job_is_closed_so_a_node_that_comes_back_late_stops():
     nodes[0].shutdown(succeeded=True)
     assert "job/closed" not in store.data  # one of two finished: the job goes on
     nodes[1].shutdown(succeeded=True)
-    assert store.data["job/closed"] == f"it finished (round {rounds[0].round} ended on all 2 nodes); closed by node n1".encode()
+    assert (
+        store.data["job/closed"]
+        == f"it finished (round {rounds[0].round} ended on all 2 nodes); closed by node n1".encode()
+    )
     late = agent(store, node("late", lo=2, hi=2))
     with pytest.raises(RendezvousClosedError, match="the job was closed: it finished"):
         late.next_round(Cause.START)

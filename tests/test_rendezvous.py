@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import LAUNCHER, c10d, finish, free_port, infos, wait_line, worker
 
 
@@ -50,7 +49,11 @@ def test_elastic_growth_from_one_to_three(launch):
 def test_worker_failure_restarts_every_node_once(launch):
     port = free_port()
     procs = [
-        launch.start(*c10d(port, "2", "--max_restarts", "1", nproc=2), worker("node_info.py"), env={"SLEEP": "1.5", "FAIL_RANK": "3"})
+        launch.start(
+            *c10d(port, "2", "--max_restarts", "1", nproc=2),
+            worker("node_info.py"),
+            env={"SLEEP": "1.5", "FAIL_RANK": "3"},
+        )
         for _ in range(2)
     ]
     results = finish(procs)
@@ -98,16 +101,21 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
     assert rc != 0 and "fewer than 2" in err, err
     # the true reason, once: the node lost, who closed the job; no re-forming promised
     reason = re.findall(r"launcher: reason: (.*)", err)
-    assert len(reason) == 1 and re.fullmatch(rf"the job was closed: node with group rank {host.victim_group} died; 1 node\(s\) left, "
-                                             r"fewer than 2; closed by node \S+", reason[0]), err
+    assert len(reason) == 1 and re.fullmatch(
+        rf"the job was closed: node with group rank {host.victim_group} died; 1 node\(s\) left, "
+        r"fewer than 2; closed by node \S+",
+        reason[0],
+    ), err
     assert "re-forming" not in err and "closed the connection" not in err, err
 
 
 def test_other_run_id_never_joins(launch):
     port = free_port()
     # Job a's first node holds the store: were it b's (whoever binds first), b's exit would take it away.
-    a = [launch.start(*c10d(port, "2", run_id="a", conf=f"is_host={i == 0}"), worker("node_info.py"), env={"SLEEP": "3"})
-         for i in range(2)]
+    a = [
+        launch.start(*c10d(port, "2", run_id="a", conf=f"is_host={i == 0}"), worker("node_info.py"), env={"SLEEP": "3"})
+        for i in range(2)
+    ]
     b = launch.start(*c10d(port, "2", run_id="b", conf="join_timeout=2,is_host=false"), worker("node_info.py"))
     rc_b = b.wait(30)
     assert rc_b != 0 and "join_timeout" in b.stderr.read()
@@ -128,7 +136,10 @@ def test_standalone_store_binds_only_the_given_address(launch):
     listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
     local_addresses = {line.split()[3] for line in listening.splitlines()}
     assert local_addresses == {f"127.0.0.1:{port}"}, listening  # not the wildcard
-    procs = [launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "0.3"}) for _ in range(2)]
+    procs = [
+        launch.start(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"SLEEP": "0.3"})
+        for _ in range(2)
+    ]
     assert all(rc == 0 for rc, _, _ in finish(procs))
     store.send_signal(signal.SIGTERM)
     assert store.wait(10) == 0
@@ -140,8 +151,12 @@ def test_bad_rdzv_conf_key_is_rejected(launch):
 
 
 def start_store(launch, port: int) -> subprocess.Popen:
-    store = subprocess.Popen([*LAUNCHER, "store", "--host", "127.0.0.1", "--port", str(port)],
-                             stdout=subprocess.PIPE, text=True, env=launch.env())
+    store = subprocess.Popen(
+        [*LAUNCHER, "store", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=launch.env(),
+    )
     launch.procs.append(store)
     assert "serving" in store.stdout.readline()
     return store
@@ -155,10 +170,16 @@ def test_join_token_keeps_other_nodes_out(launch, tmp_path):
     logs = tmp_path / "logs"
     files = ("--log_dir", str(logs), "--events_file", str(tmp_path / "events.jsonl"))
     good = [
-        launch.start(*c10d(port, "2", *files, conf=f"is_host=false,join_token_file={token_file}"), worker("dump_env.py"),
-                     env={"DUMP_DIR": str(tmp_path)}),
-        launch.start(*c10d(port, "2", *files, conf="is_host=false"), worker("dump_env.py"),
-                     env={"DUMP_DIR": str(tmp_path), "LAUNCHER_JOIN_TOKEN": "s3cret"}),
+        launch.start(
+            *c10d(port, "2", *files, conf=f"is_host=false,join_token_file={token_file}"),
+            worker("dump_env.py"),
+            env={"DUMP_DIR": str(tmp_path)},
+        ),
+        launch.start(
+            *c10d(port, "2", *files, conf="is_host=false"),
+            worker("dump_env.py"),
+            env={"DUMP_DIR": str(tmp_path), "LAUNCHER_JOIN_TOKEN": "s3cret"},
+        ),
     ]
     results = finish(good)
     assert all(rc == 0 for rc, _, _ in results)
@@ -177,7 +198,9 @@ def test_join_token_keeps_other_nodes_out(launch, tmp_path):
         assert token_key and b"s3cret" not in token_key
     finally:
         st.close()
-    wrong = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"LAUNCHER_JOIN_TOKEN": "guess"}, timeout=60)
+    wrong = launch.run(
+        *c10d(port, "2", conf="is_host=false"), worker("node_info.py"), env={"LAUNCHER_JOIN_TOKEN": "guess"}, timeout=60
+    )
     assert wrong.returncode == 1 and "wrong join token" in wrong.stderr and "guess" not in wrong.stderr
     missing = launch.run(*c10d(port, "2", conf="is_host=false"), worker("node_info.py"), timeout=60)
     assert missing.returncode == 1 and "needs a join token" in missing.stderr

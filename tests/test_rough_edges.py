@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import LAUNCHER, ROOT, all_have, free_port, marks, wait_for, wait_gone, worker
 
 
@@ -32,7 +31,7 @@ def test_no_python_missing_command_is_one_line(launch, tmp_path):
 
 def test_no_python_file_not_executable_is_one_line(launch, tmp_path):
     script = tmp_path / "run.sh"
-    script.write_text("#!/bin/sh\ntouch \"$MARK_DIR/ran\"\n")
+    script.write_text('#!/bin/sh\ntouch "$MARK_DIR/ran"\n')
     r = launch.run("--no_python", str(script), env={"MARK_DIR": str(tmp_path)})
     one_line_exit_2(r)
     assert "not executable" in r.stderr and "chmod +x" in r.stderr
@@ -50,7 +49,7 @@ def test_no_python_command_found_on_the_worker_path(launch, tmp_path):
 
 def test_no_python_command_that_vanishes_between_rounds_is_a_clear_failure(launch, tmp_path):
     script = tmp_path / "once.sh"
-    script.write_text("#!/bin/sh\nrm -f \"$0\"\nexit 3\n")  # the first attempt removes the command
+    script.write_text('#!/bin/sh\nrm -f "$0"\nexit 3\n')  # the first attempt removes the command
     script.chmod(0o755)
     r = launch.run("--max_restarts", "2", "--no_python", str(script), timeout=60)
     assert r.returncode == 3, r.stderr  # the first attempt's root cause, as for any failed job
@@ -65,9 +64,23 @@ def test_no_python_command_that_vanishes_between_rounds_is_a_clear_failure(launc
 def test_timeout_sigint_lets_the_workers_save(launch, tmp_path):
     """coreutils `timeout` signals the launcher, then its own process group: SIGINT twice, at once."""
     r = subprocess.run(
-        ["timeout", "-s", "INT", "--preserve-status", "3", *LAUNCHER, "--nproc_per_node", "2", "--shutdown_timeout", "20",
-         worker("signals.py")],
-        capture_output=True, text=True, timeout=30, env=launch.env({"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"}),
+        [
+            "timeout",
+            "-s",
+            "INT",
+            "--preserve-status",
+            "3",
+            *LAUNCHER,
+            "--nproc_per_node",
+            "2",
+            "--shutdown_timeout",
+            "20",
+            worker("signals.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=launch.env({"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"}),
     )
     assert r.returncode == 130, r.stderr
     assert "second SIGINT" not in r.stderr, r.stderr
@@ -78,8 +91,14 @@ def test_timeout_sigint_lets_the_workers_save(launch, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_same_signal_twice_in_quick_succession_counts_once(launch, tmp_path, sig):
-    p = launch.start("--nproc_per_node", "2", "--shutdown_timeout", "20", worker("signals.py"),
-                     env={"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"})
+    p = launch.start(
+        "--nproc_per_node",
+        "2",
+        "--shutdown_timeout",
+        "20",
+        worker("signals.py"),
+        env={"MARK_DIR": str(tmp_path), "EXIT_DELAY": "1"},
+    )
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(sig)
     time.sleep(0.05)
@@ -103,8 +122,11 @@ def test_help_lists_every_subcommand_with_one_line(launch):
         assert any(line.strip().startswith(name + " ") for line in section.splitlines()), (name, section)
 
 
-@pytest.mark.parametrize("args", [["bench", "--help"], ["bench", "-h"], ["bench", "allreduce", "--help"], ["check", "--help"],
-                                  ["store", "--help"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [["bench", "--help"], ["bench", "-h"], ["bench", "allreduce", "--help"], ["check", "--help"], ["store", "--help"]],
+    ids=" ".join,
+)
 def test_every_subcommand_has_its_own_help(launch, args):
     r = launch.run(*args)
     assert r.returncode == 0 and r.stderr == "", r.stderr
@@ -121,8 +143,14 @@ def temp_folders(text: str) -> set[str]:
 
 
 def test_redirects_without_log_dir_names_the_temporary_folder(launch, tmp_path):
-    r = launch.run("--nproc_per_node", "2", "--redirects", "3", worker("exit_code.py"),
-                   env={"FAIL_RANK": "1", "SLEEP": "5", "TMPDIR": str(tmp_path)})
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        "--redirects",
+        "3",
+        worker("exit_code.py"),
+        env={"FAIL_RANK": "1", "SLEEP": "5", "TMPDIR": str(tmp_path)},
+    )
     assert r.returncode == 3, r.stderr
     lines = r.stderr.splitlines()
     [folder] = temp_folders(r.stderr)
@@ -135,8 +163,14 @@ def test_redirects_without_log_dir_names_the_temporary_folder(launch, tmp_path):
 def test_an_interrupted_run_names_the_folder_it_keeps(launch, tmp_path):
     marks_dir = tmp_path / "marks"
     marks_dir.mkdir()
-    p = launch.start("--nproc_per_node", "2", "--redirects", "3", worker("signals.py"),
-                     env={"MARK_DIR": str(marks_dir), "TMPDIR": str(tmp_path)})
+    p = launch.start(
+        "--nproc_per_node",
+        "2",
+        "--redirects",
+        "3",
+        worker("signals.py"),
+        env={"MARK_DIR": str(marks_dir), "TMPDIR": str(tmp_path)},
+    )
     wait_for(all_have(marks_dir, "ready"), what="workers ready", proc=p)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
@@ -155,18 +189,33 @@ def test_a_quiet_successful_run_without_files_leaves_no_folder(launch, tmp_path)
 # ---------------------------------------------------------------------------- 5. torchrun's unambiguous prefixes
 
 
-@pytest.mark.parametrize("args", [["--nproc_per", "2"], ["--nproc-per", "2"], ["--nproc_per=2"], ["--nproc-p=2"],
-                                  ["--nproc_per", "2", "--max_rest", "1", "--role", "r"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nproc_per", "2"],
+        ["--nproc-per", "2"],
+        ["--nproc_per=2"],
+        ["--nproc-p=2"],
+        ["--nproc_per", "2", "--max_rest", "1", "--role", "r"],
+    ],
+    ids=" ".join,
+)
 def test_unambiguous_prefix_before_the_script_is_accepted(launch, args):
     r = launch.run(*args, worker("echo_args.py"), "--nproc_per", "x")
     assert r.returncode == 0, r.stderr
-    assert sorted(r.stdout.split("\n"))[1:] == [f"[rank{n}]: rank={n} args=['--nproc_per', 'x']" for n in (0, 1)], r.stdout
+    assert sorted(r.stdout.split("\n"))[1:] == [f"[rank{n}]: rank={n} args=['--nproc_per', 'x']" for n in (0, 1)], (
+        r.stdout
+    )
 
 
-@pytest.mark.parametrize("args, hint", [
-    (["--no", "2"], "--no_live"),  # ambiguous: --no_python, --node_rank, --no_live ...
-    (["--nprocs_per_node", "2"], "--nproc_per_node"),  # a typo, not a prefix
-], ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["--no", "2"], "--no_live"),  # ambiguous: --no_python, --node_rank, --no_live ...
+        (["--nprocs_per_node", "2"], "--nproc_per_node"),  # a typo, not a prefix
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else a,
+)
 def test_ambiguous_prefix_or_typo_is_one_line_with_a_suggestion(launch, args, hint):
     r = launch.run(*args, worker("echo_args.py"))
     one_line_exit_2(r)
@@ -194,7 +243,9 @@ def test_live_view_renders_a_signalled_round_as_stopped_by_the_signal():
 
 
 def test_live_table_after_ctrl_c_says_stopped_by_sigint(launch, tmp_path):
-    p = launch.start("--live", "--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path), "COLUMNS": "150"})
+    p = launch.start(
+        "--live", "--nproc_per_node", "2", worker("signals.py"), env={"MARK_DIR": str(tmp_path), "COLUMNS": "150"}
+    )
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
@@ -212,7 +263,9 @@ def row_sizes(stdout: str) -> list[int]:
 
 @pytest.mark.timeout(120)
 def test_bench_allreduce_with_only_b_and_e_doubles_the_size(launch):
-    r = launch.run("bench", "allreduce", "--nproc_per_node", "2", "--", "-b", "1K", "-e", "8K", "-w", "0", "-n", "1", timeout=100)
+    r = launch.run(
+        "bench", "allreduce", "--nproc_per_node", "2", "--", "-b", "1K", "-e", "8K", "-w", "0", "-n", "1", timeout=100
+    )
     assert r.returncode == 0, r.stderr
     assert row_sizes(r.stdout) == [1024, 2048, 4096, 8192], r.stdout
 
@@ -243,7 +296,7 @@ def fake_checkout(tmp_path):
     (repo / ".venv" / "bin").mkdir(parents=True)
     for tool in ("python", "pip"):
         shim = repo / ".venv" / "bin" / tool
-        shim.write_text(f"#!/bin/sh\necho \"{tool} $*\" >> \"$(dirname \"$0\")/../calls\"\n")
+        shim.write_text(f'#!/bin/sh\necho "{tool} $*" >> "$(dirname "$0")/../calls"\n')
         shim.chmod(0o755)
     return repo
 
@@ -251,8 +304,13 @@ def fake_checkout(tmp_path):
 def setup_calls(repo, *args) -> list[str]:
     calls = repo / ".venv" / "calls"
     calls.unlink(missing_ok=True)
-    subprocess.run(["bash", str(repo / "scripts" / "setup.sh"), *args], check=True, timeout=30, capture_output=True,
-                   env=dict(os.environ, PYTHON="false"))
+    subprocess.run(
+        ["bash", str(repo / "scripts" / "setup.sh"), *args],
+        check=True,
+        timeout=30,
+        capture_output=True,
+        env=dict(os.environ, PYTHON="false"),
+    )
     return calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -293,8 +351,13 @@ def test_root_cause_error_file_is_copied_to_the_launchers_own(launch, tmp_path):
     parent = tmp_path / "scheduler" / "error.json"
     parent.parent.mkdir()
     parent.write_text("left over from an earlier run")
-    r = launch.run("--nproc_per_node", "2", str(script), timeout=80,
-                   env={"MARK_DIR": str(tmp_path), "TORCHELASTIC_ERROR_FILE": str(parent)})
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        str(script),
+        timeout=80,
+        env={"MARK_DIR": str(tmp_path), "TORCHELASTIC_ERROR_FILE": str(parent)},
+    )
     assert r.returncode == 1, r.stderr
     own = [(tmp_path / str(rank)).read_text() for rank in (0, 1)]
     assert str(parent) not in own and own[0] != own[1]  # every worker still has its own file
@@ -302,12 +365,17 @@ def test_root_cause_error_file_is_copied_to_the_launchers_own(launch, tmp_path):
     assert data["message"]["message"] == "ValueError: bad learning rate -1"
     assert data["message"]["errorCode"] == 1  # torchrun's dump_error_file sets the exit code
     assert "in main" in data["message"]["extraInfo"]["py_callstack"]
-    assert data["message"]["extraInfo"]["timestamp"] == json.loads(open(own[1]).read())["message"]["extraInfo"]["timestamp"]
+    assert (
+        data["message"]["extraInfo"]["timestamp"]
+        == json.loads(open(own[1]).read())["message"]["extraInfo"]["timestamp"]
+    )
 
 
 def test_no_error_file_is_written_without_a_root_cause_error_file(launch, tmp_path):
     parent = tmp_path / "error.json"
-    r = launch.run("--nproc_per_node", "2", worker("exit_code.py"), env={"FAIL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(parent)})
+    r = launch.run(
+        "--nproc_per_node", "2", worker("exit_code.py"), env={"FAIL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(parent)}
+    )
     assert r.returncode == 3, r.stderr
     assert not parent.exists()  # as torchrun: nothing to copy
     r = launch.run("--nproc_per_node", "1", worker("echo_args.py"), env={"TORCHELASTIC_ERROR_FILE": str(parent)})
@@ -341,11 +409,15 @@ def test_oom_kill_count_is_read_from_the_cgroup(tmp_path, version):
     if version == 2:
         proc.write_text("0::/job/step\n")
         (root / "job" / "step").mkdir(parents=True)
-        (root / "job" / "step" / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n")
+        (root / "job" / "step" / "memory.events").write_text(
+            "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n"
+        )
     else:
         proc.write_text("5:devices:/\n4:memory:/job/step\n0::/\n")
         (root / "memory" / "job" / "step").mkdir(parents=True)
-        (root / "memory" / "job" / "step" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+        (root / "memory" / "job" / "step" / "memory.oom_control").write_text(
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
+        )
     assert oom_kills(str(proc), str(root)) == 2
     assert oom_kills(str(tmp_path / "missing"), str(root)) is None
     assert isinstance(oom_kills(), (int, type(None)))  # this machine's own, whatever it has
@@ -383,8 +455,22 @@ def test_a_real_oom_kill_is_called_out_of_memory(launch, tmp_path):
         open(f"{child}/memory.swap.max", "w").write("0")
         script = tmp_path / "hog.py"
         script.write_text(OOM_WORKER)
-        r = subprocess.run(["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh", *LAUNCHER, "--nproc_per_node", "2",
-                            str(script)], capture_output=True, text=True, timeout=50, env=launch.env())
+        r = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {child}/cgroup.procs && exec "$@"',
+                "sh",
+                *LAUNCHER,
+                "--nproc_per_node",
+                "2",
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            env=launch.env(),
+        )
         root = next(line for line in r.stderr.splitlines() if "root cause:" in line)
         assert "killed by SIGKILL" in root and "out of memory" in root, r.stderr
     finally:
@@ -403,17 +489,34 @@ def worker_lines(stdout: str) -> list[str]:
 @pytest.mark.parametrize("backend", ["standalone", "static"])
 def test_every_rank_a_store_client_works_and_each_round_has_a_fresh_store(launch, backend):
     same_port = ["--rdzv_backend", "static", "--master_port", str(free_port())] if backend == "static" else []
-    r = launch.run(*same_port, "--nproc_per_node", "2", "--max_restarts", "1", worker("agent_store.py"),
-                   env={"MODE": "client", "FAIL_RANK": "1", "STORE_TIMEOUT": "15"}, timeout=100)
+    r = launch.run(
+        *same_port,
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        worker("agent_store.py"),
+        env={"MODE": "client", "FAIL_RANK": "1", "STORE_TIMEOUT": "15"},
+        timeout=100,
+    )
     assert r.returncode == 0, r.stderr
-    assert worker_lines(r.stdout) == [f"rank={k} round={n} sum=3 agent_store=True stale=False" for k in (0, 1) for n in (0, 1)]
+    assert worker_lines(r.stdout) == [
+        f"rank={k} round={n} sum=3 agent_store=True stale=False" for k in (0, 1) for n in (0, 1)
+    ]
     assert wait_gone(launch.token) == []
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("disable, expect", [("", "True"), ("1", "False")], ids=["agent", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
+@pytest.mark.parametrize(
+    "disable, expect", [("", "True"), ("1", "False")], ids=["agent", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]
+)
 def test_init_process_group_env_follows_the_contract(launch, disable, expect):
-    r = launch.run("--nproc_per_node", "2", worker("agent_store.py"),
-                   env={"MODE": "env", "STORE_TIMEOUT": "15", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": disable}, timeout=100)
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        worker("agent_store.py"),
+        env={"MODE": "env", "STORE_TIMEOUT": "15", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": disable},
+        timeout=100,
+    )
     assert r.returncode == 0, r.stderr
     assert worker_lines(r.stdout) == [f"rank={k} round=0 sum=3 agent_store={expect} stale=False" for k in (0, 1)]

@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import LAUNCHER, ROOT, kill_leftovers, procs_with_token, wait_gone, worker
+
 from launcher import slurm
 from launcher.errors import ConfigError
 
@@ -89,9 +89,19 @@ def resolved(d: dict) -> dict:
 
 
 def step_env(**kw) -> dict:
-    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_JOB_NUM_NODES": "3",
-           "SLURM_NODELIST": "node[1-3]", "SLURM_STEP_NODELIST": "node[2-3]", "SLURM_STEP_NUM_NODES": "2",
-           "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "1"}
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_NODELIST": "node[1-3]",
+        "SLURM_STEP_NODELIST": "node[2-3]",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_NODEID": "1",
+    }
     env.update(kw)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -100,20 +110,36 @@ def test_step_variables_win_over_the_jobs():
     # A step on node[2-3] of a node[1-3] job (as srun -N2 -r1 gives it): SLURM_NODEID is relative
     # to the step, and the job's first host (node1) is not in the step at all.
     assert slurm.defaults(step_env()) == {
-        "nnodes": "2", "node_rank": "1", "master_addr": "node2", "master_port": str(20000 + 4242 % 9000)}
+        "nnodes": "2",
+        "node_rank": "1",
+        "master_addr": "node2",
+        "master_port": str(20000 + 4242 % 9000),
+    }
 
 
 def test_job_variables_without_a_step():
-    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu-a[07-08]",
-           "SLURM_NODEID": "0", "SLURM_NTASKS": "16"}  # NTASKS of the job, not of a step: not checked
+    env = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "gpu-a[07-08]",
+        "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "16",
+    }  # NTASKS of the job, not of a step: not checked
     assert slurm.defaults(env) == {"nnodes": "2", "node_rank": "0", "master_addr": "gpu-a07", "master_port": "20077"}
     env = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_NODELIST": "a,b", "SLURM_NODEID": "1"}
     assert slurm.defaults(env)["master_addr"] == "a"
 
 
 def test_one_node_leaves_the_port_to_the_launcher():
-    d = slurm.defaults(step_env(SLURM_STEP_NODELIST="node3", SLURM_STEP_NUM_NODES="1", SLURM_NTASKS="1",
-                                SLURM_STEP_NUM_TASKS="1", SLURM_NODEID="0"))
+    d = slurm.defaults(
+        step_env(
+            SLURM_STEP_NODELIST="node3",
+            SLURM_STEP_NUM_NODES="1",
+            SLURM_NTASKS="1",
+            SLURM_STEP_NUM_TASKS="1",
+            SLURM_NODEID="0",
+        )
+    )
     assert d == {"nnodes": "1", "node_rank": "0", "master_addr": "node3"}  # no master_port: a free one
 
 
@@ -170,8 +196,13 @@ def cli(tmp_path, args, env):
 
 
 def test_cli_takes_the_topology_from_the_step(tmp_path):
-    env = step_env(SLURM_STEP_NODELIST="localhost", SLURM_STEP_NUM_NODES="1", SLURM_NTASKS="1",
-                   SLURM_STEP_NUM_TASKS="1", SLURM_NODEID="0")
+    env = step_env(
+        SLURM_STEP_NODELIST="localhost",
+        SLURM_STEP_NUM_NODES="1",
+        SLURM_NTASKS="1",
+        SLURM_STEP_NUM_TASKS="1",
+        SLURM_NODEID="0",
+    )
     p, dumps = cli(tmp_path, ["--nproc_per_node", "2", worker("dump_env.py")], env)
     assert p.returncode == 0, p.stderr
     assert sorted(dumps) == [0, 1] and dumps[0]["env"]["WORLD_SIZE"] == "2"
@@ -191,8 +222,11 @@ def test_cli_bad_topology_is_one_line_exit_2(tmp_path):
     assert p.returncode == 2 and not dumps
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("launcher: error: Slurm: cannot expand the node list")
     # ... unless the value is given by hand, then the broken variable does not matter
-    p, dumps = cli(tmp_path, ["--nnodes", "1", "--master_addr", "127.0.0.1", "--nproc_per_node", "1",
-                              worker("dump_env.py")], step_env(SLURM_STEP_NODELIST="node[2-", SLURM_NODEID="0"))
+    p, dumps = cli(
+        tmp_path,
+        ["--nnodes", "1", "--master_addr", "127.0.0.1", "--nproc_per_node", "1", worker("dump_env.py")],
+        step_env(SLURM_STEP_NODELIST="node[2-", SLURM_NODEID="0"),
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -204,14 +238,24 @@ def test_cli_outside_a_step_ignores_slurm(tmp_path):
 
 
 def test_launch_module_keeps_its_local_rank_default_in_a_step(tmp_path):
-    env = step_env(SLURM_STEP_NODELIST="localhost", SLURM_STEP_NUM_NODES="1", SLURM_NTASKS="1",
-                   SLURM_STEP_NUM_TASKS="1", SLURM_NODEID="0")
+    env = step_env(
+        SLURM_STEP_NODELIST="localhost",
+        SLURM_STEP_NUM_NODES="1",
+        SLURM_NTASKS="1",
+        SLURM_STEP_NUM_TASKS="1",
+        SLURM_NODEID="0",
+    )
     dump = tmp_path / "dump"
     dump.mkdir()
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
     full.update(env, DUMP_DIR=str(dump), PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-m", "launcher.launch", "--nproc_per_node", "1", worker("dump_env.py")],
-                       capture_output=True, text=True, env=full, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher.launch", "--nproc_per_node", "1", worker("dump_env.py")],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads((dump / "0.json").read_text())["argv"] == ["--local-rank=0"]
 
@@ -260,7 +304,12 @@ class Jobs:
         full.update(env or {})
         out = subprocess.run(
             ["sbatch", "--parsable", "-o", str(self.tmp / "%j.out"), *sbatch, str(SCRIPTS / script), *args],
-            capture_output=True, text=True, env=full, cwd=ROOT, timeout=30)
+            capture_output=True,
+            text=True,
+            env=full,
+            cwd=ROOT,
+            timeout=30,
+        )
         assert out.returncode == 0, out.stderr
         job = out.stdout.strip().split(";")[0]
         self.ids.append(job)
@@ -274,8 +323,12 @@ class Jobs:
         out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
         return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
 
-    def wait(self, job: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
-             timeout: float = 90) -> dict:
+    def wait(
+        self,
+        job: str,
+        states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+        timeout: float = 90,
+    ) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = self.info(job)
@@ -311,8 +364,17 @@ def marks(folder: Path) -> dict[int, list[str]]:
 
 def test_two_node_job_trains_the_example_to_the_end_through_a_usr1_warning(jobs, tmp_path):
     ckpt = tmp_path / "ckpt"
-    job = jobs.submit("multi_node.sbatch", "examples/train_ddp.py", "--epochs", "60", "--checkpoint-every", "100",
-                      "--checkpoint-dir", str(ckpt), env={"SLURM_LABELIO": "1"})  # srun -l: "0: " / "1: "
+    job = jobs.submit(
+        "multi_node.sbatch",
+        "examples/train_ddp.py",
+        "--epochs",
+        "60",
+        "--checkpoint-every",
+        "100",
+        "--checkpoint-dir",
+        str(ckpt),
+        env={"SLURM_LABELIO": "1"},
+    )  # srun -l: "0: " / "1: "
     # The example catches USR1 first thing; wait until rank 0 is training, then warn as Slurm would
     # 90 s before the time limit (--signal=B:USR1@90 signals the batch shell only, as --batch does).
     jobs.until(lambda: "no checkpoint yet" in jobs.log(job), timeout=90, job=job)
@@ -364,8 +426,11 @@ def test_scancel_ends_the_job_with_no_process_left(jobs, tmp_path):
 def test_requeue_on_usr1_runs_the_job_again(jobs, tmp_path):
     folder = tmp_path / "marks"
     folder.mkdir()
-    job = jobs.submit("multi_node.sbatch", worker("slurm_requeue.py"),  # 60 s, then 0.5 s after the requeue
-                      env={"MARK_DIR": str(folder), "REQUEUE": "1", "REQUEUE_GRACE": "1"})
+    job = jobs.submit(
+        "multi_node.sbatch",
+        worker("slurm_requeue.py"),  # 60 s, then 0.5 s after the requeue
+        env={"MARK_DIR": str(folder), "REQUEUE": "1", "REQUEUE_GRACE": "1"},
+    )
     jobs.until(lambda: sorted(marks(folder)) == [0, 1], timeout=60, job=job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
     info = jobs.wait(job, states=("PENDING",), timeout=60)
@@ -373,8 +438,14 @@ def test_requeue_on_usr1_runs_the_job_again(jobs, tmp_path):
     # Slurm holds a requeued job back for a while (Reason=BeginTime), in part because a restart in
     # the second its old credential was revoked fails ("Job credential revoked"): once the nodes
     # are idle again, let it start 3 s from now instead of minutes.
-    jobs.until(lambda: subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
-                                      timeout=30).stdout.split() == ["idle", "idle"], timeout=60, job=job)
+    jobs.until(
+        lambda: (
+            subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30).stdout.split()
+            == ["idle", "idle"]
+        ),
+        timeout=60,
+        job=job,
+    )
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+3"], check=True, timeout=30)
     info = jobs.wait(job, timeout=90)
     log = jobs.log(job)
@@ -406,12 +477,30 @@ def test_etcd_script(jobs, tmp_path):
             ports.append(s.getsockname()[1])
     client, peer = (f"http://127.0.0.1:{p}" for p in ports)
     server = subprocess.Popen(
-        [etcd, "--name", "t", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", client,
-         "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-         "--initial-cluster", f"t={peer}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            etcd,
+            "--name",
+            "t",
+            "--data-dir",
+            str(tmp_path / "etcd"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"t={peer}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        job = jobs.submit("etcd.sbatch", worker("node_info.py"),
-                          env={"ETCD_ENDPOINT": f"127.0.0.1:{ports[0]}", "SLEEP": "0"})
+        job = jobs.submit(
+            "etcd.sbatch", worker("node_info.py"), env={"ETCD_ENDPOINT": f"127.0.0.1:{ports[0]}", "SLEEP": "0"}
+        )
         info = jobs.wait(job, timeout=90)
         log = jobs.log(job)
         assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log

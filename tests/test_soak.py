@@ -11,7 +11,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import Cluster, c10d, free_port, worker
 
 pytestmark = pytest.mark.slow
@@ -67,7 +66,9 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         port = free_port()
         until = time.time() + SECONDS
         env = {"FAIL_EVERY": "1", "SOAK_UNTIL": str(until)}
-        args = lambda host: c10d(port, "2", "--max_restarts", "10000", run_id=RUN_ID, conf=f"read_timeout=20,is_host={host}")
+        args = lambda host: c10d(
+            port, "2", "--max_restarts", "10000", run_id=RUN_ID, conf=f"read_timeout=20,is_host={host}"
+        )
         host = cluster.start(*args("true"), worker("steps.py"), env=env, name="host")
         other = cluster.start(*args("false"), worker("steps.py"), env=env, name="other")
         agents = (host, other)

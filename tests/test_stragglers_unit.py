@@ -29,11 +29,14 @@ def test_a_uniformly_slow_job_and_too_few_ranks_and_off_flag_nothing():
     assert Judge(0.5, 0)({0: 0.0, 1: 0.0, 2: 0.0}, now=100) is None
 
 
-@pytest.mark.parametrize("flags, message", [
-    ({"straggler_threshold": "1"}, "--straggler_threshold '1' must be from 0 (off) to below 1"),
-    ({"straggler_threshold": "x"}, "--straggler_threshold 'x' is not a number"),
-    ({"straggler_period": "0.5"}, "--straggler_period '0.5' must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"straggler_threshold": "1"}, "--straggler_threshold '1' must be from 0 (off) to below 1"),
+        ({"straggler_threshold": "x"}, "--straggler_threshold 'x' is not a number"),
+        ({"straggler_period": "0.5"}, "--straggler_period '0.5' must be at least 1"),
+    ],
+)
 def test_straggler_flags_are_checked(flags, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         from_flags(training_script="true", no_python=True, environ={}, **flags)

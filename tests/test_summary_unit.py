@@ -9,8 +9,16 @@ from launcher.summary import read_error_file, summary_lines
 
 
 def failure(rank: int, code: int, at: float, round: int = 0, collateral: bool = False, **more) -> Failure:
-    return Failure(worker=Worker(local_rank=rank, rank=rank, local_world_size=4, world_size=4), pid=100 + rank,
-                   exit=Exit(code), at=at, host="h", round=round, collateral=collateral, **more)
+    return Failure(
+        worker=Worker(local_rank=rank, rank=rank, local_world_size=4, world_size=4),
+        pid=100 + rank,
+        exit=Exit(code),
+        at=at,
+        host="h",
+        round=round,
+        collateral=collateral,
+        **more,
+    )
 
 
 def result(*failures: Failure, code: int = 1, restarts: int = 0, message: str = "") -> RunResult:
@@ -24,11 +32,22 @@ def test_nothing_to_say_on_success_or_without_a_cause():
 
 def test_the_root_cause_with_its_error_file_traceback_and_logs(tmp_path):
     error_file = tmp_path / "error.json"
-    error_file.write_text(json.dumps({"message": {"message": "ValueError: bad batch",
-                                                  "extraInfo": {"py_callstack": "Traceback:\n  line 1\n"}}}))
+    error_file.write_text(
+        json.dumps(
+            {"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": "Traceback:\n  line 1\n"}}}
+        )
+    )
     root = failure(2, 3, 5.0, round=1, error_file=str(error_file), log_files=("/x/stdout.log", "/x/stderr.log"))
-    lines = summary_lines(result(failure(0, 1, 1.0, round=0), root, failure(1, -15, 6.0, round=1, collateral=True),
-                                 failure(3, -9, 6.5, round=1, collateral=True), code=3, restarts=1))
+    lines = summary_lines(
+        result(
+            failure(0, 1, 1.0, round=0),
+            root,
+            failure(1, -15, 6.0, round=1, collateral=True),
+            failure(3, -9, 6.5, round=1, collateral=True),
+            code=3,
+            restarts=1,
+        )
+    )
     assert lines == [
         "job failed (exit code 3) after 1 restart(s)",
         "root cause: rank 2 (local rank 2) on h, pid 102 exited with code 3 (attempt 1)",

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import all_have, marks, procs_with_token, wait_for, wait_gone, worker
-
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -65,15 +63,22 @@ def test_worker_killed_by_sigkill(launch):
     r = launch.run("--nproc_per_node", "2", worker("kill_self.py"), timeout=60)
     assert r.returncode == 1, r.stderr
     root = next(l for l in r.stderr.splitlines() if "root cause:" in l)
-    assert "rank 0" in root and "killed by SIGKILL" in root and "out of memory" not in root, root  # only the OOM killer is OOM
+    assert "rank 0" in root and "killed by SIGKILL" in root and "out of memory" not in root, (
+        root
+    )  # only the OOM killer is OOM
     assert "stopped by the launcher: rank 1" in r.stderr
 
 
 def test_worker_ignoring_sigterm_is_killed_after_the_grace(launch, tmp_path):
     t0 = time.monotonic()
     r = launch.run(
-        "--nproc_per_node", "2", "--shutdown_timeout", "1", worker("ignore_sigterm.py"),
-        env={"MARK_DIR": str(tmp_path)}, timeout=30,
+        "--nproc_per_node",
+        "2",
+        "--shutdown_timeout",
+        "1",
+        worker("ignore_sigterm.py"),
+        env={"MARK_DIR": str(tmp_path)},
+        timeout=30,
     )
     elapsed = time.monotonic() - t0
     assert r.returncode == 1, r.stderr
@@ -90,8 +95,11 @@ def test_worker_ignoring_sigterm_is_killed_after_the_grace(launch, tmp_path):
 @pytest.mark.parametrize("code", [0, 1], ids=["success", "failure"])
 def test_grandchild_in_its_own_session_does_not_survive(launch, tmp_path, code):
     r = launch.run(
-        "--nproc_per_node", "2", worker("fork_grandchild.py"),
-        env={"MARK_DIR": str(tmp_path), "CODE": str(code)}, timeout=30,
+        "--nproc_per_node",
+        "2",
+        worker("fork_grandchild.py"),
+        env={"MARK_DIR": str(tmp_path), "CODE": str(code)},
+        timeout=30,
     )
     assert r.returncode == code, r.stderr
     pids = [int((tmp_path / f"{rank}.pid").read_text()) for rank in (0, 1)]
@@ -100,7 +108,9 @@ def test_grandchild_in_its_own_session_does_not_survive(launch, tmp_path, code):
 
 
 def test_agent_sigkill_leaves_no_worker_or_grandchild(launch, tmp_path):
-    p = launch.start("--nproc_per_node", "2", worker("fork_grandchild.py"), env={"MARK_DIR": str(tmp_path), "STAY": "60"})
+    p = launch.start(
+        "--nproc_per_node", "2", worker("fork_grandchild.py"), env={"MARK_DIR": str(tmp_path), "STAY": "60"}
+    )
     wait_for(lambda: all((tmp_path / f"{r}.pid").exists() for r in (0, 1)), what="the grandchildren", proc=p)
     grandchildren = [int((tmp_path / f"{r}.pid").read_text()) for r in (0, 1)]
     alive = set(procs_with_token(launch.token))
@@ -119,20 +129,27 @@ def test_sigterm_is_forwarded_then_exit_143(launch, tmp_path):
     out, err = p.communicate(timeout=30)
     assert p.returncode == 143, err
     for rank in (0, 1):
-        assert marks(tmp_path, rank) == ["ready", "SIGTERM", "exit"], marks(tmp_path, rank)  # saw SIGTERM, left on its own
+        assert marks(tmp_path, rank) == ["ready", "SIGTERM", "exit"], marks(
+            tmp_path, rank
+        )  # saw SIGTERM, left on its own
     assert "got SIGTERM" in err
     assert wait_gone(launch.token) == []
 
 
 def test_second_sigint_kills_at_once(launch, tmp_path):
     events = tmp_path / "events.jsonl"
-    p = signal_workers(launch, tmp_path, "--shutdown_timeout", "60", "--events_file", str(events), IGNORE="SIGINT,SIGTERM")
+    p = signal_workers(
+        launch, tmp_path, "--shutdown_timeout", "60", "--events_file", str(events), IGNORE="SIGINT,SIGTERM"
+    )
     p.send_signal(signal.SIGINT)
     first = time.monotonic()
     wait_for(all_have(tmp_path, "SIGINT"), what="workers to get the first SIGINT", proc=p)
     stopping = {"event": "stopping", "reason": "signal", "signal": "SIGINT", "grace": 60.0}
-    wait_for(lambda: any(stopping.items() <= json.loads(l).items() for l in events.read_text().splitlines()),
-             what="the graceful stop to begin", proc=p)
+    wait_for(
+        lambda: any(stopping.items() <= json.loads(l).items() for l in events.read_text().splitlines()),
+        what="the graceful stop to begin",
+        proc=p,
+    )
     assert p.poll() is None  # the graceful stop waits out its 60 s: the workers ignore SIGINT
     time.sleep(max(0.0, 0.6 - (time.monotonic() - first)))  # past the 0.5 s window that folds a repeat into one
     t0 = time.monotonic()
@@ -190,8 +207,13 @@ def test_restart_reinitialises_a_gloo_process_group(launch):
 
 def test_restart_budget_exhausted(launch):
     r = launch.run(
-        "--nproc_per_node", "2", "--max_restarts", "2", worker("exit_code.py"),
-        env={"FAIL_RANK": "0", "CODE": "1", "DELAY": "0.1"}, timeout=60,
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "2",
+        worker("exit_code.py"),
+        env={"FAIL_RANK": "0", "CODE": "1", "DELAY": "0.1"},
+        timeout=60,
     )
     assert r.returncode != 0
     seen = re.findall(r"^\[rank0\]: out rank=0 restart=(\d)$", r.stdout, re.M)
@@ -211,7 +233,7 @@ def test_record_error_file_in_summary(launch):
     assert r.returncode == 1, r.stderr
     summary = launcher_lines(r.stderr)
     assert "  error: ValueError: bad learning rate -1" in summary, r.stderr
-    trace = summary[summary.index("  traceback:") + 1:]
+    trace = summary[summary.index("  traceback:") + 1 :]
     assert any("record_error.py" in l and "in main" in l for l in trace), r.stderr
     assert any('raise ValueError("bad learning rate -1")' in l for l in trace), r.stderr
     assert any(l.startswith("  error file: ") and l.endswith("attempt_0/0/error.json") for l in summary)
@@ -222,8 +244,15 @@ def test_record_error_file_in_summary(launch):
 
 def test_log_dir_keeps_every_attempt(launch, tmp_path):
     r = launch.run(
-        "--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path), worker("exit_code.py"),
-        env={"FAIL_RANK": "1", "FAIL_ON": "0", "CODE": "4", "DELAY": "1", "SLEEP": "0.3"}, timeout=60,
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        "--log_dir",
+        str(tmp_path),
+        worker("exit_code.py"),
+        env={"FAIL_RANK": "1", "FAIL_ON": "0", "CODE": "4", "DELAY": "1", "SLEEP": "0.3"},
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path, "*")
@@ -245,8 +274,15 @@ def test_console_lines_are_prefixed(launch):
 
 
 def test_redirects_3_sends_output_to_files_only(launch, tmp_path):
-    r = launch.run("--nproc_per_node", "2", "--redirects", "3", worker("exit_code.py"),
-                   env={"SLEEP": "0", "TMPDIR": str(tmp_path)}, timeout=60)
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        "--redirects",
+        "3",
+        worker("exit_code.py"),
+        env={"SLEEP": "0", "TMPDIR": str(tmp_path)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and worker_lines(r.stderr) == [], r.stdout + r.stderr
     run_dir = only_run_dir(tmp_path, "launcher-*")
@@ -257,8 +293,15 @@ def test_redirects_3_sends_output_to_files_only(launch, tmp_path):
 
 
 def test_tee_1_sends_stdout_to_console_and_file(launch, tmp_path):
-    r = launch.run("--nproc_per_node", "2", "--tee", "1", worker("exit_code.py"),
-                   env={"SLEEP": "0", "TMPDIR": str(tmp_path)}, timeout=60)
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        "--tee",
+        "1",
+        worker("exit_code.py"),
+        env={"SLEEP": "0", "TMPDIR": str(tmp_path)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == ["[rank0]: out rank=0 restart=0", "[rank1]: out rank=1 restart=0"]
     assert len(worker_lines(r.stderr)) == 2  # stderr is not teed: console only
@@ -270,8 +313,15 @@ def test_tee_1_sends_stdout_to_console_and_file(launch, tmp_path):
 
 
 def test_local_ranks_filter_hides_from_console_not_from_files(launch, tmp_path):
-    r = launch.run("--nproc_per_node", "2", "--local_ranks_filter", "0", worker("exit_code.py"),
-                   env={"SLEEP": "0", "TMPDIR": str(tmp_path)}, timeout=60)
+    r = launch.run(
+        "--nproc_per_node",
+        "2",
+        "--local_ranks_filter",
+        "0",
+        worker("exit_code.py"),
+        env={"SLEEP": "0", "TMPDIR": str(tmp_path)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["[rank0]: out rank=0 restart=0"]
     assert worker_lines(r.stderr) == ["[rank0]: err rank=0 restart=0"]
@@ -282,8 +332,9 @@ def test_local_ranks_filter_hides_from_console_not_from_files(launch, tmp_path):
 
 def test_console_gets_whole_lines_only(launch):
     lines, width = 200, 5000
-    r = launch.run("--nproc_per_node", "2", worker("many_lines.py"),
-                   env={"LINES": str(lines), "WIDTH": str(width)}, timeout=60)
+    r = launch.run(
+        "--nproc_per_node", "2", worker("many_lines.py"), env={"LINES": str(lines), "WIDTH": str(width)}, timeout=60
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     seen = {0: [], 1: []}
     for line in r.stdout.splitlines():

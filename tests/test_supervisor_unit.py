@@ -7,8 +7,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from conftest import FakeClock
+
 from launcher import process
 from launcher.config import from_flags
 from launcher.errors import RendezvousClosedError, RestartBudgetExhausted
@@ -91,8 +91,17 @@ class FakeRendezvous:
             if self.restarts > self.max_restarts:
                 raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.max_restarts})")
         self.round += 1
-        return Round(run_id="unit", round=self.round, restart_count=self.restarts, group_rank=0, group_world_size=1,
-                     rank_offset=0, world_size=self.nproc, master_addr="127.0.0.1", master_port=29500)
+        return Round(
+            run_id="unit",
+            round=self.round,
+            restart_count=self.restarts,
+            group_rank=0,
+            group_world_size=1,
+            rank_offset=0,
+            world_size=self.nproc,
+            master_addr="127.0.0.1",
+            master_port=29500,
+        )
 
     def watch(self, rnd: Round, post, report=None) -> None:
         self.watched.append(rnd.round)
@@ -115,15 +124,31 @@ def no_process_sweep(monkeypatch):
 
 class Rig:
     def __init__(self, tmp_path, nproc: int = 2, max_restarts: int = 0, ignore: frozenset[int] = frozenset(), **flags):
-        self.config = from_flags(training_script="worker", no_python=True, nproc_per_node=str(nproc), max_restarts=max_restarts,
-                                 environ={}, quiet=True, **flags)
+        self.config = from_flags(
+            training_script="worker",
+            no_python=True,
+            nproc_per_node=str(nproc),
+            max_restarts=max_restarts,
+            environ={},
+            quiet=True,
+            **flags,
+        )
         self.clock = FakeClock(1000.0)
         self.spawn = Spawner(ignore)
         self.rdzv = FakeRendezvous(max_restarts, nproc)
         self.events: list[tuple[str, dict]] = []
-        self.sup = Supervisor(self.config, self.rdzv, NoLogs(), str(tmp_path), starter=process.Spawner(self.spawn), clock=self.clock,
-                              environ={"PATH": "/usr/bin"}, agent_id="unit", host="testhost",
-                              sinks=[lambda kind, fields: self.events.append((kind, fields))])
+        self.sup = Supervisor(
+            self.config,
+            self.rdzv,
+            NoLogs(),
+            str(tmp_path),
+            starter=process.Spawner(self.spawn),
+            clock=self.clock,
+            environ={"PATH": "/usr/bin"},
+            agent_id="unit",
+            host="testhost",
+            sinks=[lambda kind, fields: self.events.append((kind, fields))],
+        )
 
     def turn(self, until, what: str, turns: int = 50) -> None:
         """Step the loop until `until()`; a round asked of the rendezvous thread wakes the loop at once."""
@@ -135,7 +160,9 @@ class Rig:
 
     def running(self, count: int) -> None:
         """Wait for the group to be RUNNING with its `count`-th spawn done."""
-        self.turn(lambda: self.sup.state is GroupState.RUNNING and len(self.spawn.procs) >= count, f"{count} workers spawned")
+        self.turn(
+            lambda: self.sup.state is GroupState.RUNNING and len(self.spawn.procs) >= count, f"{count} workers spawned"
+        )
 
     def start(self) -> None:
         self.sup.begin_round(Cause.START)
@@ -194,7 +221,10 @@ def test_a_failure_stops_the_group_and_restarts_it(tmp_path):
     rig.sup.step(timeout=0)
     result = rig.sup.result()
     assert result.exit_code == 0 and result.restarts == 1
-    assert [(f.worker.rank, f.exit.returncode, f.collateral) for f in result.failures] == [(1, 7, False), (0, -15, True)]
+    assert [(f.worker.rank, f.exit.returncode, f.collateral) for f in result.failures] == [
+        (1, 7, False),
+        (0, -15, True),
+    ]
 
 
 def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
@@ -213,7 +243,9 @@ def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
     lines = summary_lines(result)
     assert lines[0] == "job failed (exit code 42) after 1 restart(s)"
     assert lines[1] == "reason: no restarts left (--max_restarts 1)"
-    assert lines[2].startswith("root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)")
+    assert lines[2].startswith(
+        "root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)"
+    )
     assert lines[-1] == "stopped by the launcher: rank 0 (pid 10002)"  # only the last round's collateral
     told = rig.rdzv.verdicts[-1]  # what the rendezvous publishes as the job's verdict when it closes the job
     assert (told.host, told.rank, told.local_rank, told.returncode, told.round) == ("testhost", 1, 1, 42, 1)
@@ -222,8 +254,16 @@ def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
 def test_a_job_closed_elsewhere_fails_with_the_remote_root_cause_first(tmp_path):
     rig = Rig(tmp_path, nproc=1)
     rig.start()
-    verdict = Verdict(host="h2", node="h2:9", rank=3, local_rank=1, returncode=3, round=0,
-                      error="RuntimeError: loss is NaN", log="/logs/attempt_0/1/stderr.log")
+    verdict = Verdict(
+        host="h2",
+        node="h2:9",
+        rank=3,
+        local_rank=1,
+        returncode=3,
+        round=0,
+        error="RuntimeError: loss is NaN",
+        log="/logs/attempt_0/1/stderr.log",
+    )
     reason = "restart budget spent (--max_restarts 0); closed by node h2:9"
 
     def closed(cause, verdict_=None, waiting=None):

@@ -16,10 +16,18 @@ import time
 import uuid
 
 import pytest
-
 from conftest import FakeClock, Relay, wait_for
+
 from launcher.rendezvous.tcpstore import (
-    CHANGED, GONE, MAGIC, PROBES, SESSION, StoreClient, StoreError, StoreRestarted, StoreServer,
+    CHANGED,
+    GONE,
+    MAGIC,
+    PROBES,
+    SESSION,
+    StoreClient,
+    StoreError,
+    StoreRestarted,
+    StoreServer,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -261,8 +269,9 @@ def test_a_store_that_is_gone_is_an_error_at_once(server, clients, caplog):
         wait_for(lambda: got, timeout=5, what="the wait to fail")
     assert time.monotonic() - t < 2  # refused: nothing to wait for, a new store would have lost the keys anyway
     assert isinstance(got[0], StoreError), got
-    assert str(got[0]).startswith("the store closed the connection; could not reconnect (Connection refused: "
-                                  "no store listens there any more)"), got
+    assert str(got[0]).startswith(
+        "the store closed the connection; could not reconnect (Connection refused: no store listens there any more)"
+    ), got
     assert "gave up reconnecting to the store at 127.0.0.1" in caplog.text
 
 
@@ -271,8 +280,11 @@ def test_a_store_that_stays_unreachable_is_an_error_after_the_reconnect_time(ser
     relay.refuse = True  # the relay takes connections and closes them: the store is out of reach
     relay.cut()
     t = time.monotonic()
-    with pytest.raises(StoreError, match=r"(the store closed the connection|Connection reset by peer); could not reconnect "
-                                         r"\((it closed the connection|Connection reset by peer), retried for 1 s\)"):
+    with pytest.raises(
+        StoreError,
+        match=r"(the store closed the connection|Connection reset by peer); could not reconnect "
+        r"\((it closed the connection|Connection reset by peer), retried for 1 s\)",
+    ):
         c.check(["k"])
     assert 0.9 < time.monotonic() - t < 3
 

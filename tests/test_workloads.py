@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, wait_gone
 
 pytest.importorskip("torch")
@@ -20,8 +19,10 @@ SMALL = ["-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "3"]  # 1K, 8K, 64
 
 
 def test_import_cli_stays_light():
-    code = ("import sys, launcher.cli; "
-            "print(sorted(m for m in ('torch', 'launcher.allreduce', 'launcher.preflight') if m in sys.modules))")
+    code = (
+        "import sys, launcher.cli; "
+        "print(sorted(m for m in ('torch', 'launcher.allreduce', 'launcher.preflight') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -44,8 +45,11 @@ def test_bench_allreduce_two_workers(launch):
     assert head[2].split()[2:] == ["size", "count", "type"] + ["time", "algbw", "busbw", "#wrong"] * 2
     assert head[3].split()[2:] == ["(B)", "(elements)"] + ["(us)", "(GB/s)", "(GB/s)"] * 2
     rows = ROW.findall(r.stdout)
-    assert [(int(s), int(c), t) for s, c, t, *_ in rows] == [(1024, 256, "float32"), (8192, 2048, "float32"),
-                                                             (65536, 16384, "float32")]
+    assert [(int(s), int(c), t) for s, c, t, *_ in rows] == [
+        (1024, 256, "float32"),
+        (8192, 2048, "float32"),
+        (65536, 16384, "float32"),
+    ]
     for row in rows:
         for time_us, algbw, busbw, wrong in (row[3:7], row[7:11]):
             assert busbw == algbw  # 2(n-1)/n = 1 for n = 2
@@ -62,8 +66,18 @@ def test_bench_example_three_workers_formula_and_failed_check(launch, tmp_path):
     busbw = algbw * 2(n-1)/n = 4/3 algbw in the JSON rows (unrounded), every rank sees the wrong
     sum in both placements, and the job fails."""
     out = tmp_path / "rows.json"
-    r = launch.run("--nproc_per_node", "3", str(ROOT / "examples" / "allreduce_bench.py"), *SMALL, "-d", "bfloat16",
-                   "-J", str(out), env={"LAUNCHER_ALLREDUCE_CORRUPT_RANK": "1"}, timeout=90)
+    r = launch.run(
+        "--nproc_per_node",
+        "3",
+        str(ROOT / "examples" / "allreduce_bench.py"),
+        *SMALL,
+        "-d",
+        "bfloat16",
+        "-J",
+        str(out),
+        env={"LAUNCHER_ALLREDUCE_CORRUPT_RANK": "1"},
+        timeout=90,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     data = json.loads(out.read_text())
     assert data["world"] == 3 and len(data["rows"]) == 3
@@ -92,8 +106,12 @@ def test_check_passes(launch, nproc):
     # far off (test_check_names_a_slow_rank covers the default judging)
     r = launch.run("check", "--nproc_per_node", str(nproc), "--", "--slow-factor", "0.2", timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"^\[rank0\]: rank +host +local +device +backend +torch +python +cuda +nccl +gpu +all_reduce"
-                     r" +all_gather +pair GB/s +status$", r.stdout, re.M)
+    assert re.search(
+        r"^\[rank0\]: rank +host +local +device +backend +torch +python +cuda +nccl +gpu +all_reduce"
+        r" +all_gather +pair GB/s +status$",
+        r.stdout,
+        re.M,
+    )
     rows = table(r.stdout)
     assert sorted(rows) == list(range(nproc))
     for rank, row in rows.items():
@@ -120,8 +138,9 @@ def test_check_names_a_corrupt_rank(launch):
 def test_check_names_a_slow_rank(launch):
     """Rank 2 sleeps in every probe all_reduce: its pairs (with 0, with 1) are both slow, while
     0 and 1 also have their pair together, so only rank 2's best pair is under half the median."""
-    r = launch.run("check", "--nproc_per_node", "3", "--", "--sizes", "1M", env={"LAUNCHER_PREFLIGHT_SLOW_RANK": "2"},
-                   timeout=90)
+    r = launch.run(
+        "check", "--nproc_per_node", "3", "--", "--sizes", "1M", env={"LAUNCHER_PREFLIGHT_SLOW_RANK": "2"}, timeout=90
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     rows = table(r.stdout)
     assert [rows[k][-1] for k in range(3)] == ["ok", "ok", "FAIL"], r.stdout

@@ -8,7 +8,8 @@ The backends import `api`, `protocol` and their settings, never this table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 from .api import Cause, JobParams, RendezvousHandler
 from .etcd_settings import EtcdSettings, parse_etcd

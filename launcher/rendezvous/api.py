@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from ..spec import Round, Verdict
 
@@ -57,12 +58,16 @@ class Stragglers:
 class RendezvousHandler(Protocol):
     """What every backend offers the supervisor."""
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+    def next_round(
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+    ) -> Round:
         """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
         `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
         `waiting`: told every few seconds what a forming round waits for (the line also logged)."""
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None) -> None:
+    def watch(
+        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
+    ) -> None:
         """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
         (this node's snapshot, for `launcher status`; None while its workers start) at a bounded rate
         where the backend has a store."""

@@ -23,7 +23,7 @@ import random
 import resource
 import signal
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
@@ -50,21 +50,39 @@ class TCPStoreAdapter:
     process the session began on (a clone's), so a clone never starts on a restarted store.
     """
 
-    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float | None = None, session: int | None = None,
-                 boot: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        connect_timeout: float | None = None,
+        session: int | None = None,
+        boot: int | None = None,
+    ):
         self.host, self.port, self.timeout = host, port, timeout
         self.session = random.getrandbits(63) if session is None else session
         try:
-            self.client = StoreClient(host, port, timeout, connect_timeout or timeout, session=self.session,
-                                      reconnect=RECONNECT_WITHIN, boot=boot)
+            self.client = StoreClient(
+                host,
+                port,
+                timeout,
+                connect_timeout or timeout,
+                session=self.session,
+                reconnect=RECONNECT_WITHIN,
+                boot=boot,
+            )
         except StoreRestarted:
             raise RendezvousConnectionError(self._restarted()) from None
         except StoreError as e:
             raise RendezvousConnectionError(f"cannot reach the rendezvous store at {host}:{port}: {e}") from None
-        self.capabilities = frozenset({Capability.DELETE, Capability.CRASH} if self.client.extended else {Capability.DELETE})
+        self.capabilities = frozenset(
+            {Capability.DELETE, Capability.CRASH} if self.client.extended else {Capability.DELETE}
+        )
 
     def _restarted(self) -> str:
-        return f"the rendezvous store restarted and lost the job's state ({self.host}:{self.port} is a new store process)"
+        return (
+            f"the rendezvous store restarted and lost the job's state ({self.host}:{self.port} is a new store process)"
+        )
 
     def _call(self, op: str, *args):
         try:
@@ -122,7 +140,7 @@ class TCPStoreAdapter:
         got = self._call("wait_change", PREFIX + change, None if alive is None else PREFIX + alive, timeout)
         return {CHANGED: Change.CHANGED, GONE: Change.GONE}.get(got)
 
-    def clone(self) -> "TCPStoreAdapter":
+    def clone(self) -> TCPStoreAdapter:
         """A second connection in the same session."""
         return TCPStoreAdapter(self.host, self.port, self.timeout, session=self.session, boot=self.client.boot)
 
@@ -147,11 +165,20 @@ class C10dRendezvous(ElasticRendezvous):
                 self.server = serve(host, port)
             except OSError:
                 if s.is_host:
-                    raise RendezvousConnectionError(f"cannot host the rendezvous store on {host}:{port}: port taken") from None
+                    raise RendezvousConnectionError(
+                        f"cannot host the rendezvous store on {host}:{port}: port taken"
+                    ) from None
                 # another agent on this machine hosts it already: be a client
         store = TCPStoreAdapter(host, port, s.read_timeout, connect_timeout=s.join_timeout)
-        super().__init__(store, job.run_id, Node.of_this_agent(job, (host, port)), s, port_picker=free_port, is_host=self.server is not None,
-                         judge=Judge(job.straggler_threshold, job.straggler_period))
+        super().__init__(
+            store,
+            job.run_id,
+            Node.of_this_agent(job, (host, port)),
+            s,
+            port_picker=free_port,
+            is_host=self.server is not None,
+            judge=Judge(job.straggler_threshold, job.straggler_period),
+        )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job, then close the connection and the store server (the host leaves last)."""

@@ -35,15 +35,15 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 from ..errors import RendezvousConnectionError, RendezvousError
 from ..net import free_port
+from ..stragglers import Judge
 from .api import JobParams
 from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
 from .etcd_settings import EtcdOptions, EtcdSettings
-from ..stragglers import Judge
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import RendezvousSettings
 
@@ -104,7 +104,7 @@ class _Client:
                 self.shared.session = Session(self.opts)
             return Gateway(self.opts, self.timeout, self.shared.session, owner=self.owner)
 
-    def sibling(self, timeout: float | None = None) -> "_Client":
+    def sibling(self, timeout: float | None = None) -> _Client:
         return _Client(self.opts, timeout or self.timeout, shared=self.shared)
 
     def close(self) -> None:
@@ -148,8 +148,15 @@ class EtcdStore:
 
     capabilities = frozenset({Capability.DELETE, Capability.LIVENESS})
 
-    def __init__(self, opts: EtcdOptions, lease: "Lease | None" = None, *, retry_for: float = 60.0,
-                 client: _Client | None = None, owns_client: bool | None = None):
+    def __init__(
+        self,
+        opts: EtcdOptions,
+        lease: Lease | None = None,
+        *,
+        retry_for: float = 60.0,
+        client: _Client | None = None,
+        owns_client: bool | None = None,
+    ):
         self.opts = opts
         self.lease = lease
         self.retry_for = retry_for  # how long one operation retries a cluster that does not answer
@@ -217,8 +224,10 @@ class EtcdStore:
         for chunk in _chunks([_name(k) for k in keys]):
             self._call(lambda e, ch=chunk: e.txn([], [Delete(n) for n in ch], []))
 
-    def clone(self) -> "EtcdStore":
-        return EtcdStore(self.opts, self.lease, retry_for=self.retry_for, client=self.client.sibling(), owns_client=True)
+    def clone(self) -> EtcdStore:
+        return EtcdStore(
+            self.opts, self.lease, retry_for=self.retry_for, client=self.client.sibling(), owns_client=True
+        )
 
     def close(self) -> None:
         self._drop_follow()
@@ -247,8 +256,10 @@ class EtcdStore:
         if got is None and self.lease is not None:
             failing, why = self.lease.failing()
             if failing > self.retry_for:  # cut off: the others have dropped this node by now (its lease TTL)
-                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (no answer for {failing:.0f} s, "
-                                                f"read_timeout {self.retry_for:g} s)")
+                raise RendezvousConnectionError(
+                    f"cannot reach etcd at {self.opts.where}: {why} (no answer for {failing:.0f} s, "
+                    f"read_timeout {self.retry_for:g} s)"
+                )
         return got
 
     # ------------------------------------------------------------------ the agent's life
@@ -270,7 +281,9 @@ class EtcdStore:
         assert self.lease is not None, "sign_in needs a lease"
         agents = _job(run_id)[1]
         me = agents + node_id.encode()
-        _, found, _ = self._call(lambda e: e.txn([], [Get(agents, range_end(agents), keys_only=True, limit=1)], []), retry_for=retry_for)
+        _, found, _ = self._call(
+            lambda e: e.txn([], [Get(agents, range_end(agents), keys_only=True, limit=1)], []), retry_for=retry_for
+        )
         self.lease.hold(me, b"1", self, retry_for, sweep=None if found[0] else _sweep(run_id, keep=me))
 
     def leave(self, run_id: str) -> None:
@@ -296,16 +309,22 @@ class EtcdStore:
                 if e.kind is ErrorKind.LEASE:
                     raise _LeaseLost(e.why) from None
                 if not idempotent and not e.unsent:
-                    raise RendezvousConnectionError(f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off") from None
+                    raise RendezvousConnectionError(
+                        f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off"
+                    ) from None
                 why = e.why
             except Exception as e:  # a client bug, not an etcd answer
                 raise RendezvousError(f"etcd client error: {type(e).__name__}: {e}") from None
             waited = time.monotonic() - start
             if waited + delay > limit:
-                raise RendezvousConnectionError(f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s){_hint(why, self.opts)}")
+                raise RendezvousConnectionError(
+                    f"cannot reach etcd at {self.opts.where}: {why} (retried for {limit:g} s){_hint(why, self.opts)}"
+                )
             if waited >= 1.0 and not told and limit >= 5.0:
                 told = True
-                log.info(f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}")
+                log.info(
+                    f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}"
+                )
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
 
@@ -435,7 +454,7 @@ def _bumped(prev) -> int:
 
 def _chunks(items: list, size: int = TXN_OPS) -> Iterator[list]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 # ---------------------------------------------------------------------------- the lease
@@ -459,13 +478,21 @@ class Lease:
     def start(self, via: EtcdStore, retry_for: float) -> None:
         """Grant the lease (through `via`, which retries up to `retry_for`) and start refreshing it."""
         # Short request timeout: a hung member must not outlast the TTL before we fail over.
-        self.store = EtcdStore(self.opts, retry_for=self.ttl, client=via.client.sibling(max(1.0, self.ttl / 2)), owns_client=True)
+        self.store = EtcdStore(
+            self.opts, retry_for=self.ttl, client=via.client.sibling(max(1.0, self.ttl / 2)), owns_client=True
+        )
         self.id = via._call(lambda e: e.lease_grant(self.ttl), retry_for=retry_for)
         self._thread = threading.Thread(target=self._run, name="launcher-etcd-lease", daemon=True)
         self._thread.start()
 
-    def hold(self, name: bytes, value: bytes, via: EtcdStore, retry_for: float | None = None,
-             sweep: tuple[list, list, list] | None = None) -> None:
+    def hold(
+        self,
+        name: bytes,
+        value: bytes,
+        via: EtcdStore,
+        retry_for: float | None = None,
+        sweep: tuple[list, list, list] | None = None,
+    ) -> None:
         """Put `name` on the lease (taking a new lease first if etcd forgot this one); kept across renewals.
         With `sweep` (a txn's compares and ops), the put runs in that txn, whatever its compares say."""
         for attempt in range(2):
@@ -567,7 +594,14 @@ class EtcdRendezvous(ElasticRendezvous):
             lease.close()
             store.close()
             raise
-        super().__init__(store, job.run_id, node, s, port_picker=free_port, judge=Judge(job.straggler_threshold, job.straggler_period))
+        super().__init__(
+            store,
+            job.run_id,
+            node,
+            s,
+            port_picker=free_port,
+            judge=Judge(job.straggler_threshold, job.straggler_period),
+        )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""

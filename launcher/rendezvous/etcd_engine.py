@@ -9,7 +9,8 @@ classified here once, from the gRPC status code and message both of them carry.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Protocol, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol, Union
 
 from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV, EtcdOptions
 
@@ -55,7 +56,7 @@ class Compare(NamedTuple):
 
     key: bytes
     target: str  # "version" or "value"
-    operand: Union[int, bytes]
+    operand: int | bytes
     range_end: bytes | None = None
 
 
@@ -120,6 +121,7 @@ class Engine(Protocol):
     def lease_grant(self, ttl: int) -> int: ...
     def lease_keepalive(self, lease_id: int) -> int:
         """One refresh: the TTL left, 0 if etcd no longer knows the lease."""
+
     def lease_revoke(self, lease_id: int) -> None: ...
 
     def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> Watch:
@@ -135,28 +137,45 @@ def range_end(prefix: bytes) -> bytes:
     for i in reversed(range(len(s))):
         if s[i] < 0xFF:
             s[i] += 1
-            return bytes(s[:i + 1])
+            return bytes(s[: i + 1])
     return b"\0"  # every key
 
 
 # gRPC status codes (both engines see them: the gateway passes the code in its JSON errors)
 PERMISSION_DENIED, UNAUTHENTICATED = 7, 16
-TRANSIENT = {1, 2, 4, 8, 10, 13, 14}  # CANCELLED UNKNOWN DEADLINE_EXCEEDED RESOURCE_EXHAUSTED ABORTED INTERNAL UNAVAILABLE
+TRANSIENT = {
+    1,
+    2,
+    4,
+    8,
+    10,
+    13,
+    14,
+}  # CANCELLED UNKNOWN DEADLINE_EXCEEDED RESOURCE_EXHAUSTED ABORTED INTERNAL UNAVAILABLE
 
 
 def classify(code: int, message: str, opts: EtcdOptions, *, unsent: bool = False) -> EtcdError:
     """What an error answer from etcd (gRPC status `code` and its message) means for us."""
     low = message.lower()
     if "authentication failed" in low:
-        return EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} rejected user {opts.user!r}: wrong user name or password")
+        return EtcdError(
+            ErrorKind.FATAL, f"etcd at {opts.where} rejected user {opts.user!r}: wrong user name or password"
+        )
     if "invalid auth token" in low or code == UNAUTHENTICATED:
         # etcd restarted and forgot its tokens (or a token expired): the engine logs in again once
-        return EtcdError(ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts))
+        return EtcdError(
+            ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts)
+        )
     if "user name is empty" in low:  # no token sent: with a user given, auth was off at our login
-        return EtcdError(ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts))
+        return EtcdError(
+            ErrorKind.REAUTH if opts.user else ErrorKind.FATAL, message if opts.user else needs_login(opts)
+        )
     if code == PERMISSION_DENIED or "permission denied" in low:
         who = f"user {opts.user!r}" if opts.user else "this client (no user given)"
-        return EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); grant its role readwrite on that prefix")
+        return EtcdError(
+            ErrorKind.FATAL,
+            f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); grant its role readwrite on that prefix",
+        )
     if "requested lease not found" in low:
         return EtcdError(ErrorKind.LEASE, message)
     if code in TRANSIENT:
@@ -165,9 +184,13 @@ def classify(code: int, message: str, opts: EtcdOptions, *, unsent: bool = False
 
 
 def needs_login(opts: EtcdOptions) -> str:
-    return (f"etcd at {opts.where} requires a login: set {ETCD_USER_ENV} and {ETCD_PASSWORD_ENV} "
-            f"(or --rdzv_conf user=NAME,password_file=PATH)")
+    return (
+        f"etcd at {opts.where} requires a login: set {ETCD_USER_ENV} and {ETCD_PASSWORD_ENV} "
+        f"(or --rdzv_conf user=NAME,password_file=PATH)"
+    )
 
 
 def tls_failed(opts: EtcdOptions, detail: str) -> EtcdError:
-    return EtcdError(ErrorKind.FATAL, f"TLS with etcd at {opts.where} failed ({detail}); check --rdzv_conf cacert=, cert=, key=")
+    return EtcdError(
+        ErrorKind.FATAL, f"TLS with etcd at {opts.where} failed ({detail}); check --rdzv_conf cacert=, cert=, key="
+    )

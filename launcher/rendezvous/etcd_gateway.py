@@ -26,7 +26,7 @@ import json
 import random
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .etcd_engine import (
     ENDPOINT_RETRY_S,
@@ -129,7 +129,7 @@ class Session:
 
     # ------------------------------------------------------------------ login
 
-    def token_for(self, engine: "Gateway") -> str | None:
+    def token_for(self, engine: Gateway) -> str | None:
         """The token to send: logs in first when a user is given and nobody has yet."""
         if not self.opts.user or self.auth_off:
             return None
@@ -138,8 +138,12 @@ class Session:
             return token
         with self._login:
             if self.token is None and not self.auth_off:
-                doc = engine._post("/v3/auth/authenticate", {"name": self.opts.user, "password": self.opts.password or ""},
-                                   token=None, login=True)
+                doc = engine._post(
+                    "/v3/auth/authenticate",
+                    {"name": self.opts.user, "password": self.opts.password or ""},
+                    token=None,
+                    login=True,
+                )
                 if doc is None:
                     self.auth_off = True
                 else:
@@ -160,7 +164,14 @@ class Gateway:
 
     name = "gateway"
 
-    def __init__(self, opts: EtcdOptions, timeout: float | None = None, session: Session | None = None, *, owner: bool | None = None):
+    def __init__(
+        self,
+        opts: EtcdOptions,
+        timeout: float | None = None,
+        session: Session | None = None,
+        *,
+        owner: bool | None = None,
+    ):
         self.opts = opts
         self.timeout = timeout or opts.timeout
         self.session = session or Session(opts)
@@ -178,11 +189,14 @@ class Gateway:
         return _kv(prev) if prev else None
 
     def txn(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> tuple[bool, list, int]:
-        doc = self._call("/v3/kv/txn", {
-            "compare": [_compare(c) for c in compare],
-            "success": [_op(o) for o in success],
-            "failure": [_op(o) for o in failure],
-        })
+        doc = self._call(
+            "/v3/kv/txn",
+            {
+                "compare": [_compare(c) for c in compare],
+                "success": [_op(o) for o in success],
+                "failure": [_op(o) for o in failure],
+            },
+        )
         results = []
         for r in doc.get("responses") or []:
             got = r.get("response_range")
@@ -207,13 +221,15 @@ class Gateway:
 
     # ------------------------------------------------------------------ watches
 
-    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> "GatewayWatch":
+    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> GatewayWatch:
         """Every range on one stream (one connection), from now on; returns once etcd created them all."""
-        creates = [json.dumps({"create_request": _span(key, end)}, separators=(",", ":")).encode() for key, end in ranges]
+        creates = [
+            json.dumps({"create_request": _span(key, end)}, separators=(",", ":")).encode() for key, end in ranges
+        ]
         body = b"".join(creates)
         return self._logged_in(lambda token: self._open_watch(body, len(ranges), token))
 
-    def _open_watch(self, body: bytes, count: int, token: str | None) -> "GatewayWatch":
+    def _open_watch(self, body: bytes, count: int, token: str | None) -> GatewayWatch:
         deadline = time.monotonic() + self.timeout
         status, data, conn = self._exchange("/v3/watch", body, token, deadline, stream=True)
         if conn is None:
@@ -250,7 +266,9 @@ class Gateway:
                     raise EtcdError(ErrorKind.RETRY, e.why, unsent=True) from None
                 self.session.forget(token)
 
-    def _post(self, path: str, payload: dict, *, token: str | None, streamed: bool = False, login: bool = False) -> dict | None:
+    def _post(
+        self, path: str, payload: dict, *, token: str | None, streamed: bool = False, login: bool = False
+    ) -> dict | None:
         """One request; `streamed`: the answer is a stream of one message."""
         deadline = time.monotonic() + self.timeout
         body = json.dumps(payload, separators=(",", ":")).encode()
@@ -271,7 +289,10 @@ class Gateway:
         if login and "authentication is not enabled" in error.why:
             return None
         if login and error.kind is ErrorKind.REAUTH:  # a login refused as such is a wrong password
-            raise EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} rejected user {self.opts.user!r}: wrong user name or password")
+            raise EtcdError(
+                ErrorKind.FATAL,
+                f"etcd at {self.opts.where} rejected user {self.opts.user!r}: wrong user name or password",
+            )
         raise error
 
     def _exchange(self, path: str, body: bytes, token: str | None, deadline: float, *, stream: bool = False):
@@ -319,10 +340,13 @@ class Gateway:
 
     def _error(self, status: int, data: bytes) -> EtcdError:
         if status == 400 and data.startswith(COMMON_NAME_REFUSED):
-            return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
-                                      f"with a Common Name (--client-cert-auth with auth enabled): pip install "
-                                      f"'launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
-                                      f"without a Common Name")
+            return EtcdError(
+                ErrorKind.FATAL,
+                f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
+                f"with a Common Name (--client-cert-auth with auth enabled): pip install "
+                f"'launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
+                f"without a Common Name",
+            )
         try:
             doc = json.loads(data)
             error = doc.get("error")
@@ -337,10 +361,16 @@ class Gateway:
 
     def _not_gateway(self, status: int, data: bytes) -> EtcdError:
         if status == 404:
-            return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} has no v3 JSON gateway at /v3/ (HTTP 404): etcd 3.4 or later is needed")
+            return EtcdError(
+                ErrorKind.FATAL,
+                f"etcd at {self.opts.where} has no v3 JSON gateway at /v3/ (HTTP 404): etcd 3.4 or later is needed",
+            )
         if status >= 500:
             return EtcdError(ErrorKind.RETRY, f"HTTP {status} from etcd")
-        return EtcdError(ErrorKind.FATAL, f"etcd at {self.opts.where} gave an answer that is not etcd's: HTTP {status} {data[:120]!r}")
+        return EtcdError(
+            ErrorKind.FATAL,
+            f"etcd at {self.opts.where} gave an answer that is not etcd's: HTTP {status} {data[:120]!r}",
+        )
 
     def _fatal_tls(self, e: BaseException, ep: tuple[str, int] | None = None, deadline: float = 0.0) -> None:
         """Raise the user's one line for a TLS failure that no retry can mend (`ep`: in its handshake)."""
@@ -360,8 +390,11 @@ class Gateway:
                 return  # retried
         if plain:
             where = f"{ep[0]}:{ep[1]}" if ep else self.opts.where
-            raise EtcdError(ErrorKind.FATAL, f"etcd at {where} does not speak TLS (it answers plain HTTP); "
-                                     f"use http:// endpoints without cacert=, cert=, key=") from None
+            raise EtcdError(
+                ErrorKind.FATAL,
+                f"etcd at {where} does not speak TLS (it answers plain HTTP); "
+                f"use http:// endpoints without cacert=, cert=, key=",
+            ) from None
         detail = str(getattr(e, "reason", None) or e).replace("_", " ").lower()
         if "alert" in detail and "certificate" in detail and not self.opts.cert:
             detail += ": etcd wants a client certificate"
@@ -431,11 +464,20 @@ def _watch_message(line: bytes, opts: EtcdOptions) -> tuple[int, list[Event]]:
             # A watch refused at creation says why in words only, e.g. "rpc error: code =
             # Unauthenticated desc = etcdserver: invalid auth token" after an etcd restart.
             raise classify(2, str(result.get("cancel_reason") or "watch canceled"), opts)
-        events = [Event(_unb64(ev["kv"]["key"]), ev.get("type", "PUT") != "DELETE", int(ev["kv"].get("mod_revision") or 0),
-                        _unb64(ev["kv"].get("value"))) for ev in result.get("events") or []]
+        events = [
+            Event(
+                _unb64(ev["kv"]["key"]),
+                ev.get("type", "PUT") != "DELETE",
+                int(ev["kv"].get("mod_revision") or 0),
+                _unb64(ev["kv"].get("value")),
+            )
+            for ev in result.get("events") or []
+        ]
         return (1 if result.get("created") else 0), events
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
-        raise EtcdError(ErrorKind.FATAL, f"etcd at {opts.where} sent a watch message that is not etcd's: {line[:120]!r}") from None
+        raise EtcdError(
+            ErrorKind.FATAL, f"etcd at {opts.where} sent a watch message that is not etcd's: {line[:120]!r}"
+        ) from None
 
 
 def _stream_error(error, opts: EtcdOptions) -> EtcdError:
@@ -534,5 +576,7 @@ def _tls_context(opts: EtcdOptions):
         if opts.cert:
             context.load_cert_chain(opts.cert, opts.key)
     except (OSError, ValueError) as e:
-        raise EtcdError(ErrorKind.FATAL, f"cannot load the TLS files for etcd ({e}); check --rdzv_conf cacert=, cert=, key=") from None
+        raise EtcdError(
+            ErrorKind.FATAL, f"cannot load the TLS files for etcd ({e}); check --rdzv_conf cacert=, cert=, key="
+        ) from None
     return context

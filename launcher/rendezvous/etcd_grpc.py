@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .etcd_engine import (
     ENDPOINT_RETRY_S,
@@ -73,7 +73,9 @@ class Grpc:
     # ------------------------------------------------------------------ KV
 
     def range(self, key: bytes, range_end: bytes | None = None, *, keys_only: bool = False) -> tuple[list[KV], int]:
-        r = self._rpc(lambda c: c.kvstub.Range(_range(Get(key, range_end, keys_only)), self.timeout, metadata=c.metadata))
+        r = self._rpc(
+            lambda c: c.kvstub.Range(_range(Get(key, range_end, keys_only)), self.timeout, metadata=c.metadata)
+        )
         return _kvs(r.kvs), r.header.revision
 
     def put(self, key: bytes, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> KV | None:
@@ -82,27 +84,36 @@ class Grpc:
         return _kv(r.prev_kv) if r.HasField("prev_kv") else None
 
     def txn(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> tuple[bool, list, int]:
-        req = etcdrpc.TxnRequest(compare=[_compare(c) for c in compare], success=[_op(o) for o in success],
-                                 failure=[_op(o) for o in failure])
+        req = etcdrpc.TxnRequest(
+            compare=[_compare(c) for c in compare], success=[_op(o) for o in success], failure=[_op(o) for o in failure]
+        )
         r = self._rpc(lambda c: c.kvstub.Txn(req, self.timeout, metadata=c.metadata))
-        results = [_kvs(x.response_range.kvs) if x.WhichOneof("response") == "response_range" else None for x in r.responses]
+        results = [
+            _kvs(x.response_range.kvs) if x.WhichOneof("response") == "response_range" else None for x in r.responses
+        ]
         return r.succeeded, results, r.header.revision
 
     # ------------------------------------------------------------------ leases
 
     def lease_grant(self, ttl: int) -> int:
-        return self._rpc(lambda c: c.leasestub.LeaseGrant(etcdrpc.LeaseGrantRequest(TTL=ttl), self.timeout, metadata=c.metadata)).ID
+        return self._rpc(
+            lambda c: c.leasestub.LeaseGrant(etcdrpc.LeaseGrantRequest(TTL=ttl), self.timeout, metadata=c.metadata)
+        ).ID
 
     def lease_keepalive(self, lease_id: int) -> int:
         responses = self._rpc(lambda c: list(c.refresh_lease(lease_id)))
         return responses[0].TTL if responses else 0
 
     def lease_revoke(self, lease_id: int) -> None:
-        self._rpc(lambda c: c.leasestub.LeaseRevoke(etcdrpc.LeaseRevokeRequest(ID=lease_id), self.timeout, metadata=c.metadata))
+        self._rpc(
+            lambda c: c.leasestub.LeaseRevoke(
+                etcdrpc.LeaseRevokeRequest(ID=lease_id), self.timeout, metadata=c.metadata
+            )
+        )
 
     # ------------------------------------------------------------------ watches
 
-    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> "GrpcWatch":
+    def watch(self, ranges: Sequence[tuple[bytes, bytes | None]]) -> GrpcWatch:
         def make(c) -> GrpcWatch:
             w = GrpcWatch(self, c)
             try:

@@ -53,7 +53,9 @@ def parse_etcd(flags: Flags) -> EtcdSettings:
     if "is_host" in conf:
         raise ConfigError("--rdzv_conf is_host does not apply to the etcd rendezvous (no node hosts etcd); remove it")
     if "password" in conf:
-        raise ConfigError(f"--rdzv_conf password= would show in ps; set {ETCD_PASSWORD_ENV} or use --rdzv_conf password_file=PATH")
+        raise ConfigError(
+            f"--rdzv_conf password= would show in ps; set {ETCD_PASSWORD_ENV} or use --rdzv_conf password_file=PATH"
+        )
     for key in ("cacert", "cert", "key", "password_file"):
         if key in conf and not os.path.isfile(conf[key]):
             raise ConfigError(f"--rdzv_conf {key}={conf[key]}: no such file")
@@ -73,7 +75,9 @@ def parse_etcd(flags: Flags) -> EtcdSettings:
     if has_password and not user:
         raise ConfigError(f"an etcd password is set but no user; set {ETCD_USER_ENV} or --rdzv_conf user=NAME")
     if user and not has_password:
-        raise ConfigError(f"etcd user {user!r} has no password; set {ETCD_PASSWORD_ENV} or --rdzv_conf password_file=PATH")
+        raise ConfigError(
+            f"etcd user {user!r} has no password; set {ETCD_PASSWORD_ENV} or --rdzv_conf password_file=PATH"
+        )
     unknown = sorted(set(conf) - set(ETCD_KEYS) - set(RDZV_KEYS))
     if unknown:
         good = sorted(set(ETCD_KEYS) | set(RDZV_KEYS) - {"is_host"})
@@ -82,21 +86,27 @@ def parse_etcd(flags: Flags) -> EtcdSettings:
     cluster = EtcdOptions(
         endpoints=endpoints,
         tls=https or conf.get("protocol") == "https" or any(k in conf for k in ("cacert", "cert", "key")),
-        cacert=conf.get("cacert"), cert=conf.get("cert"), key=conf.get("key"),
-        user=user, password=_password(conf.get("password_file"), environ), timeout=min(rdzv.read_timeout, 10.0),
+        cacert=conf.get("cacert"),
+        cert=conf.get("cert"),
+        key=conf.get("key"),
+        user=user,
+        password=_password(conf.get("password_file"), environ),
+        timeout=min(rdzv.read_timeout, 10.0),
         engine=conf.get("engine", "gateway"),
     )
     return EtcdSettings(cluster, rdzv)
 
 
-def parse_endpoints(text: str, default_port: int, flag: str = "--rdzv_endpoint") -> tuple[tuple[tuple[str, int], ...], bool]:
+def parse_endpoints(
+    text: str, default_port: int, flag: str = "--rdzv_endpoint"
+) -> tuple[tuple[tuple[str, int], ...], bool]:
     """`h1:2379,h2[:port],…`, each optionally `http://` or `https://` (etcd's own spelling) ->
     (the unique endpoints, whether one of them says https)."""
     out, https = [], False
     for item in filter(None, (s.strip() for s in str(text).split(","))):
         scheme = re.match(r"https?://", item)
         https = https or (scheme is not None and scheme.group() == "https://")
-        out.append(parse_endpoint(item[scheme.end() if scheme else 0:].rstrip("/"), default_port, flag))
+        out.append(parse_endpoint(item[scheme.end() if scheme else 0 :].rstrip("/"), default_port, flag))
     if not out:
         raise ConfigError(f"{flag} is empty; give HOST[:PORT][,HOST[:PORT]…]")
     return tuple(dict.fromkeys(out)), https

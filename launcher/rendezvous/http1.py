@@ -107,7 +107,7 @@ class Connection:
             end = self._body.find(b"\n")
             if end >= 0:
                 out = bytes(self._body[:end])
-                del self._body[:end + 1]
+                del self._body[: end + 1]
                 return out
             if self._done:
                 raise Closed("the stream ended")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
 from ..net import free_port, port_taken
@@ -19,7 +19,6 @@ from ..stragglers import Judge, running_rates
 from .api import Cause, JobParams, Stragglers
 from .settings import LocalSettings, StaticSettings
 
-
 log = logging.getLogger(__name__)
 JUDGE_EVERY = 2.0  # seconds between straggler judgements (as a store backend's snapshots)
 
@@ -27,7 +26,9 @@ JUDGE_EVERY = 2.0  # seconds between straggler judgements (as a store backend's 
 class LocalRendezvous:
     """Rounds decided by this node alone; the restart budget is this node's."""
 
-    def __init__(self, settings: LocalSettings | StaticSettings, job: JobParams, port_picker: Callable[[], int] = free_port):
+    def __init__(
+        self, settings: LocalSettings | StaticSettings, job: JobParams, port_picker: Callable[[], int] = free_port
+    ):
         self.settings = settings
         self.job = job
         self._pick_port = port_picker
@@ -40,9 +41,12 @@ class LocalRendezvous:
             if taken:
                 raise RendezvousConnectionError(
                     f"--master_port {settings.master_port} is already in use on this host ({taken}); "
-                    "stop what holds it or pick another --master_port")
+                    "stop what holds it or pick another --master_port"
+                )
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+    def next_round(
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+    ) -> Round:
         self._stop.set()
         s, job = self.settings, self.job
         if cause is Cause.FAILURE:
@@ -91,4 +95,3 @@ class LocalRendezvous:
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Nothing to leave; the straggler judge stops."""
         self._stop.set()
-

@@ -40,8 +40,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence, cast
+from typing import Protocol, cast
 
 from ..errors import (
     RendezvousClosedError,
@@ -98,10 +99,12 @@ class Store(Protocol):
     def set(self, key: str, value: bytes) -> None: ...
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...  # returns the value now
     def wait(self, keys: Sequence[str], timeout: float) -> bool: ...  # True once every key exists
-    def wait_get(self, key: str, timeout: float) -> bytes | None: ...  # the value once `key` exists; None at the timeout
+    def wait_get(
+        self, key: str, timeout: float
+    ) -> bytes | None: ...  # the value once `key` exists; None at the timeout
     def multi_get(self, keys: Sequence[str]) -> list[bytes | None]: ...  # None or b"" when absent; never blocks
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None: ...
-    def clone(self) -> "Store": ...  # a second connection, for the watcher thread
+    def clone(self) -> Store: ...  # a second connection, for the watcher thread
     def close(self) -> None: ...
 
 
@@ -145,11 +148,19 @@ class Node:
     token: str | None = field(default=None, repr=False)  # the job's join token, if it has one
 
     @classmethod
-    def of_this_agent(cls, job: JobParams, store: tuple[str, int]) -> "Node":
+    def of_this_agent(cls, job: JobParams, store: tuple[str, int]) -> Node:
         """This agent as it joins: reached at --local_addr, else at its address on the route to `store`."""
         addr = job.local_addr or outward_address(*store)
-        return cls(node_id=f"{hostname()}:{os.getpid()}", addr=addr, ifname=interface_of(addr), nproc=job.nproc_per_node,
-                   min_nodes=job.min_nodes, max_nodes=job.max_nodes, max_restarts=job.max_restarts, token=job.join_token)
+        return cls(
+            node_id=f"{hostname()}:{os.getpid()}",
+            addr=addr,
+            ifname=interface_of(addr),
+            nproc=job.nproc_per_node,
+            min_nodes=job.min_nodes,
+            max_nodes=job.max_nodes,
+            max_restarts=job.max_restarts,
+            token=job.join_token,
+        )
 
 
 class ElasticRendezvous:
@@ -193,7 +204,9 @@ class ElasticRendezvous:
 
     # ------------------------------------------------------------------ the handler interface
 
-    def next_round(self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None) -> Round:
+    def next_round(
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+    ) -> Round:
         """Leave the current round (reporting a failure if that is the cause) and join the next one.
 
         `verdict`: this node's root cause of a FAILURE, published as the job's if it closes the job.
@@ -218,12 +231,16 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None) -> None:
+    def watch(
+        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
+    ) -> None:
         """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
         MembershipChanged when the round ends."""
         self._report, self._reported_at, self._flagged = report, float("-inf"), frozenset()
         self._stop_watch = stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch, args=(rnd, post, stop, self.peer), name="launcher-rdzv-watch", daemon=True
+        )
         self._watcher.start()
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
@@ -237,8 +254,12 @@ class ElasticRendezvous:
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
-                if self.store.add(self._k(f"r{r}/finished"), 1) >= rnd.group_world_size:  # the last one: the job is done
-                    self._close(f"it finished (round {r} ended on all {rnd.group_world_size} nodes)")  # a late node stops
+                if (
+                    self.store.add(self._k(f"r{r}/finished"), 1) >= rnd.group_world_size
+                ):  # the last one: the job is done
+                    self._close(
+                        f"it finished (round {r} ended on all {rnd.group_world_size} nodes)"
+                    )  # a late node stops
                 if self.is_host:  # the others still need the store: wait for them (exit barrier)
                     self._wait_finished(rnd)
             elif not self.store.get(self._k("closed")):
@@ -279,7 +300,13 @@ class ElasticRendezvous:
                 if HELD & capabilities_of(st):  # before the descriptor: a sealed member without one has died
                     cast(LivenessStore, st).hold(self._k(f"r{r}/alive{k}"))
                 port = self.pick_port()
-                desc = {"id": self.node.node_id, "addr": self.node.addr, "port": port, "nproc": self.node.nproc, "prev": self.group_rank}
+                desc = {
+                    "id": self.node.node_id,
+                    "addr": self.node.addr,
+                    "port": port,
+                    "nproc": self.node.nproc,
+                    "prev": self.group_rank,
+                }
                 st.set(self._k(f"r{r}/node{k}"), json.dumps(desc).encode())
                 if k < self.node.min_nodes:  # it never seals: it waits for its plan, nothing else
                     rnd = self._wait_plan(r, k, deadline)
@@ -315,7 +342,9 @@ class ElasticRendezvous:
             expected = self._expected(r)
             if count >= n.max_nodes or (expected and count >= max(expected, n.min_nodes)) or self.clock() >= last_call:
                 self._seal(r, count)
-            if st.wait([self._k(f"r{r}/sealed")], self._slice(deadline, max(0.001, min(LOOK_EVERY, last_call - self.clock())))):
+            if st.wait(
+                [self._k(f"r{r}/sealed")], self._slice(deadline, max(0.001, min(LOOK_EVERY, last_call - self.clock())))
+            ):
                 return
             self._check_closed()
             if self.clock() >= deadline:
@@ -379,6 +408,7 @@ class ElasticRendezvous:
 
     def _missing(self, r: int, joined: int) -> list[str]:
         """Node ids of round r - 1 that have not joined round r (those whose entries still read well)."""
+
         def ids(rnd: int, count: int) -> list[str]:
             found = []
             for i in range(1, count + 1):
@@ -413,7 +443,9 @@ class ElasticRendezvous:
                 good[i] = _checked(_load(raw, "node entry"), DESC_FIELDS, "node entry")
             except RendezvousError:
                 pass
-        plans: dict[int, dict] = {i: {"left_out": "its node entry was missing or malformed"} for i in range(1, count + 1)}
+        plans: dict[int, dict] = {
+            i: {"left_out": "its node entry was missing or malformed"} for i in range(1, count + 1)
+        }
         if len(good) >= self.node.min_nodes:
             tickets = list(good)
             for i, plan in zip(tickets, assign(list(good.values()), st.add(self._k("restarts"), 0))):
@@ -435,8 +467,10 @@ class ElasticRendezvous:
 
     def _no_round(self, r: int) -> RendezvousTimeoutError:
         joined = self.store.add(self._k(f"r{r}/joined"), 0)
-        return RendezvousTimeoutError(f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
-                                      f"{joined} of {self.node.min_nodes} nodes joined")
+        return RendezvousTimeoutError(
+            f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
+            f"{joined} of {self.node.min_nodes} nodes joined"
+        )
 
     @staticmethod
     def _no_plan(r: int) -> RendezvousTimeoutError:
@@ -448,15 +482,25 @@ class ElasticRendezvous:
         if "left_out" in plan:
             return None
         _checked(plan, PLAN_FIELDS, "plan")
-        if not (plan["group_rank"] < plan["group_world_size"] and plan["rank_offset"] + self.node.nproc <= plan["world_size"]):
+        if not (
+            plan["group_rank"] < plan["group_world_size"]
+            and plan["rank_offset"] + self.node.nproc <= plan["world_size"]
+        ):
             raise RendezvousError("rendezvous store holds a malformed plan under this job's prefix")
         self.group_rank = plan["group_rank"]
         self.peer = plan.get("peer", 0)
         self._mine = [*self._mine[-2:], (r, k, plan["group_rank"])]
         self.current = Round(
-            run_id=self.run_id, round=r, restart_count=plan["restarts"], group_rank=plan["group_rank"],
-            group_world_size=plan["group_world_size"], rank_offset=plan["rank_offset"], world_size=plan["world_size"],
-            master_addr=plan["master_addr"], master_port=plan["master_port"], ifname=self.node.ifname,
+            run_id=self.run_id,
+            round=r,
+            restart_count=plan["restarts"],
+            group_rank=plan["group_rank"],
+            group_world_size=plan["group_world_size"],
+            rank_offset=plan["rank_offset"],
+            world_size=plan["world_size"],
+            master_addr=plan["master_addr"],
+            master_port=plan["master_port"],
+            ifname=self.node.ifname,
         )
         return self.current
 
@@ -527,7 +571,9 @@ class ElasticRendezvous:
         finally:
             st.close()
 
-    def _watch_held(self, st: LivenessStore, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int) -> None:
+    def _watch_held(
+        self, st: LivenessStore, rnd: Round, post: Callable[[object], None], stop: threading.Event, peer: int
+    ) -> None:
         """Liveness from the store: block until the round changes or the neighbour's alive key vanishes."""
         r, g, n = rnd.round, rnd.group_rank, rnd.group_world_size
         right = (g + 1) % n
@@ -553,7 +599,9 @@ class ElasticRendezvous:
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
         st.add(self._k(f"r{r}/left"), 1)
         if n - 1 < self.node.min_nodes:
-            self._close(f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st)
+            self._close(
+                f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st
+            )
         self._set_change(r, f"node with group rank {right} {how}", st)
 
     def _forget(self, st: Store, r: int) -> None:
@@ -567,12 +615,16 @@ class ElasticRendezvous:
         self._mine = [m for m in self._mine if m[0] > r - 2]
         held = ("alive",) if Capability.CRASH in caps else ()  # held for the agent's life otherwise
         try:
-            cast(DeletingStore, st).delete([self._k(f"r{o}/{key}{k}") for o, k, g in old for key in ("node", "plan", *held)]
-                                           + [self._k(f"r{o}/{key}{g}") for o, k, g in old for key in ("hb", "snap")])
+            cast(DeletingStore, st).delete(
+                [self._k(f"r{o}/{key}{k}") for o, k, g in old for key in ("node", "plan", *held)]
+                + [self._k(f"r{o}/{key}{g}") for o, k, g in old for key in ("hb", "snap")]
+            )
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
 
-    def _publish(self, st: Store, rnd: Round, post: Callable[[object], None] | None = None, force: bool = False) -> None:
+    def _publish(
+        self, st: Store, rnd: Round, post: Callable[[object], None] | None = None, force: bool = False
+    ) -> None:
         """This node's snapshot under `r<r>/snap<g>`, at most every SNAPSHOT_EVERY s; then the stragglers
         (judged by group rank 0 over every snapshot: O(N) reads, one write; read by each node: one
         get). Never fails the job."""
@@ -599,7 +651,12 @@ class ElasticRendezvous:
             snaps = (read_snapshot(st.get(self._k(f"r{rnd.round}/snap{g}"))) for g in range(rnd.group_world_size))
             flagged = self.judge(running_rates(snaps), self.clock())
             if flagged is not None:
-                st.set(key, json.dumps({"median": flagged.median, "ranks": {str(k): v for k, v in flagged.ranks.items()}}).encode())
+                st.set(
+                    key,
+                    json.dumps(
+                        {"median": flagged.median, "ranks": {str(k): v for k, v in flagged.ranks.items()}}
+                    ).encode(),
+                )
         try:
             raw = st.get(key)
             value = _load(raw, "straggler list") if raw is not None else {"median": 0.0, "ranks": {}}
@@ -679,10 +736,16 @@ class ElasticRendezvous:
         if theirs == mine:
             return
         if not token:
-            raise RendezvousError(f"job {self.run_id!r} needs a join token: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its other nodes")
+            raise RendezvousError(
+                f"job {self.run_id!r} needs a join token: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its other nodes"
+            )
         if theirs == b"none":
-            raise RendezvousError(f"job {self.run_id!r} was started without a join token, but this node has one; use the same setting on every node")
-        raise RendezvousError(f"wrong join token for job {self.run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'")
+            raise RendezvousError(
+                f"job {self.run_id!r} was started without a join token, but this node has one; use the same setting on every node"
+            )
+        raise RendezvousError(
+            f"wrong join token for job {self.run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'"
+        )
 
     def _current_round(self) -> int:
         return parse_count(self.store.compare_set(self._k("round"), b"", b"0"), "round number")
@@ -747,7 +810,9 @@ class ElasticRendezvous:
                 verdict = decode_verdict(raw)
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
-        self._seen_closed = RendezvousClosedError(f"the job was closed: {reason[:300].decode(errors='replace')}", verdict)
+        self._seen_closed = RendezvousClosedError(
+            f"the job was closed: {reason[:300].decode(errors='replace')}", verdict
+        )
         try:
             self._ack(st)
         except Exception:  # the host may be gone already: it waits for nobody then
@@ -784,8 +849,13 @@ def assign(descs: list[dict], restarts: int) -> list[dict]:
     master = descs[by_rank[0]]
     return [
         {
-            "group_rank": ranks[i], "group_world_size": n, "rank_offset": offsets[i], "world_size": total,
-            "master_addr": master["addr"], "master_port": master["port"], "restarts": restarts,
+            "group_rank": ranks[i],
+            "group_world_size": n,
+            "rank_offset": offsets[i],
+            "world_size": total,
+            "master_addr": master["addr"],
+            "master_port": master["port"],
+            "restarts": restarts,
             "peer": by_rank[(ranks[i] + 1) % n] + 1,  # the right-hand neighbour's ticket
         }
         for i in range(n)
@@ -804,8 +874,13 @@ def _addr(v: object) -> bool:
 
 DESC_FIELDS = {"addr": _addr, "port": _int(1, 65536), "nproc": _int(1, 1 << 20), "prev": _int(-1, 1 << 31)}
 PLAN_FIELDS = {
-    "group_rank": _int(0, 1 << 31), "group_world_size": _int(1, 1 << 31), "rank_offset": _int(0, 1 << 31),
-    "world_size": _int(1, 1 << 31), "master_addr": _addr, "master_port": _int(1, 65536), "restarts": _int(0, 1 << 31),
+    "group_rank": _int(0, 1 << 31),
+    "group_world_size": _int(1, 1 << 31),
+    "rank_offset": _int(0, 1 << 31),
+    "world_size": _int(1, 1 << 31),
+    "master_addr": _addr,
+    "master_port": _int(1, 65536),
+    "restarts": _int(0, 1 << 31),
 }
 
 
@@ -820,7 +895,10 @@ def _text(limit: int) -> Callable[[object], bool]:
 VERDICT_LIMITS = {"host": 255, "node": 255, "error": 300, "log": 1024}
 VERDICT_FIELDS = {
     **{name: _text(limit) for name, limit in VERDICT_LIMITS.items()},
-    "rank": _int(0, 1 << 31), "local_rank": _int(0, 1 << 20), "returncode": _int(-255, 256), "round": _int(0, 1 << 31),
+    "rank": _int(0, 1 << 31),
+    "local_rank": _int(0, 1 << 20),
+    "returncode": _int(-255, 256),
+    "round": _int(0, 1 << 31),
 }
 
 
@@ -872,7 +950,11 @@ def _worker(w: object) -> dict | None:
 def _fields_ok(value: dict, fields: dict) -> bool:
     for name, kind in fields.items():
         v = value.get(name)
-        if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable())):
+        if (
+            not isinstance(v, kind)
+            or isinstance(v, bool)
+            or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable()))
+        ):
             return False
     return True
 

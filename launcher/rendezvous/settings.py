@@ -8,8 +8,8 @@ backend's own settings are in `etcd_settings`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from ..errors import ConfigError
 from ..parsers import MAX_SECONDS, parse_endpoint, parse_seconds
@@ -52,9 +52,14 @@ class RendezvousSettings:
 
 
 RDZV_KEYS = {
-    "join_timeout": "join_timeout", "timeout": "join_timeout", "last_call_timeout": "last_call_timeout",
-    "keep_alive_interval": "keep_alive_interval", "keep_alive_max_attempt": "keep_alive_max_attempt",
-    "read_timeout": "read_timeout", "exit_barrier_timeout": "exit_barrier_timeout", "is_host": "is_host",
+    "join_timeout": "join_timeout",
+    "timeout": "join_timeout",
+    "last_call_timeout": "last_call_timeout",
+    "keep_alive_interval": "keep_alive_interval",
+    "keep_alive_max_attempt": "keep_alive_max_attempt",
+    "read_timeout": "read_timeout",
+    "exit_barrier_timeout": "exit_barrier_timeout",
+    "is_host": "is_host",
 }
 
 
@@ -64,7 +69,9 @@ def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:
     for key, text in conf.items():
         field_name = RDZV_KEYS.get(key)
         if field_name is None:
-            raise ConfigError(f"--rdzv_conf {key} is not a rendezvous setting; use one of {', '.join(sorted(RDZV_KEYS))}")
+            raise ConfigError(
+                f"--rdzv_conf {key} is not a rendezvous setting; use one of {', '.join(sorted(RDZV_KEYS))}"
+            )
         if field_name == "is_host":
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ConfigError(f"--rdzv_conf is_host={text} is not true or false")
@@ -80,7 +87,9 @@ def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:
             values[field_name] = parse_seconds(text, f"--rdzv_conf {key}", minimum=0.001 if "interval" in key else 0.0)
     settings = RendezvousSettings(**values)  # type: ignore[arg-type]
     if settings.liveness_timeout > MAX_SECONDS:
-        raise ConfigError(f"--rdzv_conf keep_alive_interval x keep_alive_max_attempt must be at most {MAX_SECONDS:g} seconds")
+        raise ConfigError(
+            f"--rdzv_conf keep_alive_interval x keep_alive_max_attempt must be at most {MAX_SECONDS:g} seconds"
+        )
     return settings
 
 
@@ -121,7 +130,9 @@ def parse_static(flags: Flags) -> StaticSettings:
     if flags.min_nodes != flags.max_nodes:
         raise ConfigError(f"--nnodes {flags.nnodes} is elastic; static rendezvous needs a fixed --nnodes N")
     if not 0 <= flags.node_rank < flags.max_nodes:
-        raise ConfigError(f"--node_rank {flags.node_rank} is out of range for --nnodes {flags.max_nodes} (0..{flags.max_nodes - 1})")
+        raise ConfigError(
+            f"--node_rank {flags.node_rank} is out of range for --nnodes {flags.max_nodes} (0..{flags.max_nodes - 1})"
+        )
     addr, port = flags.master_addr, flags.master_port
     if flags.endpoint:
         addr, port = parse_endpoint(flags.endpoint, DEFAULT_MASTER_PORT)

@@ -68,12 +68,31 @@ import socket
 import struct
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
-(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
- CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
+(
+    VALIDATE,
+    SET,
+    COMPARE_SET,
+    GET,
+    ADD,
+    CHECK,
+    WAIT,
+    GETNUMKEYS,
+    DELETE_KEY,
+    APPEND,
+    MULTI_GET,
+    MULTI_SET,
+    CANCEL_WAIT,
+    PING,
+    QUEUE_PUSH,
+    QUEUE_POP,
+    QUEUE_LEN,
+    LIST_KEYS,
+    BARRIER,
+) = range(19)
 SESSION, HOLD, WAIT_CHANGE, SESSION_INFO, ADD_ONCE = 200, 201, 202, 203, 204  # our extension (see the table above)
 EXT_VERSION = 2
 CHANGED, GONE = 0, 2  # WAIT_CHANGE's answers (1 is WAIT_CANCELED, as for WAIT)
@@ -91,10 +110,30 @@ U8, U32, I64, U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
 
 # Each op's request fields: k key, v value, q i64, Q u64, I u32, K strs of keys, P count and key/value pairs.
 REQUEST = {
-    VALIDATE: "I", SET: "kv", COMPARE_SET: "kvv", GET: "k", ADD: "kq", CHECK: "K", WAIT: "K",
-    GETNUMKEYS: "", DELETE_KEY: "k", APPEND: "kv", MULTI_GET: "K", MULTI_SET: "P", CANCEL_WAIT: "",
-    PING: "I", QUEUE_PUSH: "kv", QUEUE_POP: "k", QUEUE_LEN: "k", LIST_KEYS: "", BARRIER: "kq",
-    SESSION: "Q", HOLD: "kv", WAIT_CHANGE: "kk", SESSION_INFO: "", ADD_ONCE: "kqQ",
+    VALIDATE: "I",
+    SET: "kv",
+    COMPARE_SET: "kvv",
+    GET: "k",
+    ADD: "kq",
+    CHECK: "K",
+    WAIT: "K",
+    GETNUMKEYS: "",
+    DELETE_KEY: "k",
+    APPEND: "kv",
+    MULTI_GET: "K",
+    MULTI_SET: "P",
+    CANCEL_WAIT: "",
+    PING: "I",
+    QUEUE_PUSH: "kv",
+    QUEUE_POP: "k",
+    QUEUE_LEN: "k",
+    LIST_KEYS: "",
+    BARRIER: "kq",
+    SESSION: "Q",
+    HOLD: "kv",
+    WAIT_CHANGE: "kk",
+    SESSION_INFO: "",
+    ADD_ONCE: "kqQ",
 }
 
 PROBES = 3  # hang-ups on SESSION in a row that tell torch's server (ours hangs up only when cut)
@@ -140,8 +179,16 @@ class StoreClient:
     session began on (a sibling client's `boot`); a connection to another one raises StoreRestarted.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 300.0, connect_timeout: float | None = None,
-                 session: int | None = None, reconnect: float = 0.0, boot: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float = 300.0,
+        connect_timeout: float | None = None,
+        session: int | None = None,
+        reconnect: float = 0.0,
+        boot: int | None = None,
+    ):
         self.host, self.port, self.timeout, self.reconnect = host, port, timeout, reconnect
         self._lock = threading.Lock()
         self._buf = bytearray()  # bytes received, not yet read
@@ -221,12 +268,16 @@ class StoreClient:
                     if U32.unpack(self._read(4))[0] == nonce:
                         return sock
                     _close(sock)
-                    raise StoreError("wrong answer to the handshake (another program on that port? "
-                                     "it does not speak the c10d store protocol)")
-                except socket.timeout:
+                    raise StoreError(
+                        "wrong answer to the handshake (another program on that port? "
+                        "it does not speak the c10d store protocol)"
+                    )
+                except TimeoutError:
                     _close(sock)
-                    raise StoreError(f"accepted the connection but never answered within {within:.3g} s "
-                                     "(another program on that port, or a frozen store?)") from None
+                    raise StoreError(
+                        f"accepted the connection but never answered within {within:.3g} s "
+                        "(another program on that port, or a frozen store?)"
+                    ) from None
                 except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
                     _close(sock)
                     self._buf.clear()
@@ -314,7 +365,7 @@ class StoreClient:
         self._sock.settimeout(min(max(timeout, 0.001), 1e6))
         try:
             first = self._u8()
-        except socket.timeout:  # nothing was read: the stream is still in step
+        except TimeoutError:  # nothing was read: the stream is still in step
             first = None
         finally:
             self._sock.settimeout(self.timeout)
@@ -396,7 +447,7 @@ class StoreClient:
                     got = answer()
                     self._unconfirmed.clear()
                     return got
-                except socket.timeout:
+                except TimeoutError:
                     why, stuck = f"no answer within {self.timeout:g} s", True
                 except EOFError:
                     why, stuck = "the store closed the connection", False
@@ -450,8 +501,13 @@ class StoreClient:
             _close(old)
             if self._broken:
                 raise StoreError(self._broken) from None
-            log.info("gave up reconnecting to the store at %s:%d after %.1f s: %s", self.host, self.port,
-                     time.monotonic() - now, _why(e))
+            log.info(
+                "gave up reconnecting to the store at %s:%d after %.1f s: %s",
+                self.host,
+                self.port,
+                time.monotonic() - now,
+                _why(e),
+            )
             self._fail(f"{why}; could not reconnect ({_why(e)})")
         _close(old)
         if boot != self.boot:
@@ -459,10 +515,18 @@ class StoreClient:
             _close(self._sock)
             raise StoreRestarted(f"{self.host}:{self.port} is a new store process: the keys written before are gone")
         if not resumed and resend == ONCE:
-            self._fail(f"{why}; an add was in flight and the store had ended the session meanwhile, so it cannot tell "
-                       "whether it counted it: not sent again")
-        log.info("reconnected to the store at %s:%d in %.3f s (%s)%s", self.host, self.port, time.monotonic() - now, why,
-                 "" if resumed else "; the store had ended its session meanwhile: the keys it held are gone")
+            self._fail(
+                f"{why}; an add was in flight and the store had ended the session meanwhile, so it cannot tell "
+                "whether it counted it: not sent again"
+            )
+        log.info(
+            "reconnected to the store at %s:%d in %.3f s (%s)%s",
+            self.host,
+            self.port,
+            time.monotonic() - now,
+            why,
+            "" if resumed else "; the store had ended its session meanwhile: the keys it held are gone",
+        )
 
     def _fail(self, why: str):
         self._broken = why
@@ -552,7 +616,7 @@ def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
     def blob(cap: int, what: str) -> bytes:
         n = count(cap, what)
         at = take(n)
-        return bytes(buf[at:at + n])
+        return bytes(buf[at : at + n])
 
     op = buf[take(1)]
     shape = REQUEST.get(op)
@@ -573,14 +637,29 @@ def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
         elif f == "K":
             fields.append([blob(MAX_KEY, "a key") for _ in range(count(MAX_KEYS, "a key count"))])
         else:  # "P"
-            fields.append([(blob(MAX_KEY, "a key"), blob(MAX_VALUE, "a value")) for _ in range(count(MAX_KEYS, "a key count"))])
+            fields.append(
+                [(blob(MAX_KEY, "a key"), blob(MAX_VALUE, "a value")) for _ in range(count(MAX_KEYS, "a key count"))]
+            )
     return op, fields, pos
 
 
 class _Conn:
     """One client connection: bytes in, replies out, and what it waits for."""
 
-    __slots__ = ("sock", "inbuf", "need", "out", "sent", "events", "valid", "awaited", "gone", "session", "resumed", "closed")
+    __slots__ = (
+        "sock",
+        "inbuf",
+        "need",
+        "out",
+        "sent",
+        "events",
+        "valid",
+        "awaited",
+        "gone",
+        "session",
+        "resumed",
+        "closed",
+    )
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -636,7 +715,9 @@ class StoreServer:
         self._waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it, in order
         self._gone_waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it to go
         self._sessions: dict[int, _Session] = {}
-        self._ending: collections.OrderedDict[int, _Session] = collections.OrderedDict()  # no connection left, by `ends`
+        self._ending: collections.OrderedDict[int, _Session] = (
+            collections.OrderedDict()
+        )  # no connection left, by `ends`
         self._holder: dict[bytes, _Session] = {}  # held key -> its session
         self.grace, self._clock = grace, clock
         self.boot = random.getrandbits(64)
@@ -651,13 +732,30 @@ class StoreServer:
         self._accept_again = 0.0  # out of file descriptors: accept again after this time
         self._stop = False
         self._handlers = {
-            VALIDATE: self._validate, SET: self._set, COMPARE_SET: self._compare_set, GET: self._get, ADD: self._add,
-            CHECK: self._check, WAIT: self._wait, GETNUMKEYS: self._num_keys, DELETE_KEY: self._delete,
-            APPEND: self._append, MULTI_GET: self._multi_get, MULTI_SET: self._multi_set,
-            CANCEL_WAIT: self._cancel_wait, PING: self._ping, QUEUE_PUSH: self._queue_push,
-            QUEUE_POP: self._queue_pop, QUEUE_LEN: self._queue_len, LIST_KEYS: self._list_keys, BARRIER: self._barrier,
-            SESSION: self._session, HOLD: self._hold, WAIT_CHANGE: self._wait_change,
-            SESSION_INFO: self._session_info, ADD_ONCE: self._add_once,
+            VALIDATE: self._validate,
+            SET: self._set,
+            COMPARE_SET: self._compare_set,
+            GET: self._get,
+            ADD: self._add,
+            CHECK: self._check,
+            WAIT: self._wait,
+            GETNUMKEYS: self._num_keys,
+            DELETE_KEY: self._delete,
+            APPEND: self._append,
+            MULTI_GET: self._multi_get,
+            MULTI_SET: self._multi_set,
+            CANCEL_WAIT: self._cancel_wait,
+            PING: self._ping,
+            QUEUE_PUSH: self._queue_push,
+            QUEUE_POP: self._queue_pop,
+            QUEUE_LEN: self._queue_len,
+            LIST_KEYS: self._list_keys,
+            BARRIER: self._barrier,
+            SESSION: self._session,
+            HOLD: self._hold,
+            WAIT_CHANGE: self._wait_change,
+            SESSION_INFO: self._session_info,
+            ADD_ONCE: self._add_once,
         }
         self._thread = threading.Thread(target=self._loop, name="launcher-store", daemon=True)
         self._thread.start()
@@ -770,7 +868,7 @@ class StoreServer:
             return
         if c.sent < len(c.out):
             try:
-                with memoryview(c.out) as view, view[c.sent:] as rest:
+                with memoryview(c.out) as view, view[c.sent :] as rest:
                     c.sent += c.sock.send(rest)
             except (BlockingIOError, InterruptedError):
                 pass
@@ -780,7 +878,7 @@ class StoreServer:
             c.out.clear()
             c.sent = 0
         elif c.sent > 1 << 20:
-            del c.out[:c.sent]
+            del c.out[: c.sent]
             c.sent = 0
         pending = len(c.out) - c.sent
         events = (selectors.EVENT_READ if pending <= OUT_PAUSE else 0) | (selectors.EVENT_WRITE if pending else 0)
@@ -1045,7 +1143,7 @@ def _stoll(value: bytes) -> int:
     digits = 1 if text[:1] in (b"+", b"-") else 0
     while digits < len(text) and 48 <= text[digits] <= 57:
         digits += 1
-    if digits == 0 or not text[digits - 1:digits].isdigit():
+    if digits == 0 or not text[digits - 1 : digits].isdigit():
         raise _Malformed("ADD on a value that is not a number")
     n = int(text[:digits])
     if not -(1 << 63) <= n < 1 << 63:

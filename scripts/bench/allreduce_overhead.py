@@ -65,12 +65,22 @@ def with_launcher(n: int, bench: list[str], out: Path) -> dict:
 def by_hand(n: int, bench: list[str], out: Path) -> dict:
     port, procs = free_port(), []
     for rank in range(n):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(n),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         if n > 1:
             env.setdefault("OMP_NUM_THREADS", "1")
-        procs.append(subprocess.Popen([PY, "-m", "launcher.allreduce", *bench, "-J", str(out)], cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [PY, "-m", "launcher.allreduce", *bench, "-J", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+            )
+        )
     codes = [p.wait(timeout=600) for p in procs]
     if any(codes):
         raise SystemExit(f"by hand: exit codes {codes}")
@@ -92,17 +102,23 @@ def main() -> None:
             for way in order:
                 out = Path(tmp) / f"{way}{rep}.json"
                 runs[way].append((with_launcher if way == "launcher" else by_hand)(args.nproc, bench, out))
-            print(f"rep {rep + 1}/{args.reps}: avg busbw launcher {runs['launcher'][-1]['avg_busbw']:.4f}, "
-                  f"by hand {runs['hand'][-1]['avg_busbw']:.4f} GB/s", file=sys.stderr, flush=True)
+            print(
+                f"rep {rep + 1}/{args.reps}: avg busbw launcher {runs['launcher'][-1]['avg_busbw']:.4f}, "
+                f"by hand {runs['hand'][-1]['avg_busbw']:.4f} GB/s",
+                file=sys.stderr,
+                flush=True,
+            )
     load1 = os.getloadavg()
 
     def median(way, i, place):
         return statistics.median(r["rows"][i][place]["busbw"] for r in runs[way])
 
     first = runs["launcher"][0]
-    print(f"`{Path(PY).name} scripts/bench/allreduce_overhead.py --reps {args.reps} --nproc {args.nproc} -- "
-          f"{' '.join(bench)}`: {args.nproc} ranks, {first['backend']} on {first['device']}, {os.cpu_count()} cores; "
-          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after\n")
+    print(
+        f"`{Path(PY).name} scripts/bench/allreduce_overhead.py --reps {args.reps} --nproc {args.nproc} -- "
+        f"{' '.join(bench)}`: {args.nproc} ranks, {first['backend']} on {first['device']}, {os.cpu_count()} cores; "
+        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after\n"
+    )
     print("| size (B) | out-of-place busbw launcher | by hand | ratio | in-place busbw launcher | by hand | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     ratios = []
@@ -118,11 +134,13 @@ def main() -> None:
     paired = sorted(a["avg_busbw"] / b["avg_busbw"] for a, b in zip(runs["launcher"], runs["hand"]))
     cpu = statistics.median(r["agent_cpu"] for r in runs["launcher"])
     wall = statistics.median(r["wall"] for r in runs["launcher"])
-    print(f"\nbusbw in GB/s, medians of {args.reps} runs each. Overall launcher / by hand: geometric mean of the "
-          f"ratios {geo:.3f}; avg busbw {avg['launcher']:.4f} vs {avg['hand']:.4f} GB/s, ratio "
-          f"{avg['launcher'] / avg['hand']:.3f} (target: within 5 %). Per repetition, avg busbw launcher / by hand: "
-          f"median {statistics.median(paired):.3f}, range {paired[0]:.3f}-{paired[-1]:.3f}. Agent CPU: "
-          f"{cpu:.2f} s in a {wall:.1f} s run (medians), {100 * cpu / wall:.1f} % of one core.")
+    print(
+        f"\nbusbw in GB/s, medians of {args.reps} runs each. Overall launcher / by hand: geometric mean of the "
+        f"ratios {geo:.3f}; avg busbw {avg['launcher']:.4f} vs {avg['hand']:.4f} GB/s, ratio "
+        f"{avg['launcher'] / avg['hand']:.3f} (target: within 5 %). Per repetition, avg busbw launcher / by hand: "
+        f"median {statistics.median(paired):.3f}, range {paired[0]:.3f}-{paired[-1]:.3f}. Agent CPU: "
+        f"{cpu:.2f} s in a {wall:.1f} s run (medians), {100 * cpu / wall:.1f} % of one core."
+    )
 
 
 if __name__ == "__main__":

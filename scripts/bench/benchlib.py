@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,7 +33,9 @@ def private_network() -> None:
     if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):
         return
     os.environ["BENCH_NETNS"] = "1"
-    os.execvp("unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv])
+    os.execvp(
+        "unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv]
+    )
 
 
 def free_port() -> int:
@@ -78,8 +80,9 @@ class Counting:
         return call
 
 
-def release_together(m: int, prepare: Callable[[int], Callable[[], object]], nofile: int,
-                     give_up_after: float | None = None) -> dict:
+def release_together(
+    m: int, prepare: Callable[[int], Callable[[], object]], nofile: int, give_up_after: float | None = None
+) -> dict:
     """Simulated nodes as m threads of this runner process. prepare(j) builds node j (untimed) and
     returns the call that joins a round; once all are built, print "ready", and on a line from
     stdin start every join at once. -> t0, end, setup_s, cpu_s, done [(result, time)], errors.
@@ -118,16 +121,27 @@ def release_together(m: int, prepare: Callable[[int], Callable[[], object]], nof
         threading.Timer(give_up_after, _stuck, args=(threads,)).start()
     for th in threads:
         th.join()
-    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
-            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)]}
+    return {
+        "t0": t0,
+        "end": time.time(),
+        "setup_s": setup_s,
+        "cpu_s": time.process_time() - cpu0,
+        "done": [r for r in results if isinstance(r, tuple)],
+        "errors": [r for r in results if not isinstance(r, tuple)],
+    }
 
 
 def _stuck(threads: list[threading.Thread]) -> None:
     """Past the join timeout: tell where the threads still running are (stderr), then hard exit."""
     frames = sys._current_frames()
     where = collections.Counter(
-        " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frames[t.ident])[:-5:-1])
-        for t in threads if t.is_alive() and t.ident in frames)
+        " < ".join(
+            f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack(frames[t.ident])[:-5:-1]
+        )
+        for t in threads
+        if t.is_alive() and t.ident in frames
+    )
     for stack, count in where.most_common(5):
         print(f"    {count} threads still in {stack}", file=sys.stderr, flush=True)
     os._exit(3)
@@ -141,11 +155,17 @@ def combine(outs: list[dict], n: int) -> dict:
     errors = [e for o in outs for e in o["errors"]]
     counts = sum((collections.Counter(o["counts"]) for o in outs), collections.Counter())
     t0 = min(o["t0"] for o in outs)
-    result = {"ok": not errors, "counts": dict(counts), "cpu_s": sum(o["cpu_s"] for o in outs),
-              "setup_s": max(o["setup_s"] for o in outs)}
+    result = {
+        "ok": not errors,
+        "counts": dict(counts),
+        "cpu_s": sum(o["cpu_s"] for o in outs),
+        "setup_s": max(o["setup_s"] for o in outs),
+    }
     if errors:
-        result["error"] = (f"did not complete in {max(o['end'] for o in outs) - t0:.0f} s: "
-                           f"{len(errors)}/{n} nodes failed ({errors[0][:80]})")
+        result["error"] = (
+            f"did not complete in {max(o['end'] for o in outs) - t0:.0f} s: "
+            f"{len(errors)}/{n} nodes failed ({errors[0][:80]})"
+        )
     else:
         result["rdzv_s"] = max(d[1] for d in done) - t0
         if sorted(d[0][0] for d in done) != list(range(n)) or any(d[0][1] != n for d in done):

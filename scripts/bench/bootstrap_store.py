@@ -74,16 +74,37 @@ def proc_stats(pid: int) -> tuple[float, int]:
 
 def measure(server_code: str, world: int, procs: int, pattern: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    server = subprocess.Popen([sys.executable, "-c", server_code + SERVER_TAIL], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)  # libuv warns per peer
+    server = subprocess.Popen(
+        [sys.executable, "-c", server_code + SERVER_TAIL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )  # libuv warns per peer
     port = int(server.stdout.readline())
     cpu0, rss0 = proc_stats(server.pid)
     per = -(-world // procs)
     clients = []
     for first in range(0, world, per):
-        clients.append(subprocess.Popen([sys.executable, "-c", CLIENT, str(port), str(world), str(first),
-                                         str(min(per, world - first)), pattern],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+        clients.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    CLIENT,
+                    str(port),
+                    str(world),
+                    str(first),
+                    str(min(per, world - first)),
+                    pattern,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     for c in clients:
         assert c.stdout.readline().strip() == "ready"
     go = time.time()
@@ -99,8 +120,13 @@ def measure(server_code: str, world: int, procs: int, pattern: str) -> dict:
     cpu1, rss1 = proc_stats(server.pid)
     server.stdin.close()
     server.wait()
-    return {"wall_s": max(ends) - go, "server_cpu_s": cpu1 - cpu0, "server_rss_mib": rss1 / 2**20,
-            "server_rss_growth_mib": (rss1 - rss0) / 2**20, "errors": errors}
+    return {
+        "wall_s": max(ends) - go,
+        "server_cpu_s": cpu1 - cpu0,
+        "server_rss_mib": rss1 / 2**20,
+        "server_rss_growth_mib": (rss1 - rss0) / 2**20,
+        "errors": errors,
+    }
 
 
 def main() -> None:
@@ -110,16 +136,22 @@ def main() -> None:
     p.add_argument("--pattern", choices=("nccl", "gloo"), default="nccl")
     p.add_argument("--repeat", type=int, default=3, help="runs per server and size (min, median, max reported)")
     args = p.parse_args()
-    print(f"# {args.pattern} bootstrap, {args.procs} client processes, {args.repeat} runs each; loadavg {os.getloadavg()[0]:.1f}")
-    print(f"{'ranks':>6}  {'server':<36} {'wall s: min':>11} {'median':>7} {'max':>7} {'srv cpu s':>9} {'srv rss MiB':>11} {'errors':>6}")
+    print(
+        f"# {args.pattern} bootstrap, {args.procs} client processes, {args.repeat} runs each; loadavg {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'ranks':>6}  {'server':<36} {'wall s: min':>11} {'median':>7} {'max':>7} {'srv cpu s':>9} {'srv rss MiB':>11} {'errors':>6}"
+    )
     for world in args.ranks:
         for name, code in SERVERS.items():
             runs = [measure(code, world, args.procs, args.pattern) for _ in range(args.repeat)]
             walls = sorted(r["wall_s"] for r in runs)
             median = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
-            print(f"{world:>6}  {name:<36} {walls[0]:>11.3f} {median['wall_s']:>7.3f} {walls[-1]:>7.3f} "
-                  f"{median['server_cpu_s']:>9.2f} {median['server_rss_mib']:>11.1f} {sum(r['errors'] for r in runs):>6}",
-                  flush=True)
+            print(
+                f"{world:>6}  {name:<36} {walls[0]:>11.3f} {median['wall_s']:>7.3f} {walls[-1]:>7.3f} "
+                f"{median['server_cpu_s']:>9.2f} {median['server_rss_mib']:>11.1f} {sum(r['errors'] for r in runs):>6}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

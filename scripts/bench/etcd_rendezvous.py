@@ -72,11 +72,15 @@ HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
-HARNESS = os.environ.get("BENCH_HARNESS", "threads")  # the simulated nodes: "threads" or "green" (greenlets, greenhub.py)
+HARNESS = os.environ.get(
+    "BENCH_HARNESS", "threads"
+)  # the simulated nodes: "threads" or "green" (greenlets, greenhub.py)
 NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "host namespace"
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")
-ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH", "")]))  # greenlet may be installed beside
+ENV["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [ROOT, os.environ.get("PYTHONPATH", "")])
+)  # greenlet may be installed beside
 CAP = 60.0
 RUN_LAUNCHER = """import runpy, sys
 sys.argv[0] = "launcher"
@@ -101,9 +105,28 @@ class Etcd:
     def __init__(self, folder: str):
         self.folder, self.port, self.peer = folder, free_port(), free_port()
         url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
-        cmd = ["etcd", "--name", "bench", "--data-dir", os.path.join(folder, "data"), "--listen-client-urls", url,
-               "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-               "--initial-cluster", f"bench={peer}", "--log-level", "warn", "--logger", "zap", *os.environ.get("BENCH_ETCD_FLAGS", "").split()]
+        cmd = [
+            "etcd",
+            "--name",
+            "bench",
+            "--data-dir",
+            os.path.join(folder, "data"),
+            "--listen-client-urls",
+            url,
+            "--advertise-client-urls",
+            url,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"bench={peer}",
+            "--log-level",
+            "warn",
+            "--logger",
+            "zap",
+            *os.environ.get("BENCH_ETCD_FLAGS", "").split(),
+        ]
         self.log = open(os.path.join(folder, "etcd.log"), "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -167,7 +190,9 @@ def wait_for(cond, timeout: float) -> bool:
     return False
 
 
-def agent_cmd(tool: str, k: int, endpoint: str, run_id: str, worker: str, out: str, sleep: float, nnodes: str = "") -> list[str]:
+def agent_cmd(
+    tool: str, k: int, endpoint: str, run_id: str, worker: str, out: str, sleep: float, nnodes: str = ""
+) -> list[str]:
     if tool == "torchrun":
         rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{endpoint}", "--rdzv_id", run_id]
         head = [TORCHRUN]
@@ -245,7 +270,9 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
         floors.append(import_floor(k))
     lo, tr = med(times["launcher"]), med(times["torchrun"])
     print(f"\n4 agents on one host, start -> all workers running (median of {reps}; network: {NET})\n")
-    print(f"| agents | launcher, etcd s | torchrun 2.13, c10d s | torchrun / launcher | floor s (4 × `import {agent_imports()}` in parallel) | target |")
+    print(
+        f"| agents | launcher, etcd s | torchrun 2.13, c10d s | torchrun / launcher | floor s (4 × `import {agent_imports()}` in parallel) | target |"
+    )
     print("|---|---|---|---|---|---|")
     ratio = f"{tr / lo:.1f}×" if lo and tr else "n/a"
     print(f"| {k} | {fmt(lo)} | {fmt(tr)} | {ratio} | {med(floors):.2f} | ≤ 0.5 s |")
@@ -258,10 +285,10 @@ def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
 def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, run_id: str, engine: str) -> dict:
     """Nodes lo..hi-1 as threads (or greenlets: BENCH_HARNESS=green, gateway engine only); print
     "ready" once all are built, start on a line from stdin."""
-    from launcher.rendezvous.settings import RendezvousSettings
     from launcher.rendezvous.api import Cause
     from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
     from launcher.rendezvous.protocol import ElasticRendezvous, Node
+    from launcher.rendezvous.settings import RendezvousSettings
 
     host, port = endpoint.split(":")
     opts = EtcdOptions(endpoints=((host, int(port)),), engine=engine)
@@ -273,12 +300,14 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     leases = [Lease(opts, 10, 1.0) if green else Lease(opts, 2, 0.5) for _ in range(clients)]
     if green:
         from greenhub import release_green
+
         import launcher.rendezvous.etcd as etcd_mod
         import launcher.rendezvous.etcd_gateway as gateway_mod
         import launcher.rendezvous.http1 as http1_mod
 
     def keep_alive(hub, finished):
         """The leases' refreshers as hub tasks (Lease.start's thread would block the hub's thread)."""
+
         def refresh(lease):
             while not finished():
                 try:
@@ -286,6 +315,7 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
                 except Exception as e:  # a slow answer: the next one may do (as Lease._run)
                     print(f"    lease keep-alive: {e}", file=sys.stderr, flush=True)
                 hub.wait(None, 0, lease.interval)
+
         return [lambda lease=lease: refresh(lease) for lease in leases]
 
     def grant(c, lease) -> None:  # green: without its thread (`keep_alive` refreshes it), inside the hub
@@ -318,7 +348,11 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
         out = release_green(m, prepare, [etcd_mod, gateway_mod, http1_mod], background=keep_alive)
     else:
         out = release_together(m, prepare, nofile=4 * n + 256)
-    return {**out, "counts": dict(sum(counts, collections.Counter())), "rpcs": sum(s.rpcs for s in stores if s is not None)}
+    return {
+        **out,
+        "counts": dict(sum(counts, collections.Counter())),
+        "rpcs": sum(s.rpcs for s in stores if s is not None),
+    }
 
 
 def cpu_of(pid: int) -> float:
@@ -333,8 +367,16 @@ def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
     killer = threading.Timer(cap + 30, lambda: [p.kill() for p in runs])
     try:
         bounds = [n * k // procs for k in range(procs + 1)]
-        runs += [subprocess.Popen([PY, HERE, "--run", etcd.endpoint, str(n), str(a), str(b), str(clients), str(cap), run_id, ENGINE],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV) for a, b in zip(bounds, bounds[1:])]
+        runs += [
+            subprocess.Popen(
+                [PY, HERE, "--run", etcd.endpoint, str(n), str(a), str(b), str(clients), str(cap), run_id, ENGINE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=ENV,
+            )
+            for a, b in zip(bounds, bounds[1:])
+        ]
         killer.start()
         if any(p.stdout.readline().strip() != "ready" for p in runs):
             return {"ok": False, "error": "a runner failed to start"}
@@ -364,9 +406,13 @@ def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, c
             print(f"  scale N={n} rep {rep}: " + (f"{r['rdzv_s']:.2f} s" if r["ok"] else r["error"]), file=sys.stderr)
         good = [r for r in runs if r["ok"]]
         rows.append((n, good, runs))
-    print(f"\nRendezvous of N simulated nodes on etcd ({ENGINE} engine; {'greenlets' if HARNESS == 'green' else 'threads'} in {procs} processes, {clients} clients each; "
-          f"median of {reps}; network: {NET})\n")
-    print("| nodes | rdzv s | Store calls / node | etcd requests / node | runners CPU s | etcd CPU s | build s (untimed) | completed |")
+    print(
+        f"\nRendezvous of N simulated nodes on etcd ({ENGINE} engine; {'greenlets' if HARNESS == 'green' else 'threads'} in {procs} processes, {clients} clients each; "
+        f"median of {reps}; network: {NET})\n"
+    )
+    print(
+        "| nodes | rdzv s | Store calls / node | etcd requests / node | runners CPU s | etcd CPU s | build s (untimed) | completed |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for n, good, runs in rows:
         if not good:
@@ -374,8 +420,10 @@ def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, c
             continue
         pick = sorted(good, key=lambda r: r["rdzv_s"])[len(good) // 2]
         calls = sum(pick["counts"].values()) / n
-        print(f"| {n} | {pick['rdzv_s']:.2f} | {calls:.1f} | {pick['rpcs'] / n:.1f} | {pick['cpu_s']:.1f} | "
-              f"{pick['etcd_cpu_s']:.1f} | {pick['setup_s']:.1f} | {len(good)}/{len(runs)} |")
+        print(
+            f"| {n} | {pick['rdzv_s']:.2f} | {calls:.1f} | {pick['rpcs'] / n:.1f} | {pick['cpu_s']:.1f} | "
+            f"{pick['etcd_cpu_s']:.1f} | {pick['setup_s']:.1f} | {len(good)}/{len(runs)} |"
+        )
     for n, good, _ in rows:
         if good:
             pick = sorted(good, key=lambda r: r["rdzv_s"])[len(good) // 2]
@@ -413,19 +461,24 @@ def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
         print(f"  death rep {rep}: {fmt(s)} s", file=sys.stderr)
         if s is not None:
             times.append(s)
-    print(f"\nA remote node dies -> survivors running again in a new round (3 agents, --nnodes 2:3, default settings: "
-          f"2 s lease; median of {reps}; network: {NET})\n")
+    print(
+        f"\nA remote node dies -> survivors running again in a new round (3 agents, --nnodes 2:3, default settings: "
+        f"2 s lease; median of {reps}; network: {NET})\n"
+    )
     print("| launcher, etcd s | min s | max s | torchrun 2.13 | target |")
     print("|---|---|---|---|---|")
-    print(f"| {fmt(med(times))} | {fmt(min(times) if times else None)} | {fmt(max(times) if times else None)} "
-          f"| never (the survivors wait for an NCCL/gloo timeout; pytorch#111646) | ≤ 3 s |")
+    print(
+        f"| {fmt(med(times))} | {fmt(min(times) if times else None)} | {fmt(max(times) if times else None)} "
+        f"| never (the survivors wait for an NCCL/gloo timeout; pytorch#111646) | ≤ 3 s |"
+    )
     print("\nall runs (s): " + ", ".join(f"{x:.2f}" for x in times))
 
 
 # ---------------------------------------------------------------------------- part 4: rss
 
 
-RSS_WRAPPER = r"""
+RSS_WRAPPER = (
+    r"""
 import atexit, json, os, sys
 out = sys.argv.pop(1)
 
@@ -435,7 +488,9 @@ def dump():
     json.dump({"rss_kib": rss, "cpu_s": os.times().user + os.times().system, "heavy": mods[:5]}, open(out, "w"))
 
 atexit.register(dump)  # registered first, so it runs last: at the agent's exit
-""" + RUN_LAUNCHER
+"""
+    + RUN_LAUNCHER
+)
 
 
 def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
@@ -443,8 +498,22 @@ def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | Non
     run_id = os.path.basename(out)
     logs = [os.path.join(out, f"agent{i}.log") for i in range(2)]
     stats = [os.path.join(out, f"agent{i}.json") for i in range(2)]
-    rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "etcd", "--rdzv_endpoint", etcd.endpoint,
-            "--rdzv_id", run_id, *engine_conf(), worker, out, "0.5"]
+    rdzv = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "etcd",
+        "--rdzv_endpoint",
+        etcd.endpoint,
+        "--rdzv_id",
+        run_id,
+        *engine_conf(),
+        worker,
+        out,
+        "0.5",
+    ]
     procs = [start([PY, wrapper, st, *rdzv], log) for st, log in zip(stats, logs)]
     try:
         for p in procs:
@@ -464,16 +533,20 @@ def part_rss(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
     Path(wrapper).write_text(RSS_WRAPPER)
     rss_run(etcd, worker, tmp, wrapper)  # warm-up: the bytecode cache
     runs = [a for _ in range(reps) for a in (rss_run(etcd, worker, tmp, wrapper) or [])]
-    print(f"\nAgent peak RSS on etcd ({ENGINE} engine; 2 agents, --nnodes 2, {len(runs)} agent runs; VmHWM of the agent "
-          f"process at its exit, all threads, no children)\n")
+    print(
+        f"\nAgent peak RSS on etcd ({ENGINE} engine; 2 agents, --nnodes 2, {len(runs)} agent runs; VmHWM of the agent "
+        f"process at its exit, all threads, no children)\n"
+    )
     print("| agent peak RSS MiB (largest) | agent CPU s (smallest) | grpc/protobuf/torch loaded | target |")
     print("|---|---|---|---|")
     if not runs:
         print("| failed | | | ≤ 30 MiB |")
         return
     heavy = sorted({m for r in runs for m in r["heavy"]})
-    print(f"| {max(r['rss_kib'] for r in runs) / 1024:.1f} | {min(r['cpu_s'] for r in runs):.3f} | "
-          f"{', '.join(heavy) or 'none'} | ≤ 30 MiB |")
+    print(
+        f"| {max(r['rss_kib'] for r in runs) / 1024:.1f} | {min(r['cpu_s'] for r in runs):.3f} | "
+        f"{', '.join(heavy) or 'none'} | ≤ 30 MiB |"
+    )
 
 
 # ---------------------------------------------------------------------------- main
@@ -490,12 +563,18 @@ def fmt(x: float | None) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["--run"]:
         endpoint, n, lo, hi, clients, cap, run_id, engine = sys.argv[2:10]
-        print(json.dumps(runner(endpoint, int(n), int(lo), int(hi), int(clients), float(cap), run_id, engine)), flush=True)
+        print(
+            json.dumps(runner(endpoint, int(n), int(lo), int(hi), int(clients), float(cap), run_id, engine)), flush=True
+        )
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="agents,scale,death,rss")
-    ap.add_argument("--engine", choices=("gateway", "grpc"), default="gateway",
-                    help="the etcd engine the agents and simulated nodes use (grpc: --rdzv_conf engine=grpc, pyetcd)")
+    ap.add_argument(
+        "--engine",
+        choices=("gateway", "grpc"),
+        default="gateway",
+        help="the etcd engine the agents and simulated nodes use (grpc: --rdzv_conf engine=grpc, pyetcd)",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nodes", default="64,256,1024", help="scale: simulated node counts")
     ap.add_argument("--scale-reps", type=int, default=3)
@@ -510,8 +589,10 @@ def main() -> None:
         raise SystemExit("no etcd binary on PATH (Debian: apt-get install etcd-server)")
     private_network()
     parts = args.parts.split(",")
-    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  {revision()}, {ENGINE} engine; load average before: {os.getloadavg()}",
-          file=sys.stderr)
+    print(
+        f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  {revision()}, {ENGINE} engine; load average before: {os.getloadavg()}",
+        file=sys.stderr,
+    )
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
         worker = os.path.join(tmp, "worker.py")
         Path(worker).write_text(WORKER)
@@ -520,7 +601,9 @@ def main() -> None:
             if "agents" in parts:
                 part_agents(etcd, args.reps, tmp, worker)
             if "scale" in parts:
-                part_scale(etcd, [int(x) for x in args.nodes.split(",")], args.scale_reps, args.procs, args.clients, args.cap)
+                part_scale(
+                    etcd, [int(x) for x in args.nodes.split(",")], args.scale_reps, args.procs, args.clients, args.cap
+                )
             if "death" in parts:
                 part_death(etcd, args.reps, tmp, worker)
             if "rss" in parts:

@@ -18,7 +18,7 @@ import select
 import socket
 import time
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import greenlet
 
@@ -37,15 +37,15 @@ class Hub:
         self.timers: list = []
         self.seq = itertools.count()
 
-    def add(self, gs: "GreenSocket") -> None:
+    def add(self, gs: GreenSocket) -> None:
         self.socks[gs.fd] = gs
         self.ep.register(gs.fd, IN | OUT | ET)
 
-    def remove(self, gs: "GreenSocket") -> None:
+    def remove(self, gs: GreenSocket) -> None:
         if self.socks.pop(gs.fd, None) is not None:
             self.ep.unregister(gs.fd)
 
-    def wait(self, gs: "GreenSocket | None", event: int, timeout: float | None) -> bool:
+    def wait(self, gs: GreenSocket | None, event: int, timeout: float | None) -> bool:
         """Block this greenlet until `gs` is ready for `event` (True) or `timeout` passes (False)."""
         me = greenlet.getcurrent()
         if me is self.main:
@@ -74,6 +74,7 @@ class Hub:
                     task()
                 finally:
                     left[0] -= 1
+
             return body
 
         for task in tasks:
@@ -119,7 +120,7 @@ class GreenSocket:
         view = memoryview(data)
         while view:
             try:
-                view = view[self.sock.send(view):]
+                view = view[self.sock.send(view) :]
             except BlockingIOError:
                 self._wait(OUT)
 
@@ -134,7 +135,7 @@ class GreenSocket:
         if self.timeout == 0:  # settimeout(0): non-blocking, as a real socket is
             raise BlockingIOError(errno.EAGAIN, "would block")
         if not self.hub.wait(self, event, self.timeout):
-            raise socket.timeout("timed out")
+            raise TimeoutError("timed out")
 
     def shutdown(self, how: int) -> None:
         self.sock.shutdown(how)
@@ -152,12 +153,14 @@ def green(hub: Hub, *modules: types.ModuleType) -> None:
     gtime.__dict__.update(time.__dict__)
 
     def create_connection(address, timeout=None, *_, **__):
-        gs = GreenSocket(hub, socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM))
+        gs = GreenSocket(
+            hub, socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        )
         err = gs.sock.connect_ex(address)
         if err in (errno.EINPROGRESS, errno.EAGAIN):
             if not hub.wait(gs, OUT, timeout):
                 gs.close()
-                raise socket.timeout("timed out")
+                raise TimeoutError("timed out")
             err = gs.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             gs.close()
@@ -171,8 +174,12 @@ def green(hub: Hub, *modules: types.ModuleType) -> None:
         m.time = gtime
 
 
-def release_green(m: int, prepare: Callable[[int], Callable[[], object]], modules: list[types.ModuleType],
-                  background: Callable[[Hub, Callable[[], bool]], list[Callable[[], None]]] | None = None) -> dict:
+def release_green(
+    m: int,
+    prepare: Callable[[int], Callable[[], object]],
+    modules: list[types.ModuleType],
+    background: Callable[[Hub, Callable[[], bool]], list[Callable[[], None]]] | None = None,
+) -> dict:
     """release_together (benchlib) with greenlets: m simulated nodes of one hub, the blocking calls
     of `modules` made green. prepare(j) builds node j (untimed, as a hub task too: connecting blocks)
     and returns the call that joins a round; print "ready", and on a line from stdin start every
@@ -217,5 +224,11 @@ def release_green(m: int, prepare: Callable[[int], Callable[[], object]], module
     left = [len(todo)]
     extra = background(hub, lambda: left[0] == 0) if background else []
     hub.run([lambda j=j: join(j) for j in todo] + extra)
-    return {"t0": t0, "end": time.time(), "setup_s": setup_s, "cpu_s": time.process_time() - cpu0,
-            "done": [r for r in results if isinstance(r, tuple)], "errors": [r for r in results if not isinstance(r, tuple)]}
+    return {
+        "t0": t0,
+        "end": time.time(),
+        "setup_s": setup_s,
+        "cpu_s": time.process_time() - cpu0,
+        "done": [r for r in results if isinstance(r, tuple)],
+        "errors": [r for r in results if not isinstance(r, tuple)],
+    }

@@ -65,8 +65,9 @@ def installed_venv(folder: str) -> None:
     global PY, TORCHRUN
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", folder], check=True)
     py = os.path.join(folder, "bin", "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
     Path(site, "bench-installed.pth").write_text(f"{ROOT}\n{ours}\n")  # path lines only: no .pth of theirs runs
     script = Path(TORCHRUN).read_text().split("\n", 1)[1]
@@ -74,10 +75,12 @@ def installed_venv(folder: str) -> None:
     Path(TORCHRUN).write_text(f"#!{py}\n{script}")
     os.chmod(TORCHRUN, 0o755)
     PY = py
+
+
 MiB = 1024.0
 TOOLS = ("floor", "launcher", "torchrun")
 
-WRAPPER = r'''
+WRAPPER = r"""
 import atexit, json, os, sys
 out, tool = sys.argv.pop(1), sys.argv.pop(1)
 stats = {}
@@ -107,7 +110,7 @@ else:
     from torch.distributed.run import main
     sys.argv[0] = "torchrun"
     sys.exit(main())
-'''
+"""
 
 
 def floor(n: int, noop: str) -> float:
@@ -189,8 +192,11 @@ def main() -> None:
                     paired[n].append(la - fl)
                 if not torchrun_first:
                     times["torchrun", n].append(timed(command("torchrun", n, noop)))
-        stats = {(t, n): [agent_stats(t, n, noop, tmp) for _ in range(args.rss_reps)]
-                 for n in nprocs for t in ("launcher", "torchrun")}
+        stats = {
+            (t, n): [agent_stats(t, n, noop, tmp) for _ in range(args.rss_reps)]
+            for n in nprocs
+            for t in ("launcher", "torchrun")
+        }
         after = cpu_snapshot()
 
     def med(tool: str, n: int) -> float:
@@ -202,36 +208,51 @@ def main() -> None:
     def agent(tool: str, n: int, key: str, pick=max) -> float:
         return pick(s.get(key, 0) for s in stats[tool, n])
 
-    print(f"# Launch overhead, {datetime.date.today()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"torch {importlib.metadata.version('torch')}")
+    print(
+        f"# Launch overhead, {datetime.date.today()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"torch {importlib.metadata.version('torch')}"
+    )
     cache = ("inherited environment" if args.as_is else "warm bytecode cache") + (
-        "; editable install (.venv)" if args.editable else "; as installed (a venv without the editable finder)")
-    print(f"\nWall time, median (min); torchrun {args.reps} runs, floor and launcher {args.reps * args.pairs} "
-          f"alternating pairs; {cache}. Other processes used "
-          f"{other_load(before, after):.2f} of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n")
+        "; editable install (.venv)" if args.editable else "; as installed (a venv without the editable finder)"
+    )
+    print(
+        f"\nWall time, median (min); torchrun {args.reps} runs, floor and launcher {args.reps * args.pairs} "
+        f"alternating pairs; {cache}. Other processes used "
+        f"{other_load(before, after):.2f} of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n"
+    )
     print("| N | floor (s) | launcher (s) | launcher − floor (s) | torchrun (s) | torchrun / launcher |")
     print("|---:|---:|---:|---:|---:|---:|")
     for n in nprocs:
-        print(f"| {n} | {wall('floor', n)} | {wall('launcher', n)} | {statistics.median(paired[n]):+.3f} "
-              f"| {wall('torchrun', n)} | {med('torchrun', n) / med('launcher', n):.1f}× |")
+        print(
+            f"| {n} | {wall('floor', n)} | {wall('launcher', n)} | {statistics.median(paired[n]):+.3f} "
+            f"| {wall('torchrun', n)} | {med('torchrun', n) / med('launcher', n):.1f}× |"
+        )
 
-    print(f"\nAgent process alone, {args.rss_reps} wrapped run(s) per tool and N: peak RSS (VmHWM, largest), CPU time "
-          f"(user + system, smallest); launcher-guard peak RSS / private memory (largest).\n")
-    print("| N | launcher agent RSS (MiB) | launcher agent CPU (s) | launcher-guard RSS / private (MiB) "
-          "| torchrun agent RSS (MiB) | torchrun agent CPU (s) |")
+    print(
+        f"\nAgent process alone, {args.rss_reps} wrapped run(s) per tool and N: peak RSS (VmHWM, largest), CPU time "
+        f"(user + system, smallest); launcher-guard peak RSS / private memory (largest).\n"
+    )
+    print(
+        "| N | launcher agent RSS (MiB) | launcher agent CPU (s) | launcher-guard RSS / private (MiB) "
+        "| torchrun agent RSS (MiB) | torchrun agent CPU (s) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for n in nprocs:
-        print(f"| {n} | {agent('launcher', n, 'agent_rss') / MiB:.1f} | {agent('launcher', n, 'agent_cpu', min):.3f} "
-              f"| {agent('launcher', n, 'guard_rss') / MiB:.1f} / {agent('launcher', n, 'guard_private') / MiB:.1f} "
-              f"| {agent('torchrun', n, 'agent_rss') / MiB:.1f} | {agent('torchrun', n, 'agent_cpu', min):.3f} |")
+        print(
+            f"| {n} | {agent('launcher', n, 'agent_rss') / MiB:.1f} | {agent('launcher', n, 'agent_cpu', min):.3f} "
+            f"| {agent('launcher', n, 'guard_rss') / MiB:.1f} / {agent('launcher', n, 'guard_private') / MiB:.1f} "
+            f"| {agent('torchrun', n, 'agent_rss') / MiB:.1f} | {agent('torchrun', n, 'agent_cpu', min):.3f} |"
+        )
 
     n = max(nprocs)
     over, ratio = statistics.median(paired[n]), med("torchrun", n) / med("launcher", n)
     peak = max(agent("launcher", k, "agent_rss") for k in nprocs) / MiB
     verdict = {True: "met", False: "MISSED"}
-    print(f"\nTargets at N={n}: launcher − floor = {over:.3f} s (≤ 0.15 s: {verdict[over <= 0.15]}); "
-          f"torchrun / launcher = {ratio:.1f}× (≥ 10×: {verdict[ratio >= 10]}); "
-          f"launcher agent peak RSS {peak:.1f} MiB (≤ 30 MiB: {verdict[peak <= 30]}).")
+    print(
+        f"\nTargets at N={n}: launcher − floor = {over:.3f} s (≤ 0.15 s: {verdict[over <= 0.15]}); "
+        f"torchrun / launcher = {ratio:.1f}× (≥ 10×: {verdict[ratio >= 10]}); "
+        f"launcher agent peak RSS {peak:.1f} MiB (≤ 30 MiB: {verdict[peak <= 30]})."
+    )
 
 
 if __name__ == "__main__":

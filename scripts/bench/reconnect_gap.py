@@ -67,13 +67,17 @@ def main() -> None:
     a = ap.parse_args()
     server = Timed()
     busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(a.busy)]
-    agents = [subprocess.Popen([sys.executable, "-c", AGENT, str(server.port), str(i), str(a.secs + 2)]) for i in range(3)]
+    agents = [
+        subprocess.Popen([sys.executable, "-c", AGENT, str(server.port), str(i), str(a.secs + 2)]) for i in range(3)
+    ]
     try:
         time.sleep(1.0)
         cuts, end = 0, time.monotonic() + a.secs
         while time.monotonic() < end:
             time.sleep(0.2)
-            subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{server.port}"], capture_output=True, check=True)
+            subprocess.run(
+                ["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{server.port}"], capture_output=True, check=True
+            )
             cuts += 1
         for p in agents:
             p.wait(30)
@@ -86,8 +90,10 @@ def main() -> None:
     if not gaps:
         sys.exit("no gap measured (is this root, with ss -K?)")
     pick = lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))]  # noqa: E731
-    print(f"{cuts} cuts, {len(gaps)} gaps without a connection: median {statistics.median(gaps):.2f} ms, "
-          f"p90 {pick(0.9):.2f} ms, p99 {pick(0.99):.2f} ms, max {gaps[-1]:.2f} ms (busy loops: {a.busy})")
+    print(
+        f"{cuts} cuts, {len(gaps)} gaps without a connection: median {statistics.median(gaps):.2f} ms, "
+        f"p90 {pick(0.9):.2f} ms, p99 {pick(0.99):.2f} ms, max {gaps[-1]:.2f} ms (busy loops: {a.busy})"
+    )
 
 
 if __name__ == "__main__":

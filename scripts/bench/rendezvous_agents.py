@@ -65,8 +65,20 @@ NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "
 
 
 def agent_cmd(tool: str, k: int, port: int, worker: str, out: str, importtime: bool = False) -> list[str]:
-    flags = ["--nnodes", str(k), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "bench", "--rdzv_conf", "join_timeout=60"]
+    flags = [
+        "--nnodes",
+        str(k),
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        "bench",
+        "--rdzv_conf",
+        "join_timeout=60",
+    ]
     head = [PY, "-m", "launcher"] if tool == "launcher" else [TORCHRUN]
     if importtime:
         head = [PY, "-X", "importtime", "-m", "launcher"]
@@ -104,7 +116,9 @@ def run_group(cmds: list[list[str]], logs: list[str]) -> tuple[float, list[int |
             f.close()
 
 
-def one_run(tool: str, k: int, worker: str, tmp: str, importtime: bool = False) -> tuple[float | None, float, list[float]]:
+def one_run(
+    tool: str, k: int, worker: str, tmp: str, importtime: bool = False
+) -> tuple[float | None, float, list[float]]:
     """Seconds from spawn to the last worker's start (None: failed), agents' CPU s, torch import s."""
     out = tempfile.mkdtemp(dir=tmp, prefix=f"{tool}-{k}-")
     port = free_port()
@@ -162,8 +176,10 @@ def main() -> None:
             one_run(tool, 2, worker, tmp)
         for rep in range(args.reps):
             for k in ks:
-                for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:  # rotate the order
-                    secs, cpu = import_floor(k, tmp, FLOORS[tool]) if tool in FLOORS else one_run(tool, k, worker, tmp)[:2]
+                for tool in tools[rep % len(tools) :] + tools[: rep % len(tools)]:  # rotate the order
+                    secs, cpu = (
+                        import_floor(k, tmp, FLOORS[tool]) if tool in FLOORS else one_run(tool, k, worker, tmp)[:2]
+                    )
                     if secs is not None:
                         runs[tool, k].append((secs, cpu))
                     print(f"  rep {rep} K={k} {tool}: {fmt(secs)} s, CPU {cpu:.2f} s", file=sys.stderr)
@@ -173,21 +189,37 @@ def main() -> None:
     def med(tool: str, k: int, i: int) -> float | None:
         return statistics.median(r[i] for r in runs[tool, k]) if runs[tool, k] else None
 
-    print(f"\nAgents on one host, c10d: spawn -> every worker running, median of {args.reps} "
-          f"(2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
-    print("| agents | launcher s | torchrun s | torchrun / launcher | floor s | torch floor s | launcher CPU s | torchrun CPU s "
-          "| floor CPU s | torch floor CPU s | torch import in each launcher agent s |")
+    print(
+        f"\nAgents on one host, c10d: spawn -> every worker running, median of {args.reps} "
+        f"(2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n"
+    )
+    print(
+        "| agents | launcher s | torchrun s | torchrun / launcher | floor s | torch floor s | launcher CPU s | torchrun CPU s "
+        "| floor CPU s | torch floor CPU s | torch import in each launcher agent s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k in ks:
         lo, tr = med("launcher", k, 0), med("torchrun", k, 0)
         ratio = f"{tr / lo:.1f}×" if lo and tr else "n/a"
         imp = f"{statistics.median(imports[k]):.2f}" if imports[k] else "n/a"
-        cells = [fmt(lo), fmt(tr), ratio, *(fmt(med(t, k, 0)) for t in FLOORS), *(fmt(med(t, k, 1)) for t in tools), imp]
+        cells = [
+            fmt(lo),
+            fmt(tr),
+            ratio,
+            *(fmt(med(t, k, 0)) for t in FLOORS),
+            *(fmt(med(t, k, 1)) for t in tools),
+            imp,
+        ]
         print(f"| {k} | " + " | ".join(cells) + " |")
-    print("\nfloor: K bare `python -c 'import launcher.run, launcher.rendezvous.c10d'` in parallel, until all imported; "
-          "torch floor: the same with `import torch.distributed`. CPU: user+system of the K agents (with their workers) "
-          "or K importers, summed.")
-    print("all runs (s): " + "; ".join(f"{t} K={k}: " + ", ".join(f"{x:.2f}" for x, _ in v) for (t, k), v in runs.items()))
+    print(
+        "\nfloor: K bare `python -c 'import launcher.run, launcher.rendezvous.c10d'` in parallel, until all imported; "
+        "torch floor: the same with `import torch.distributed`. CPU: user+system of the K agents (with their workers) "
+        "or K importers, summed."
+    )
+    print(
+        "all runs (s): " + "; ".join(f"{t} K={k}: " + ", ".join(f"{x:.2f}" for x, _ in v) for (t, k), v in runs.items())
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -61,10 +61,10 @@ NET = "private namespace, loopback only" if os.environ.get("BENCH_NETNS") else "
 def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.Counter):
     """Connect one simulated node; return the call that joins a round -> (rank, world size)."""
     if tool == "launcher":
-        from launcher.rendezvous.settings import RendezvousSettings
         from launcher.rendezvous.api import Cause
         from launcher.rendezvous.c10d import TCPStoreAdapter
         from launcher.rendezvous.protocol import ElasticRendezvous, Node
+        from launcher.rendezvous.settings import RendezvousSettings
 
         store = Counting(TCPStoreAdapter("127.0.0.1", port, timeout=60, connect_timeout=60), counts)
         node = Node(node_id=f"n{i}", addr="127.0.0.1", nproc=1, min_nodes=n, max_nodes=n, max_restarts=0)
@@ -77,8 +77,14 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60), use_libuv=True)
     backend = C10dRendezvousBackend(Counting(store, counts, count_bytes=True), "bench")
     handler = DynamicRendezvousHandler.from_backend(
-        "bench", store, backend, min_nodes=n, max_nodes=n, local_addr="127.0.0.1",
-        timeout=RendezvousTimeout(join=datetime.timedelta(seconds=cap)))
+        "bench",
+        store,
+        backend,
+        min_nodes=n,
+        max_nodes=n,
+        local_addr="127.0.0.1",
+        timeout=RendezvousTimeout(join=datetime.timedelta(seconds=cap)),
+    )
     return lambda: (lambda r: (r.rank, r.world_size))(handler.next_rendezvous())
 
 
@@ -86,6 +92,7 @@ def green_runner(n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     """The launcher's nodes lo..hi-1 as greenlets of one hub (greenhub.py): each runs the real
     protocol and client over its own real socket; otherwise as `runner`."""
     from greenhub import release_green
+
     import launcher.rendezvous.tcpstore as tcpstore
 
     m = hi - lo
@@ -158,16 +165,24 @@ def cpu_of(pid: int) -> float:
 
 def measure(tool: str, n: int, procs: int, cap: float, server_kind: str) -> dict:
     """One store server, `procs` runners; all killed at the end whatever happens."""
-    server = subprocess.Popen([sys.executable, HERE, "--serve", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [sys.executable, HERE, "--serve", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     runs: list[subprocess.Popen] = []
     killer = threading.Timer(120, lambda: [p.kill() for p in runs])  # connecting: 120 s at most
     try:
         port = int(server.stdout.readline())
         bounds = [n * k // procs for k in range(procs + 1)]
         mode = "--profile-run" if os.environ.get("BENCH_PROFILE") else "--run"
-        runs += [subprocess.Popen([sys.executable, HERE, mode, tool, str(n), str(a), str(b), str(port), str(cap)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for a, b in zip(bounds, bounds[1:])]
+        runs += [
+            subprocess.Popen(
+                [sys.executable, HERE, mode, tool, str(n), str(a), str(b), str(port), str(cap)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for a, b in zip(bounds, bounds[1:])
+        ]
         killer.start()
         if any(p.stdout.readline().strip() != "ready" for p in runs):
             return {"ok": False, "error": "a runner failed to connect within 120 s"}
@@ -197,7 +212,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="runs per N for the launcher (torch: 1)")
     ap.add_argument("--procs", type=int, default=2, help="runner processes sharing the N threads")
     ap.add_argument("--cap", type=float, default=45.0, help="join timeout, s")
-    ap.add_argument("--server", choices=["ours", "torch"], default="ours", help="the store server of the launcher's rows")
+    ap.add_argument(
+        "--server", choices=["ours", "torch"], default="ours", help="the store server of the launcher's rows"
+    )
     ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = ap.parse_args()
     private_network()
@@ -206,15 +223,22 @@ def main() -> None:
     rows = []
     for tool, sizes, reps in (("launcher", args.ours, args.reps), ("torch", args.torch, 1)):
         for n in (int(x) for x in sizes.split(",") if x):
-            runs = [measure(tool, n, args.procs, args.cap, args.server if tool == "launcher" else "torch") for _ in range(reps)]
+            runs = [
+                measure(tool, n, args.procs, args.cap, args.server if tool == "launcher" else "torch")
+                for _ in range(reps)
+            ]
             for r in runs:
                 print(f"  {tool} N={n}: {json.dumps(r)}", file=sys.stderr)
             rows.append((tool, n, runs))
     print(f"# load average after: {os.getloadavg()}", file=sys.stderr)
-    print(f"\nRendezvous of N simulated nodes ({'greenlets' if HARNESS == 'green' else 'threads'} in {args.procs} processes for the launcher, "
-          f"threads in {args.procs} processes for torch) against one TCPStore server "
-          f"(launcher rows: {SERVERS[args.server]}; torch rows: torch's libuv server; 2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n")
-    print("| tool | N | ok runs | rdzv s (median) | store ops / round | ops / node | ops by kind | state bytes / node | runner CPU s | server CPU s | connect s |")
+    print(
+        f"\nRendezvous of N simulated nodes ({'greenlets' if HARNESS == 'green' else 'threads'} in {args.procs} processes for the launcher, "
+        f"threads in {args.procs} processes for torch) against one TCPStore server "
+        f"(launcher rows: {SERVERS[args.server]}; torch rows: torch's libuv server; 2-core VM, no GPU; network: {NET}; {rev if rev == revision() else f'{rev} at the start, {revision()} at the end'})\n"
+    )
+    print(
+        "| tool | N | ok runs | rdzv s (median) | store ops / round | ops / node | ops by kind | state bytes / node | runner CPU s | server CPU s | connect s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for tool, n, runs in rows:
         good = [r for r in runs if r["ok"]]
@@ -224,8 +248,10 @@ def main() -> None:
         nbytes = c.pop("bytes", 0)
         ops = sum(c.values())
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))
-        print(f"| {tool} | {n} | {len(good)}/{len(runs)} | {time_s} | {ops} | {ops / n:.1f} | {kinds} | "
-              f"{f'{nbytes / n / 1e6:.2f} MB' if nbytes else '—'} | {r.get('cpu_s', 0):.1f} | {r.get('server_cpu_s', 0):.1f} | {r.get('setup_s', 0):.2f} |")
+        print(
+            f"| {tool} | {n} | {len(good)}/{len(runs)} | {time_s} | {ops} | {ops / n:.1f} | {kinds} | "
+            f"{f'{nbytes / n / 1e6:.2f} MB' if nbytes else '—'} | {r.get('cpu_s', 0):.1f} | {r.get('server_cpu_s', 0):.1f} | {r.get('setup_s', 0):.2f} |"
+        )
 
 
 if __name__ == "__main__":
@@ -237,6 +263,7 @@ if __name__ == "__main__":
         os._exit(0)  # torch's heartbeat threads, hundreds of open clients: no orderly teardown needed
     elif sys.argv[1:2] == ["--profile-run"]:  # one runner under cProfile, for finding the harness's costs
         import cProfile
+
         tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
         profile = cProfile.Profile()
         out = profile.runcall(runner, tool, n, lo, hi, port, cap)

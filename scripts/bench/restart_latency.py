@@ -47,7 +47,7 @@ TOOLS = ("launcher", "torchrun")
 HOLD = 0.3  # how long the failing worker runs once the group is up
 WINDOW = 8.0  # idle sampling window, seconds
 
-WORKER = f'''import time
+WORKER = f"""import time
 T0 = time.time()
 import os, sys
 FORK = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
@@ -65,7 +65,7 @@ if rank == "1":
         f.write(f"{{time.time()!r}} {{time.clock_gettime(time.CLOCK_BOOTTIME)!r}}")
     os._exit(1)
 time.sleep(60)  # stopped by the agent
-'''
+"""
 
 PROBE = 'import time\nT0 = time.time()\nimport sys\nopen(sys.argv[1], "w").write(repr(T0))\n'
 IDLE = 'import os, sys, time\nopen(os.path.join(sys.argv[1], os.environ["LOCAL_RANK"]), "w").close()\ntime.sleep(11)\n'
@@ -97,8 +97,16 @@ def restart_job(tool: str, tmp: str, job: int, restarts: int) -> list[tuple[floa
     """Run one job with `restarts` failures; (raw latency, exit -> fork) of each restart."""
     out = os.path.join(tmp, f"{tool}-{job}")
     os.makedirs(out)
-    cmd = command(tool, "--nproc_per_node", "2", "--max_restarts", str(restarts),
-                  os.path.join(tmp, "worker.py"), out, str(restarts))
+    cmd = command(
+        tool,
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        str(restarts),
+        os.path.join(tmp, "worker.py"),
+        out,
+        str(restarts),
+    )
     rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {rc}")
@@ -107,8 +115,12 @@ def restart_job(tool: str, tmp: str, job: int, restarts: int) -> list[tuple[floa
     for k in range(restarts):
         starts = [os.path.join(out, f"start-{k + 1}-{rank}") for rank in (0, 1)]
         ended = os.path.join(out, f"exit-{k}")
-        latencies.append((max(stamp(s) for s in starts) - stamp(ended),
-                          max(stamp(s, 1) for s in starts) + half_tick - stamp(ended, 1)))
+        latencies.append(
+            (
+                max(stamp(s) for s in starts) - stamp(ended),
+                max(stamp(s, 1) for s in starts) + half_tick - stamp(ended, 1),
+            )
+        )
     return latencies
 
 
@@ -129,8 +141,11 @@ def idle_cpu(tool: str, tmp: str) -> list[tuple[float, float]]:
     """(% of one core, wake-ups per second) of the agent, then of the launcher-guard if any."""
     ready = os.path.join(tmp, f"idle-{tool}")
     os.makedirs(ready)
-    agent = subprocess.Popen(command(tool, "--nproc_per_node", "2", os.path.join(tmp, "idle.py"), ready),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = subprocess.Popen(
+        command(tool, "--nproc_per_node", "2", os.path.join(tmp, "idle.py"), ready),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while len(os.listdir(ready)) < 2:
         if agent.poll() is not None:
             raise SystemExit(f"{tool} exited {agent.returncode} before its workers started")
@@ -169,27 +184,35 @@ def main() -> None:
     med = {t: statistics.median(raw[t]) for t in TOOLS}
     adj = {t: med[t] - baseline for t in TOOLS}
     fork = {t: statistics.median(f for _, f in runs[t]) for t in TOOLS}
-    print(f"# Restart latency and idle CPU, {datetime.date.today()}, {os.cpu_count()} CPUs, "
-          f"Python {sys.version.split()[0]}, torch {importlib.metadata.version('torch')}")
-    print(f"\n2 workers, --max_restarts {args.restarts}, {args.jobs} jobs per tool (alternating), default "
-          f"--monitor_interval 0.1. Bare start of 2 interpreters in parallel: {baseline:.3f} s (median of "
-          f"{len(bare)}; subtracted for 'adjusted'). Other processes used {other_load(before, after):.2f} "
-          f"of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n")
+    print(
+        f"# Restart latency and idle CPU, {datetime.date.today()}, {os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]}, torch {importlib.metadata.version('torch')}"
+    )
+    print(
+        f"\n2 workers, --max_restarts {args.restarts}, {args.jobs} jobs per tool (alternating), default "
+        f"--monitor_interval 0.1. Bare start of 2 interpreters in parallel: {baseline:.3f} s (median of "
+        f"{len(bare)}; subtracted for 'adjusted'). Other processes used {other_load(before, after):.2f} "
+        f"of {os.cpu_count()} cores meanwhile; {after[0] - before[0]:.0f} s.\n"
+    )
     print("| tool | restarts | raw median (s) | raw p10–p90 (s) | adjusted median (s) | exit → fork median (s) |")
     print("|---|---:|---:|---:|---:|---:|")
     for t in TOOLS:
         deciles = statistics.quantiles(raw[t], n=10)
-        print(f"| {t} | {len(raw[t])} | {med[t]:.3f} | {deciles[0]:.3f}–{deciles[-1]:.3f} "
-              f"| {adj[t]:.3f} | {fork[t]:.3f} |")
+        print(
+            f"| {t} | {len(raw[t])} | {med[t]:.3f} | {deciles[0]:.3f}–{deciles[-1]:.3f} "
+            f"| {adj[t]:.3f} | {fork[t]:.3f} |"
+        )
 
     def ratio(d: dict[str, float]) -> str:
         return f"{d['torchrun'] / d['launcher']:.1f}×" if d["launcher"] > 0 else "n/a"
 
     verdict = {True: "met", False: "MISSED"}
-    print(f"\ntorchrun / launcher: {ratio(med)} raw, {ratio(adj)} adjusted, {ratio(fork)} exit → fork. "
-          f"Target launcher ≤ 0.05 s median: adjusted {adj['launcher']:.3f} s "
-          f"({verdict[adj['launcher'] <= 0.05]}), exit → fork {fork['launcher']:.3f} s "
-          f"({verdict[fork['launcher'] <= 0.05]}).")
+    print(
+        f"\ntorchrun / launcher: {ratio(med)} raw, {ratio(adj)} adjusted, {ratio(fork)} exit → fork. "
+        f"Target launcher ≤ 0.05 s median: adjusted {adj['launcher']:.3f} s "
+        f"({verdict[adj['launcher'] <= 0.05]}), exit → fork {fork['launcher']:.3f} s "
+        f"({verdict[fork['launcher'] <= 0.05]})."
+    )
 
     print(f"\nIdle supervision, 2 sleeping workers, sampled over {WINDOW:g} s:\n")
     print("| tool | agent CPU (% of one core) | agent wake-ups / s | launcher-guard CPU (%) / wake-ups / s |")

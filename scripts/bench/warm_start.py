@@ -45,7 +45,7 @@ TOOLS = {
     "launcher --preload": [PY, "-m", "launcher", "--preload"],
 }
 
-WORKER = '''import os, sys, time
+WORKER = """import os, sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 out = sys.argv[1]
@@ -75,11 +75,13 @@ for step in range(1000000):
         break
 dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
 dist.destroy_process_group()
-'''
+"""
 
 # Start-up and imports only: os._exit skips the ~0.6 s an interpreter with torch takes to tear down.
-ZYGOTE_IMPORT = ("import os; from launcher.zygote import DEFAULT_MODULES, preload; r = preload(DEFAULT_MODULES); "
-                 "assert 'error' not in r, r; os._exit(0)")
+ZYGOTE_IMPORT = (
+    "import os; from launcher.zygote import DEFAULT_MODULES, preload; r = preload(DEFAULT_MODULES); "
+    "assert 'error' not in r, r; os._exit(0)"
+)
 
 
 def pss_kib(pid: int) -> int:
@@ -209,17 +211,28 @@ def main() -> None:
                 for tool in tools:
                     r = one_job(tool, n, script, args.resume_timeout)
                     rows.setdefault((tool, n), []).append(r)
-                    print(f"rep {rep} n={n} {tool}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                                                  for k, v in r.items() if k not in ("tool", "n")),
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"rep {rep} n={n} {tool}: "
+                        + ", ".join(
+                            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in r.items()
+                            if k not in ("tool", "n")
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
         after = cpu_snapshot()
     zyg = statistics.median(imports)
-    print(f"# warm start, {datetime.date.today()}, {revision()}, {os.cpu_count()} cores, torch "
-          f"{subprocess.run([PY, '-c', 'import torch; print(torch.__version__)'], capture_output=True, text=True).stdout.strip()}, "
-          f"{args.reps} reps, other load {other_load(before, after):.2f} cores")
+    print(
+        f"# warm start, {datetime.date.today()}, {revision()}, {os.cpu_count()} cores, torch "
+        f"{subprocess.run([PY, '-c', 'import torch; print(torch.__version__)'], capture_output=True, text=True).stdout.strip()}, "
+        f"{args.reps} reps, other load {other_load(before, after):.2f} cores"
+    )
     print(f"zygote import (fresh interpreter, preload set): {zyg:.2f} s")
     print()
-    print("| ranks | tool | launch → every rank's first step | worker death → every rank's first step again | workers' PSS (+ zygote) |")
+    print(
+        "| ranks | tool | launch → every rank's first step | worker death → every rank's first step again | workers' PSS (+ zygote) |"
+    )
     print("|---|---|---|---|---|")
     for n in sizes:
         for tool in TOOLS:
@@ -227,20 +240,26 @@ def main() -> None:
             pss = fmt([r["pss"] for r in rs], " MiB", 0)
             if tool.endswith("--preload"):
                 pss += f" (+ {statistics.median([r['pss_zygote'] for r in rs]):.0f})" if rs else ""
-            print(f"| {n} | {tool} | {fmt([r['launch'] for r in rs])} | {fmt([r['resume'] for r in rs], digits=3)} | {pss} |")
+            print(
+                f"| {n} | {tool} | {fmt([r['launch'] for r in rs])} | {fmt([r['resume'] for r in rs], digits=3)} | {pss} |"
+            )
     print()
     for n in sizes:
         med = {t: [r for r in rows[(t, n)] if "error" not in r] for t in TOOLS}
+
         def m(tool: str, key: str):
             got = [r[key] for r in med[tool] if r.get(key) is not None]
             return statistics.median(got) if got else None
+
         pre, plain, torch_ = m("launcher --preload", "launch"), m("launcher", "launch"), m("torchrun", "launch")
         rp, rl = m("launcher --preload", "resume"), m("launcher", "resume")
         sp, sl, sz = m("launcher --preload", "pss"), m("launcher", "pss"), m("launcher --preload", "pss_zygote")
         parts = [f"{n} ranks"]
         if pre and torch_:
-            parts.append(f"launch {torch_ / pre:.1f}x faster than torchrun, {plain / pre:.1f}x than spawning; "
-                         f"{pre - zyg:+.2f} s over the zygote's own import")
+            parts.append(
+                f"launch {torch_ / pre:.1f}x faster than torchrun, {plain / pre:.1f}x than spawning; "
+                f"{pre - zyg:+.2f} s over the zygote's own import"
+            )
         if rp and rl:
             parts.append(f"resume {rl / rp:.1f}x faster than spawning")
         if sp and sl:

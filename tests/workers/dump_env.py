@@ -1,4 +1,5 @@
 """Write this worker's environment and argv as JSON to $DUMP_DIR/<RANK>.json."""
+
 import json
 import os
 import sys

@@ -1,4 +1,5 @@
 """Print rank and arguments on one line."""
+
 import os
 import sys
 

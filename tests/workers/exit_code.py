@@ -1,5 +1,6 @@
 """Print rank and restart count on stdout and stderr; rank $FAIL_RANK exits $CODE after $DELAY s
 (on every attempt, or only on attempt $FAIL_ON); the other ranks sleep $SLEEP s and exit 0."""
+
 import os
 import sys
 import time

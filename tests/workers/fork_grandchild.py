@@ -1,6 +1,7 @@
 """Start a grandchild in its own session (`sleep 60`), write its pid to $MARK_DIR/<rank>.pid, wait
 for every rank's pid file, stay $STAY s and exit $CODE: the grandchild outlives this worker
 unless the launcher kills it."""
+
 import os
 import subprocess
 import sys

@@ -1,6 +1,7 @@
 """init_process_group("gloo", env://), then all_reduce. On the first attempt rank 1 exits 1 right
 after init, so rank 0's all_reduce fails: only a restart that re-initialises cleanly succeeds
 (torchrun 2.13 reuses its store and MASTER_PORT, and the second init fails on stale keys)."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Write $DUMP_DIR/<attempt>-<rank> (pid, forked?) and wait; on attempt 0, rank 0 exits 1 once $DUMP_DIR/go exists."""
+
 import os
 import sys
 import time

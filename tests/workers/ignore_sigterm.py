@@ -1,4 +1,5 @@
 """Rank 1 ignores SIGTERM and sleeps; rank 0 exits 1 once rank 1 is ignoring ($MARK_DIR/1.ready)."""
+
 import os
 import signal
 import sys

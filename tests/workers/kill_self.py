@@ -1,4 +1,5 @@
 """Rank 0 kills itself with SIGKILL (what the OOM killer does); the other ranks sleep."""
+
 import os
 import signal
 import time

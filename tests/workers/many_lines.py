@@ -1,4 +1,5 @@
 """Print $LINES lines of $WIDTH characters as fast as possible, each "<rank>:<i>:" + one letter per rank."""
+
 import os
 
 rank = int(os.environ["RANK"])

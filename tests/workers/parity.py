@@ -1,4 +1,5 @@
 """Dump what a worker's start left it with to $DUMP_DIR/<RANK>.json: forked and spawned must agree."""
+
 import faulthandler
 import json
 import os

@@ -1,4 +1,5 @@
 """A main decorated with `launcher.record` that raises: the error file carries message and traceback."""
+
 from launcher import record
 
 

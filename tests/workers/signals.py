@@ -3,6 +3,7 @@
 A signal named in $IGNORE (e.g. "SIGINT,SIGTERM") or SIGUSR1 is only noted; any other
 makes the worker note "exit" and exit 128+signum, $EXIT_DELAY s later.
 """
+
 import os
 import signal
 import sys

@@ -1,5 +1,6 @@
 """Note "ready", every SIGTERM/SIGUSR1 and "done"/"exit" in $MARK_DIR/<rank>; run 60 s in a job's
 first run (SLURM_RESTART_COUNT unset or 0) and 0.5 s once Slurm has requeued it; exit 143 on SIGTERM."""
+
 import os
 import signal
 import sys

@@ -12,6 +12,7 @@ Faults, chosen by the environment (each only on attempt 0 unless said otherwise)
   PID_DIR=D      write D/<rank>.pid (the worker's pid) at start
   SPAM=N         print N lines of 1 KiB at start (fills a small --log_dir)
 """
+
 import json
 import os
 import sys

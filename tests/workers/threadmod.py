@@ -1,4 +1,5 @@
 """A module that starts a thread when imported: unsafe to preload in a process that forks."""
+
 import threading
 import time
 

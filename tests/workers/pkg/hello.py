@@ -1,4 +1,5 @@
 """Run as `-m pkg.hello`: prints rank and arguments."""
+
 import os
 import sys
 
