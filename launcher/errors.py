@@ -32,11 +32,13 @@ class RendezvousClosedError(RendezvousError):
     """The job was closed by another node (it finished, failed or gave up).
 
     `verdict`: the job's root cause as the closing node published it (a `spec.Verdict`), if any.
+    `succeeded`: the job finished well (a spare, or a node that came late, ends with exit 0).
     """
 
-    def __init__(self, message: str, verdict: object = None):
+    def __init__(self, message: str, verdict: object = None, succeeded: bool = False):
         super().__init__(message)
         self.verdict = verdict
+        self.succeeded = succeeded
 
 
 class RendezvousTimeoutError(RendezvousError):

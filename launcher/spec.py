@@ -57,7 +57,7 @@ class GroupState(enum.Enum):
 
 
 TRANSITIONS: Mapping[GroupState, frozenset[GroupState]] = {
-    GroupState.RENDEZVOUS: frozenset({GroupState.RUNNING, GroupState.FAILED}),
+    GroupState.RENDEZVOUS: frozenset({GroupState.RUNNING, GroupState.FAILED, GroupState.SUCCEEDED}),  # a spare
     GroupState.RUNNING: frozenset({GroupState.STOPPING, GroupState.SUCCEEDED}),
     GroupState.STOPPING: frozenset({GroupState.RENDEZVOUS, GroupState.FAILED}),
     GroupState.SUCCEEDED: frozenset(),

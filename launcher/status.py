@@ -11,7 +11,15 @@ from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
-from .rendezvous.protocol import Store, decode_verdict, parse_count, read_snapshot, sealed_members, token_check
+from .rendezvous.protocol import (
+    Store,
+    decode_verdict,
+    parse_count,
+    read_snapshot,
+    read_spares,
+    sealed_members,
+    token_check,
+)
 
 
 def open_store(config: StatusConfig) -> Store:
@@ -56,6 +64,12 @@ def read_status(store: Store, config: StatusConfig) -> dict:
             age = round(max(0.0, time.time() - snap.pop("time")), 1)  # of its last snapshot: clocks may differ by host
             nodes.append({**snap, "group_rank": g, "heartbeat_age": age})
     job["nodes"] = nodes
+    now = time.time()
+    job["spares"] = [
+        {"node": s.node, "host": s.host, "waiting": round(max(0.0, now - s.since), 1)}
+        for s in read_spares(store, k, count("spares"))
+        if s.alive
+    ]
     job["max_restarts"] = max((n["max_restarts"] for n in nodes), default=None)
     job["stragglers"] = [w["rank"] for n in nodes for w in n["workers"] if w.get("straggler")]
     if closed:

@@ -30,7 +30,7 @@ from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .oom import oom_kills, oom_reason
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, Stragglers, WaitKind, WaitReport
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
 from .summary import read_error_file
@@ -54,6 +54,7 @@ class Waiting:
     """What the forming round waits for (the rendezvous says so every few seconds)."""
 
     line: str
+    kind: WaitKind = WaitKind.NODES
 
 
 @dataclass(eq=False)
@@ -137,6 +138,7 @@ class Supervisor:
         self.bootstrap = BootstrapStore(self.environ)  # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
         self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
         self.waiting = ""  # what the forming round waits for, while in RENDEZVOUS
+        self.wait_kind: WaitKind | None = None  # what kind of wait that is (a spare, a replacement...)
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -204,12 +206,22 @@ class Supervisor:
         elif isinstance(event, RoundReady) and self.state is GroupState.RENDEZVOUS:
             self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
+            closed = event.error if isinstance(event.error, RendezvousClosedError) else None
+            if closed is not None and closed.succeeded:  # a spare (or a late node) of a job that finished well
+                who = "spare" if self.wait_kind is WaitKind.SPARE else "node"
+                log.info(f"{closed}; the job finished without this {who}")
+                return self._set_state(GroupState.SUCCEEDED)
             self.message = str(event.error)
-            if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
-                self.verdict = event.error.verdict
+            if closed is not None and isinstance(closed.verdict, Verdict):
+                self.verdict = closed.verdict
             self._set_state(GroupState.FAILED)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
+            if event.kind is not self.wait_kind:  # the events file hears of each new kind of wait once
+                self.wait_kind = event.kind
+                self.emit("waiting", what=event.kind.value, line=event.line)
+        elif isinstance(event, SpareLost):
+            self.emit("spare_lost", node=event.node)
         elif isinstance(event, Stragglers):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
@@ -231,7 +243,8 @@ class Supervisor:
 
         def ask() -> None:
             try:
-                self.post(RoundReady(self.rendezvous.next_round(cause, verdict, lambda line: self.post(Waiting(line)))))
+                told: Callable[[WaitReport], None] = lambda w: self.post(Waiting(w.line, w.kind))  # noqa: E731
+                self.post(RoundReady(self.rendezvous.next_round(cause, verdict, told)))
             except RendezvousError as e:
                 self.post(RoundFailed(e))
             except Exception as e:  # a backend bug must end the job with a message, never hang it
@@ -243,7 +256,7 @@ class Supervisor:
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
-        previous, self.round, self.waiting = self.round, rnd, ""
+        previous, self.round, self.waiting, self.wait_kind = self.round, rnd, "", None
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
             log.info(

@@ -205,6 +205,18 @@ def render_status(job: dict) -> Table:
                 "" if w.get("step") is None else str(w["step"]),
                 "" if w.get("rate") is None else f"{w['rate']:.2f}",
             )
+    for spare in job.get("spares", []):
+        table.add_row(
+            Text("spare", style="bold"),
+            spare["host"],
+            f"waiting {_age(spare.get('waiting'))}",
+            "",
+            spare["node"].rsplit(":", 1)[-1],
+            "",
+            "",
+            "",
+            "",
+        )
     if not job["nodes"]:
         table.add_row(
             "",

@@ -14,7 +14,7 @@ import pytest
 from conftest import FakeClock
 
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
-from launcher.rendezvous.api import Cause, MembershipChanged
+from launcher.rendezvous.api import Cause, MembershipChanged, WaitKind
 from launcher.rendezvous.protocol import (
     LOOK_EVERY,
     MAX_VERDICT,
@@ -453,7 +453,8 @@ def test_a_forming_round_says_every_few_seconds_how_many_joined_and_how_long_is_
         agent(store, node("a", lo=2, hi=3), clock).next_round(Cause.START, waiting=told.append)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
     assert len(lines) == pytest.approx(SETTINGS.join_timeout / WAIT_REPORT_EVERY, abs=1)
-    assert told == lines  # the same line for the live view
+    assert [w.line for w in told] == lines  # the same line for the live view
+    assert {w.kind for w in told} == {WaitKind.NODES}
     assert lines[0] == "waiting for nodes in round 0: 1 joined (min 2, max 3); join timeout in 55 s"
 
 

@@ -12,7 +12,7 @@ from conftest import FakeClock
 from launcher import process
 from launcher.config import from_flags
 from launcher.errors import RendezvousClosedError, RestartBudgetExhausted
-from launcher.rendezvous.api import Cause, MembershipChanged
+from launcher.rendezvous.api import Cause, MembershipChanged, WaitReport
 from launcher.signals import SignalReceived
 from launcher.spec import Exit, GroupState, Round, Verdict
 from launcher.summary import summary_lines
@@ -446,7 +446,7 @@ def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
     line = "waiting for nodes in round 0: 1 joined (min 2, max 2); join timeout in 55 s"
 
     def forming(cause, verdict=None, waiting=None):
-        waiting(line)
+        waiting(WaitReport(line))
         release.wait(10)
         return real(cause, verdict)
 

@@ -47,6 +47,29 @@ class MembershipChanged:
         return f"MembershipChanged({self.reason!r}, closed={self.closed}, failed={self.failed})"
 
 
+class WaitKind(enum.Enum):
+    """What a node waits for while it has no round."""
+
+    NODES = "nodes"  # a round forming: the nodes it needs
+    SPARE = "spare"  # the job is full: this node waits as a spare for a member to be lost
+    REPLACEMENT = "replacement"  # the job lost members and is below MIN: a node to fill their group ranks
+
+
+@dataclass(frozen=True)
+class WaitReport:
+    """One line on what this node waits for (logged, and the live view's caption), and its kind."""
+
+    line: str
+    kind: WaitKind = WaitKind.NODES
+
+
+@dataclass(frozen=True)
+class SpareLost:
+    """Posted by the watch of the node with group rank 0: a spare of the job died (its id)."""
+
+    node: str
+
+
 @dataclass(frozen=True)
 class Stragglers:
     """Posted by a backend's watch when the job's flagged ranks change: rank -> its steps/s."""
@@ -59,11 +82,11 @@ class RendezvousHandler(Protocol):
     """What every backend offers the supervisor."""
 
     def next_round(
-        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[WaitReport], None] | None = None
     ) -> Round:
         """Block until this node is in a new round; raises a RendezvousError (budget spent, closed, timeout).
         `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
-        `waiting`: told every few seconds what a forming round waits for (the line also logged)."""
+        `waiting`: told every few seconds what this node waits for (the line also logged)."""
 
     def watch(
         self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None

@@ -220,8 +220,13 @@ class EtcdStore:
             self._call(lambda e, ch=chunk: e.txn([], [Put(n, v) for n, v in ch], []))
 
     def delete(self, keys: Sequence[str]) -> None:
-        """Delete `keys` (old rounds' per-node keys, so a long job keeps a few keys per round)."""
-        for chunk in _chunks([_name(k) for k in keys]):
+        """Delete `keys` (old rounds' per-node keys, so a long job keeps a few keys per round); a key this
+        agent held is no longer held (a new lease does not bring it back)."""
+        names = [_name(k) for k in keys]
+        if self.lease is not None:
+            for name in names:
+                self.lease.held.pop(name, None)
+        for chunk in _chunks(names):
             self._call(lambda e, ch=chunk: e.txn([], [Delete(n) for n in ch], []))
 
     def clone(self) -> EtcdStore:

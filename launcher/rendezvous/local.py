@@ -16,7 +16,7 @@ from ..errors import RendezvousConnectionError, RestartBudgetExhausted
 from ..net import free_port, port_taken
 from ..spec import Round, Verdict
 from ..stragglers import Judge, running_rates
-from .api import Cause, JobParams, Stragglers
+from .api import Cause, JobParams, Stragglers, WaitReport
 from .settings import LocalSettings, StaticSettings
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class LocalRendezvous:
                 )
 
     def next_round(
-        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[WaitReport], None] | None = None
     ) -> Round:
         self._stop.set()
         s, job = self.settings, self.job

@@ -30,6 +30,15 @@ Keys, under `<prefix>/<run_id>/`:
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
     r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
     r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
+    r<r>/lost<g>  r<r>/dead                       why group rank g was lost; tickets and spares found dead
+    spares  spare<j>  sparealive<j>               spare j's number, entry (node, host, since) and held alive key
+
+Spares (docs/spares.md): a ticket beyond MAX in a round sealed at MAX registers once as spare j and waits
+on the round's `change`, counted in its `waiting`. When the round ends it lets the members expected back
+take their tickets first, then takes one: a member lost (dead, or gone) leaves its group rank free, and
+the spare gets it. A lost member that leaves fewer than MIN charges one restart (with any worker failure
+of that round: the `failed` counter charges once); the next round then waits `replace_timeout` for a
+replacement, and closes the job with the reason past it.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from ..errors import (
 from ..net import hostname, interface_of, outward_address
 from ..spec import Round, Verdict
 from ..stragglers import Judge, running_rates
-from .api import Cause, JobParams, MembershipChanged, Stragglers
+from .api import Cause, JobParams, MembershipChanged, SpareLost, Stragglers, WaitKind, WaitReport
 from .settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
@@ -65,6 +74,8 @@ MISSING_NAMED = 8  # at most this many missing nodes are named in such a line
 HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
 SNAPSHOT_EVERY = 2.0  # seconds between a node's snapshots (one key per node: O(N) store writes per interval)
 LOOK_EVERY = 1.0  # seconds between a would-be sealer's looks at a forming round's count
+SPARE_LOOK = 1.0  # seconds between a spare's looks at the job's `closed` mark while it waits
+FINISHED = "it finished"  # how the close of a job that succeeded begins: a spare ends with exit 0
 
 
 class Capability(enum.Enum):
@@ -196,16 +207,22 @@ class ElasticRendezvous:
         self._acked = False  # this node told the store host it read the job's verdict
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
-        self._on_wait: Callable[[str], None] | None = None
+        self._on_wait: Callable[[WaitReport], None] | None = None
         self._report: Callable[[], dict | None] | None = None  # this node's snapshot, published while a round runs
         self.judge = judge  # stragglers: run on the node with group rank 0, over every node's snapshot
         self._flagged: frozenset[int] = frozenset()
         self._reported_at = float("-inf")
+        self.spare_no = 0  # this node's number as a registered spare (0: not a spare)
+        self._forming: tuple[int, int] | None = (
+            None  # (round, ticket) while this node holds a ticket in a forming round
+        )
+        self._last: Round | None = None  # the round this node left last (a node gone while re-forming is lost from it)
+        self._refill = False  # the round forming lost members and is below MIN: it waits replace_timeout
 
     # ------------------------------------------------------------------ the handler interface
 
     def next_round(
-        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[WaitReport], None] | None = None
     ) -> Round:
         """Leave the current round (reporting a failure if that is the cause) and join the next one.
 
@@ -224,6 +241,7 @@ class ElasticRendezvous:
                     self._report_failure(r, verdict)
                 self._set_change(r, f"{self.node.node_id}: {cause.value}")
                 self._advance(r)
+                self._last, self.current = self.current, None
                 r = self._look()
             return self._join(r)
         except RendezvousError:  # RestartBudgetExhausted is one too
@@ -248,7 +266,7 @@ class ElasticRendezvous:
         self._stop_watch.set()
         rnd = self.current
         if rnd is None:
-            return
+            return self._leave_waiting(succeeded, why)
         try:
             self._publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
@@ -256,12 +274,12 @@ class ElasticRendezvous:
                 self.store.set(self._k(f"r{r}/done{g}"), b"1")
                 if (
                     self.store.add(self._k(f"r{r}/finished"), 1) >= rnd.group_world_size
-                ):  # the last one: the job is done
-                    self._close(
-                        f"it finished (round {r} ended on all {rnd.group_world_size} nodes)"
-                    )  # a late node stops
-                if self.is_host:  # the others still need the store: wait for them (exit barrier)
+                ):  # the last one: the job is done; a late node stops, and the spares wake and end with exit 0
+                    self._close(f"{FINISHED} (round {r} ended on all {rnd.group_world_size} nodes)")
+                    self._set_change(r, "the job finished")
+                if self.is_host:  # the others still need the store: wait for them (exit barrier), then the spares
                     self._wait_finished(rnd)
+                    self._wait_spares_read()
             elif not self.store.get(self._k("closed")):
                 left = f"{self.node.node_id} left" + (f": {why}" if why else "")
                 if self.is_host:  # the store goes with this node: the job ends, and the others learn why
@@ -269,8 +287,7 @@ class ElasticRendezvous:
                     self._ack()
                     self._wait_acks(rnd, HOST_LEAVING_WAIT)
                 else:
-                    self.store.add(self._k(f"r{r}/left"), 1)
-                    self._set_change(r, left)
+                    self._lost(self.store, r, rnd.group_world_size, g, left)
             elif self.is_host:  # the others still read the verdict from this store: wait for them
                 self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
@@ -279,14 +296,47 @@ class ElasticRendezvous:
             if self._watcher:
                 self._watcher.join(self.settings.keep_alive_interval + 1.0)
 
+    def _leave_waiting(self, succeeded: bool, why: str) -> None:
+        """Leave while in no round: a ticket of a forming round gives its alive key up (the sealer leaves it
+        out; sealed already, its neighbour sees it gone), counted as lost from the round it was in before;
+        a spare drops its registration. On a connection of its own: the joining thread may be in a wait."""
+        if self._forming is None and not self.spare_no:
+            return
+        try:
+            st = self.store.clone()
+        except Exception:  # the store is gone: nothing to tell it
+            log.debug("leaving the rendezvous failed", exc_info=True)
+            return
+        gone = f"{self.node.node_id} left" + (f": {why}" if why else "")
+        try:
+            if self._forming is not None:
+                r, k = self._forming
+                if not succeeded:
+                    log.info(f"left round {r} while it formed ({why or 'gave up'})")
+                self._drop(st, [self._k(f"r{r}/alive{k}")])
+                last = self._last
+                if last is not None and last.round == r - 1 and not succeeded:
+                    self._lost(st, last.round, last.group_world_size, last.group_rank, gone)
+            if self.spare_no:
+                if not succeeded and why:
+                    log.info(f"left as a spare ({why})")
+                self._unregister_spare(st)
+        except Exception:  # leaving must never fail the exit
+            log.debug("leaving the rendezvous failed", exc_info=True)
+        finally:
+            st.close()
+
     # ------------------------------------------------------------------ joining
 
     def _join(self, r: int) -> Round:
         """Take a ticket in round r (the job not closed: `_look` just read it) and wait for its plan;
         a node that came too late asks for a new round, or waits as a spare when the round is full."""
         s, st = self.settings, self.store
-        deadline = self.clock() + s.join_timeout
         while True:
+            self._refill = self._refilling(r)
+            deadline = self.clock() + (s.replace_timeout if self._refill else s.join_timeout)
+            if self.spare_no:
+                self._yield_to_members(r, deadline)
             k = st.add(self._k(f"r{r}/joined"), 1)
             if k < 1:  # the protocol only ever adds to it
                 raise RendezvousError("rendezvous store holds a malformed ticket counter under this job's prefix")
@@ -296,7 +346,7 @@ class ElasticRendezvous:
             # A ticket within the sealed count is a member even when the seal came first: the
             # sealer counted it and waits for its entry.
             if k <= self.node.max_nodes and (sealed is None or k <= sealed):
-                self.ticket = k
+                self.ticket, self._forming = k, (r, k)
                 if HELD & capabilities_of(st):  # before the descriptor: a sealed member without one has died
                     cast(LivenessStore, st).hold(self._k(f"r{r}/alive{k}"))
                 port = self.pick_port()
@@ -315,7 +365,11 @@ class ElasticRendezvous:
                     sealed = self._sealed(r)
                     rnd = self._take_plan(r, k, deadline) if sealed is not None and k <= sealed else None
                 if rnd is not None:
+                    self._forming = None
+                    if self.spare_no:
+                        self._unregister_spare(st)
                     return rnd  # else the sealer left this ticket out: as if it came too late
+                self._forming = None
             if sealed is None:
                 sealed = self._wait_for(r, deadline)
             # The round formed without this node: ask for a new one, or wait as a spare when full.
@@ -323,9 +377,122 @@ class ElasticRendezvous:
                 st.add(self._k(f"r{r}/waiting"), 1)
                 self._set_change(r, f"{self.node.node_id} wants to join")
             else:
-                self._wait_change(r, deadline)
+                self._wait_as_spare(r, sealed)
             self._advance(r)
             r = self._look()
+
+    # ------------------------------------------------------------------ spares
+
+    def _wait_as_spare(self, r: int, sealed: int) -> None:
+        """Round r is full: register as a spare (once), be counted among the nodes waiting for the next
+        round, and wait, with no deadline, for round r to end; raise once the job is closed."""
+        st = self.store
+        if st.get(self._k(f"r{r}/change")):  # it ends already (it re-forms): on to the next round
+            return
+        self.group_rank = -1  # a spare takes the group rank that is free, never an old one of its own
+        first = not self.spare_no
+        if first:
+            self._register_spare(st)
+        st.add(self._k(f"r{r}/waiting"), 1)
+        line = (
+            f"waiting as a spare: round {r} is full ({sealed} of {self.node.max_nodes} nodes); "
+            "this node takes the place of a node that is lost"
+        )
+        if first:
+            log.info(line)
+        if self._on_wait is not None:
+            self._on_wait(WaitReport(line, WaitKind.SPARE))
+        while not st.wait([self._k(f"r{r}/change")], SPARE_LOOK):
+            self._check_closed()
+        self._check_closed()
+
+    def _register_spare(self, st: Store) -> None:
+        """Spare number j: its alive key first (held while its agent lives), then its entry."""
+        j = st.add(self._k("spares"), 1)
+        if HELD & capabilities_of(st):
+            cast(LivenessStore, st).hold(self._k(f"sparealive{j}"))
+        entry = {"node": self.node.node_id, "host": hostname(), "since": time.time()}
+        st.set(self._k(f"spare{j}"), json.dumps(entry).encode())
+        self.spare_no = j
+
+    def _unregister_spare(self, st: Store) -> None:
+        """No longer a spare (it joined a round, or it leaves): its entry first, then its alive key."""
+        j, self.spare_no = self.spare_no, 0
+        self._drop(st, [self._k(f"spare{j}")])
+        self._drop(st, [self._k(f"sparealive{j}")])
+
+    def _yield_to_members(self, r: int, deadline: float) -> None:
+        """A spare lets the members expected back from round r - 1 take round r's first tickets (one store
+        wait on their entries, at most last_call_timeout), so they keep their group ranks."""
+        prev = self._sealed(r - 1) if r > 0 else None
+        if not prev:
+            return
+        gone = self.store.add(self._k(f"r{r - 1}/left"), 0) + self.store.add(self._k(f"r{r - 1}/dead"), 0)
+        members = min(prev - gone, self.node.max_nodes)
+        if members > 0:
+            keys = [self._k(f"r{r}/node{i}") for i in range(1, members + 1)]
+            self.store.wait(keys, self._slice(deadline, self.settings.last_call_timeout))
+
+    def _judge_spares(self, st: Store, r: int, post: Callable[[object], None]) -> None:
+        """The node with group rank 0: name each spare that died (its alive key gone) once, drop its
+        entry, and count it out of the nodes expected in the next round."""
+        if not HELD & capabilities_of(st):
+            return
+        count = st.add(self._k("spares"), 0)
+        for spare in read_spares(st, self._k, count):
+            if not spare.alive:
+                log.warning(f"spare {spare.node} died; dropped")
+                self._drop(st, [self._k(f"spare{spare.number}")])
+                st.add(self._k(f"r{r}/dead"), 1)
+                post(SpareLost(spare.node))
+
+    def _drop(self, st: Store, keys: list[str]) -> None:
+        """Delete `keys` (a held one is no longer held); where the store cannot delete, empty them."""
+        if Capability.DELETE in capabilities_of(st):
+            cast(DeletingStore, st).delete(keys)
+        else:
+            st.multi_set(keys, [b""] * len(keys))
+
+    def _live_spares(self, st: Store) -> int:
+        return sum(s.alive for s in read_spares(st, self._k, st.add(self._k("spares"), 0)))
+
+    def _wait_spares_read(self) -> None:
+        """The store host of a job that finished: keep the store up until the live spares read the close
+        (each acknowledges it), at most HOST_LEAVING_WAIT."""
+        spares = self._live_spares(self.store)
+        if spares:
+            self.store.wait([self._k(f"acked{i}") for i in range(1, spares + 1)], HOST_LEAVING_WAIT)
+
+    # ------------------------------------------------------------------ losing a member
+
+    def _refilling(self, r: int) -> bool:
+        """Round r - 1 lost members (dead or gone) and left fewer than MIN: round r waits for replacements."""
+        prev = self._sealed(r - 1) if r > 0 else None
+        if not prev:
+            return False
+        left = self.store.add(self._k(f"r{r - 1}/left"), 0)
+        return left > 0 and prev - self.store.add(self._k(f"r{r - 1}/dead"), 0) - left < self.node.min_nodes
+
+    def _lost(self, st: Store, r: int, n: int, g: int, why: str) -> None:
+        """Group rank g of round r (n members) is lost: it died or left. One rule for both: below MIN, one
+        restart is charged (once per round, with any worker failure: the `failed` counter), and the job
+        closes when none is left; then the round ends, with the reason."""
+        st.set(self._k(f"r{r}/lost{g}"), why[:300].encode())
+        left = st.add(self._k(f"r{r}/left"), 1)
+        if n - left < self.node.min_nodes and st.add(self._k(f"r{r}/failed"), 1) == 1:
+            if st.add(self._k("restarts"), 1) > self.node.max_restarts:
+                self._close(
+                    f"{why}; {n - left} node(s) left, fewer than {self.node.min_nodes}, and no restart left "
+                    f"to replace it (--max_restarts {self.node.max_restarts})",
+                    st,
+                )
+        self._set_change(r, why, st)
+
+    def _lost_reasons(self, r: int) -> dict[int, str]:
+        """Group rank -> why it was lost in round r (O(N) reads: the first ticket and the closer only)."""
+        n = self._sealed(r) or 0
+        raws = self.store.multi_get([self._k(f"r{r}/lost{g}") for g in range(n)]) if n else []
+        return {g: raw.decode(errors="replace") for g, raw in enumerate(raws) if raw}
 
     def _wait_sealed(self, r: int, k: int, deadline: float) -> None:
         """Block until round r is sealed; seal it ourselves when the rules say it is time.
@@ -383,7 +550,7 @@ class ElasticRendezvous:
         line = self._waiting_for(r, k, deadline, last_call)
         log.info(line)
         if self._on_wait is not None:
-            self._on_wait(line)
+            self._on_wait(WaitReport(line, WaitKind.REPLACEMENT if self._refill else WaitKind.NODES))
         return self.clock() + WAIT_REPORT_EVERY
 
     def _waiting_for(self, r: int, k: int, deadline: float, last_call: float | None) -> str:
@@ -394,6 +561,14 @@ class ElasticRendezvous:
         """
         n, now = self.node, self.clock()
         joined = min(self.store.add(self._k(f"r{r}/joined"), 0), n.max_nodes)
+        if self._refill:
+            lost = self._lost_reasons(r - 1) if k == 1 else {}
+            what = f"group rank {', '.join(map(str, sorted(lost)))}" if lost else "the lost group ranks"
+            why = f" ({'; '.join(lost.values())})" if lost else ""
+            return (
+                f"waiting for a node to fill {what} in round {r}{why}: {joined} joined of {n.min_nodes}; "
+                f"no spare at hand; replace timeout in {max(0.0, deadline - now):.0f} s"
+            )
         line = f"waiting for nodes in round {r}: {joined} joined (min {n.min_nodes}, max {n.max_nodes})"
         expected = self._expected(r)
         if expected:
@@ -437,14 +612,27 @@ class ElasticRendezvous:
         keys = [self._k(f"r{r}/node{i}") for i in range(1, count + 1)]
         st.wait(keys, self.settings.read_timeout)  # an entry still missing then is left out
         raws = st.multi_get(keys)
-        good = {}
-        for i, raw in enumerate(raws, 1):
+        # A ticket's alive key is held before its entry is written: an entry without it is a node that died
+        # (or left) while the round formed. It never enters the round.
+        alive = (
+            st.multi_get([self._k(f"r{r}/alive{i}") for i in range(1, count + 1)])
+            if HELD & capabilities_of(st)
+            else raws
+        )
+        good, dead = {}, 0
+        for i, (raw, held) in enumerate(zip(raws, alive), 1):
+            if raw and not held:
+                dead += 1
+                continue
             try:
                 good[i] = _checked(_load(raw, "node entry"), DESC_FIELDS, "node entry")
             except RendezvousError:
                 pass
+        if dead:
+            st.add(self._k(f"r{r}/dead"), dead)
+            log.info(f"round {r}: {dead} node(s) died or left while it formed; they are left out")
         plans: dict[int, dict] = {
-            i: {"left_out": "its node entry was missing or malformed"} for i in range(1, count + 1)
+            i: {"left_out": "its node entry was missing or malformed, or its node died"} for i in range(1, count + 1)
         }
         if len(good) >= self.node.min_nodes:
             tickets = list(good)
@@ -453,7 +641,9 @@ class ElasticRendezvous:
                 plans[i] = plan
         st.multi_set([self._k(f"r{r}/plan{i}") for i in plans], [json.dumps(p).encode() for p in plans.values()])
         if len(good) < self.node.min_nodes:
-            self._set_change(r, f"round {r} re-forms: {count - len(good)} node entries missing or malformed")
+            self._set_change(
+                r, f"round {r} re-forms: {count - len(good)} node(s) dead, or their entries missing or malformed"
+            )
 
     def _take_plan(self, r: int, k: int, deadline: float) -> Round | None:
         """This node's place in round r, or None when the sealer left this ticket out."""
@@ -465,7 +655,15 @@ class ElasticRendezvous:
                 return self._plan(r, k, raw)
         raise self._no_plan(r)
 
-    def _no_round(self, r: int) -> RendezvousTimeoutError:
+    def _no_round(self, r: int) -> RendezvousError:
+        if self._refill:  # no replacement came: the job ends, on every node, with that reason
+            lost = self._lost_reasons(r - 1)
+            text = (
+                f"no node came to fill group rank {', '.join(map(str, sorted(lost))) or '?'} within "
+                f"{self.settings.replace_timeout:g} s (replace_timeout) after {'; '.join(lost.values()) or 'a loss'}"
+            )
+            self._set_change(r, self._close(text))
+            return self._closed(self.store) or RendezvousTimeoutError(text)
         joined = self.store.add(self._k(f"r{r}/joined"), 0)
         return RendezvousTimeoutError(
             f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
@@ -597,12 +795,7 @@ class ElasticRendezvous:
         return reason or f"round {r} ended while this node was away; the other nodes have left it"
 
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
-        st.add(self._k(f"r{r}/left"), 1)
-        if n - 1 < self.node.min_nodes:
-            self._close(
-                f"node with group rank {right} died; {n - 1} node(s) left, fewer than {self.node.min_nodes}", st
-            )
-        self._set_change(r, f"node with group rank {right} {how}", st)
+        self._lost(st, r, n, right, f"node with group rank {right} {how}")
 
     def _forget(self, st: Store, r: int) -> None:
         """Delete this node's own per-node keys of its rounds before the last one, where the store can,
@@ -642,6 +835,8 @@ class ElasticRendezvous:
             st.set(self._k(f"r{rnd.round}/snap{rnd.group_rank}"), raw)
             if post is not None and self.judge is not None and self.judge.threshold:
                 self._stragglers(st, rnd, post)
+            if post is not None and rnd.group_rank == 0:
+                self._judge_spares(st, rnd.round, post)
         except Exception:
             log.debug("publishing this node's snapshot failed", exc_info=True)
 
@@ -690,6 +885,7 @@ class ElasticRendezvous:
         deadline = self.clock() + min(self.settings.exit_barrier_timeout, at_most or float("inf"))
         while self.clock() < deadline:
             live = rnd.group_world_size - self.store.add(self._k(f"r{rnd.round}/left"), 0)
+            live += self._live_spares(self.store)
             if self.store.wait([self._k(f"acked{k}") for k in range(1, live + 1)], self._slice(deadline, 0.5)):
                 return
 
@@ -757,15 +953,17 @@ class ElasticRendezvous:
         return sealed_members(self.store.get(self._k(f"r{r}/sealed")))
 
     def _expected(self, r: int) -> int:
-        """Nodes expected back in round r: the last round's members, less those gone, plus waiters."""
+        """Nodes expected back in round r: the last round's members, less those lost or dead, plus the
+        nodes that waited (late joiners and spares, less the spares found dead)."""
         if r == 0:
             return 0
         prev = self._sealed(r - 1)
         if prev is None:
             return 0
         left = self.store.add(self._k(f"r{r - 1}/left"), 0)
+        dead = self.store.add(self._k(f"r{r - 1}/dead"), 0)
         waiting = self.store.add(self._k(f"r{r - 1}/waiting"), 0)
-        return max(0, prev - left + waiting)
+        return max(0, prev - left - dead + waiting)
 
     def _wait_for(self, r: int, deadline: float) -> int:
         while not self.store.wait([self._k(f"r{r}/sealed")], self._slice(deadline, 1.0)):
@@ -773,13 +971,6 @@ class ElasticRendezvous:
             if self.clock() >= deadline:
                 raise RendezvousTimeoutError(f"round {r} did not form within the join timeout")
         return self._sealed(r) or 0
-
-    def _wait_change(self, r: int, deadline: float) -> None:
-        """A spare: wait until the full round ends for another reason."""
-        while not self.store.wait([self._k(f"r{r}/change")], self._slice(deadline, 1.0)):
-            self._check_closed()
-            if self.clock() >= deadline:
-                raise RendezvousTimeoutError("waited as a spare for the whole join timeout; the job stayed full")
 
     def _set_change(self, r: int, reason: str, store: Store | None = None) -> None:
         (store or self.store).compare_set(self._k(f"r{r}/change"), b"", reason.encode())
@@ -811,7 +1002,9 @@ class ElasticRendezvous:
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
         self._seen_closed = RendezvousClosedError(
-            f"the job was closed: {reason[:300].decode(errors='replace')}", verdict
+            f"the job was closed: {reason[:300].decode(errors='replace')}",
+            verdict,
+            succeeded=reason.startswith(FINISHED.encode()),
         )
         try:
             self._ack(st)
@@ -976,6 +1169,39 @@ def _checked(value: dict, fields: dict[str, Callable[[object], bool]], what: str
     if not all(name in value and ok(value[name]) for name, ok in fields.items()):
         raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
     return value
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A registered spare, as `launcher status` and the spares' judge read it."""
+
+    number: int
+    node: str
+    host: str
+    since: float  # epoch seconds it registered
+    alive: bool  # its alive key is held (always True on a store that cannot tell)
+
+
+def read_spares(store: Store, key: Callable[[str], str], count: int) -> list[Spare]:
+    """The spares registered under `key` (1..count) whose entries are still there: 2 x count reads in one."""
+    if count <= 0:
+        return []
+    count = min(count, 1 << 16)
+    held = bool(HELD & capabilities_of(store))
+    names = [key(f"spare{j}") for j in range(1, count + 1)]
+    raws = store.multi_get(names + ([key(f"sparealive{j}") for j in range(1, count + 1)] if held else []))
+    found = []
+    for j in range(1, count + 1):
+        try:
+            entry = _load(raws[j - 1], "spare entry") if raws[j - 1] else None
+        except RendezvousError:
+            continue
+        if entry is None or not (_addr(entry.get("node")) and _addr(entry.get("host")) and _number(entry.get("since"))):
+            continue
+        found.append(
+            Spare(j, entry["node"], entry["host"], float(entry["since"]), not held or bool(raws[count + j - 1]))
+        )
+    return found
 
 
 def sealed_members(raw: bytes | None) -> int | None:

@@ -44,6 +44,10 @@ class RendezvousSettings:
     keep_alive_max_attempt: int = 4  # missed heartbeats before a node is declared dead (2 s)
     read_timeout: float = 60.0  # one store operation
     exit_barrier_timeout: float = 300.0  # how long the store host waits for the others to finish
+    # A job left below MIN waits this long for a node to replace a lost one: a node restarted by systemd or
+    # by hand is back within a minute, one requeued by Slurm or rebooted within a few; past five minutes of
+    # idle GPUs, ending the job (a scheduler requeues it whole, from its checkpoint) costs less.
+    replace_timeout: float = 300.0
     is_host: bool | None = None  # host the store on this node; None: decide by address
 
     @property
@@ -59,6 +63,7 @@ RDZV_KEYS = {
     "keep_alive_max_attempt": "keep_alive_max_attempt",
     "read_timeout": "read_timeout",
     "exit_barrier_timeout": "exit_barrier_timeout",
+    "replace_timeout": "replace_timeout",
     "is_host": "is_host",
 }
 

@@ -360,7 +360,7 @@ def spares_share_the_verdict(job: Job, status: Callable[[], dict] | None) -> Non
     if status is not None:
         listed = until(lambda: len(status().get("spares", [])) == 2 and status()["spares"], 30, "two spares listed")
         assert {s["node"].rsplit(":", 1)[1] for s in listed} == {str(s1.pid), str(s2.pid)}, listed
-    assert s1.events("waiting")[0]["kind"] == "spare"
+    assert s1.events("waiting")[0]["what"] == "spare"
     s1.signal(signal.SIGKILL)
     s1.wait()
     head = a if a.running()[0]["group_rank"] == 0 else b
