@@ -503,7 +503,7 @@ def test_spares_are_listed_judged_and_exit_with_the_jobs_success(job):
 
 @pytest.mark.timeout(180)
 def test_a_spare_of_a_failed_job_exits_with_its_verdict(tmp_path):
-    j = C10dJob(tmp_path, max_restarts=0, env={"FAIL_AT": "0:3"})
+    j = C10dJob(tmp_path, max_restarts=0, env={"FAIL_AT": f"0:{STEPS}"})
     try:
         spare_of_a_failed_job(j)
     finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_spares_c10d import (
     ROOT,
+    STEPS,
     Job,
     free_port,
     member_lost_spare_takes_over,
@@ -147,7 +148,7 @@ def test_spares_are_listed_judged_and_exit_with_the_jobs_success(job):
 
 @pytest.mark.timeout(180)
 def test_a_spare_of_a_failed_job_exits_with_its_verdict(tmp_path, etcd):
-    j = EtcdJob(tmp_path, etcd, max_restarts=0, env={"FAIL_AT": "0:3"})
+    j = EtcdJob(tmp_path, etcd, max_restarts=0, env={"FAIL_AT": f"0:{STEPS}"})
     try:
         spare_of_a_failed_job(j)
     finally:
