@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from launcher import cli
 from launcher import config as cfg
 from launcher.errors import ConfigError, LauncherError, RendezvousError
-from launcher.rendezvous.etcd_settings import ETCD_KEYS
+from launcher.rendezvous.etcd.settings import ETCD_KEYS
 from launcher.rendezvous.settings import RDZV_KEYS, RendezvousSettings, parse_rdzv_settings
 from launcher.run import make_run_dir
 
@@ -300,7 +300,8 @@ def test_real_cli_bad_input_one_line_exit_2(launch, args):
 # ---------------------------------------------------------------------------- hostile data in the store
 
 from launcher.rendezvous.api import Cause  # noqa: E402
-from launcher.rendezvous.protocol import MAX_VALUE, ElasticRendezvous  # noqa: E402
+from launcher.rendezvous.protocol import ElasticRendezvous  # noqa: E402
+from launcher.rendezvous.records import MAX_VALUE  # noqa: E402
 from launcher.spec import Round  # noqa: E402
 
 

@@ -13,19 +13,11 @@ from dataclasses import replace
 import pytest
 from conftest import FakeClock
 
+from launcher.board import SNAPSHOT_EVERY
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import (
-    LOOK_EVERY,
-    MAX_VERDICT,
-    SNAPSHOT_EVERY,
-    WAIT_REPORT_EVERY,
-    ElasticRendezvous,
-    Node,
-    assign,
-    decode_verdict,
-    encode_verdict,
-)
+from launcher.rendezvous.protocol import LOOK_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous
+from launcher.rendezvous.records import MAX_VERDICT, Node, assign, decode_verdict, encode_verdict
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.spec import Verdict
 
@@ -465,9 +457,9 @@ def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
     with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
         a.next_round(Cause.MEMBERSHIP)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
-    assert (
-        lines[0]
-        == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+    assert lines[0] == (
+        "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; "
+        "missing: b; join timeout in 55 s"
     )
 
 
@@ -552,7 +544,7 @@ GOOD_SNAPSHOT = {
     ],
 )
 def test_a_hostile_snapshot_is_left_out(change):
-    from launcher.rendezvous.protocol import read_snapshot
+    from launcher.rendezvous.records import read_snapshot
     from launcher.stragglers import running_rates
 
     assert read_snapshot(json.dumps(GOOD_SNAPSHOT).encode())["workers"][0]["rate"] == 2.5

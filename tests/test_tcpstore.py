@@ -218,7 +218,7 @@ time.sleep(60)
 
 def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(torch_server):
     from launcher.rendezvous.c10d import TCPStoreAdapter
-    from launcher.rendezvous.protocol import Capability
+    from launcher.rendezvous.store import Capability
 
     k = fresh()
     c = StoreClient("127.0.0.1", torch_server[1], timeout=5, session=3)
@@ -235,7 +235,7 @@ def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(
 
 def test_our_adapter_on_our_server_declares_crash():
     from launcher.rendezvous.c10d import TCPStoreAdapter, serve
-    from launcher.rendezvous.protocol import Capability, Change
+    from launcher.rendezvous.store import Capability, Change
 
     server = serve("127.0.0.1", 0)
     try:

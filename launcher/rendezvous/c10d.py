@@ -29,8 +29,10 @@ from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
 from ..stragglers import Judge
 from .api import JobParams
-from .protocol import Capability, Change, ElasticRendezvous, Node
+from .protocol import ElasticRendezvous
+from .records import Node
 from .settings import C10dSettings
+from .store import Capability, Change
 from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 
 PREFIX = "launcher/"
