@@ -15,7 +15,7 @@ import dataclasses
 import errno
 import socket
 
-from .rendezvous.tcpstore import StoreServer
+from .tcpstore import StoreServer
 from .spec import Round
 
 DISABLE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -31,7 +31,7 @@ from ..stragglers import Judge
 from .api import JobParams
 from .protocol import Capability, Change, ElasticRendezvous, Node
 from .settings import C10dSettings
-from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
+from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 
 PREFIX = "launcher/"
 
