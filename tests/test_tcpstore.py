@@ -1,4 +1,4 @@
-"""The pure-Python TCPStore (launcher/rendezvous/tcpstore.py) against itself and against torch's:
+"""The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's:
 op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
 client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
 binding, many connections, the c10d agent that no longer imports torch, and agents meeting on a
@@ -24,7 +24,7 @@ import uuid
 import pytest
 from conftest import ROOT, free_port, wait_for, worker
 
-from launcher.rendezvous.tcpstore import (
+from launcher.tcpstore import (
     CHANGED,
     GONE,
     MAGIC,
@@ -184,7 +184,7 @@ def test_a_killed_holder_is_gone_at_connection_speed(ours):
             "-c",
             f"""
 import sys, time
-from launcher.rendezvous.tcpstore import StoreClient
+from launcher.tcpstore import StoreClient
 a, b = (StoreClient("127.0.0.1", {ours.port}, timeout=5, session=99) for _ in range(2))
 a.hold("{k}alive", b"1")
 print(a.extended and b.extended, flush=True)
@@ -717,7 +717,7 @@ def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
     )  # -X importtime: the agent only, not its workers
     assert r.returncode == 0, r.stderr[-3000:]
     imported = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
-    assert "launcher.rendezvous.tcpstore" in imported
+    assert "launcher.tcpstore.client" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
 
 

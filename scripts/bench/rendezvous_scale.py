@@ -94,7 +94,7 @@ def green_runner(n: int, lo: int, hi: int, port: int, cap: float) -> dict:
     protocol and client over its own real socket; otherwise as `runner`."""
     from greenhub import release_green
 
-    import launcher.rendezvous.tcpstore as tcpstore
+    import launcher.tcpstore.client as tcpstore
 
     m = hi - lo
     counts = [collections.Counter() for _ in range(m)]
