@@ -131,7 +131,8 @@ class Verdict:
     log: str = ""  # where the full log (or the error file) is, on `host`
 
     def describe(self) -> str:
-        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {Exit(self.returncode).describe()} (attempt {self.round})"
+        how = Exit(self.returncode).describe()
+        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {how} (attempt {self.round})"
 
 
 @dataclass(frozen=True)

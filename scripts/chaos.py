@@ -741,7 +741,8 @@ def main() -> int:
     else:
         sweep_namespaces()
     print(
-        f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1"
+        f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); "
+        "replay one: --seed S --episodes 1"
         + (f"; skipped (needs root, mount, ip netns): {', '.join(sorted(f.value for f in skip))}" if skip else ""),
         flush=True,
     )
@@ -755,8 +756,8 @@ def main() -> int:
             ep = run_episode(plan(backend, seed + i, skip), args.bound, args.keep, args.verbose, netns)
             status = "ok" if not ep.violations else "VIOLATION"
             print(
-                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): {'; '.join(ep.done) or 'no fault landed'}"
-                + (f" (kept in {ep.kept})" if ep.kept else ""),
+                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): "
+                f"{'; '.join(ep.done) or 'no fault landed'}" + (f" (kept in {ep.kept})" if ep.kept else ""),
                 flush=True,
             )
             for line in ep.violations:

@@ -189,7 +189,8 @@ class Agent:
                     break
             time.sleep(0.02)
         pytest.fail(
-            f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}"
+            f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n"
+            f"{self.stdout[-3000:]}\n{self.stderr[-3000:]}"
         )
 
     def wait(self, timeout: float = 60) -> int:

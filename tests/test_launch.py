@@ -199,7 +199,7 @@ def test_static_two_nodes_on_one_host(launch):
         for r in (0, 1)
     ]
     outs = [p.communicate(timeout=120) for p in nodes]
-    for p, (out, err) in zip(nodes, outs):
+    for p, (_, err) in zip(nodes, outs):
         assert p.returncode == 0, err
     everything = outs[0][0] + outs[1][0]
     for rank in range(4):

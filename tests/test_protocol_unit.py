@@ -465,9 +465,9 @@ def test_a_node_missing_from_the_last_round_is_named_while_waiting(caplog):
     with caplog.at_level("INFO", logger="launcher.rendezvous.protocol"), pytest.raises(RendezvousTimeoutError):
         a.next_round(Cause.MEMBERSHIP)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
-    assert (
-        lines[0]
-        == "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; missing: b; join timeout in 55 s"
+    assert lines[0] == (
+        "waiting for nodes in round 1: 1 joined (min 2, max 2), 2 expected back from round 0; "
+        "missing: b; join timeout in 55 s"
     )
 
 

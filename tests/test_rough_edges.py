@@ -326,7 +326,7 @@ def test_setup_skips_reinstalling_an_unchanged_checkout(tmp_path):
     assert any(c.startswith("pip install") for c in setup_calls(repo))
 
 
-# ---------------------------------------------------------------------------- 9. the launcher's own TORCHELASTIC_ERROR_FILE
+# ------------------------------------------------------------ 9. the launcher's own TORCHELASTIC_ERROR_FILE
 
 TORCH_RECORD_WORKER = """
 import os, sys, time

@@ -66,9 +66,10 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         port = free_port()
         until = time.time() + SECONDS
         env = {"FAIL_EVERY": "1", "SOAK_UNTIL": str(until)}
-        args = lambda host: c10d(
-            port, "2", "--max_restarts", "10000", run_id=RUN_ID, conf=f"read_timeout=20,is_host={host}"
-        )
+
+        def args(host: str) -> list[str]:
+            return c10d(port, "2", "--max_restarts", "10000", run_id=RUN_ID, conf=f"read_timeout=20,is_host={host}")
+
         host = cluster.start(*args("true"), worker("steps.py"), env=env, name="host")
         other = cluster.start(*args("false"), worker("steps.py"), env=env, name="other")
         agents = (host, other)
