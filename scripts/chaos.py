@@ -66,7 +66,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import _is_helper, _parent, free_port, procs_with_token  # noqa: E402  (the tests' process helpers)
+from support.ports import free_port  # noqa: E402  (the tests' helpers)
+from support.processes import is_helper, parent_pid, procs_with_token  # noqa: E402
 
 IS_ROOT = os.geteuid() == 0
 SUBNET = "10.117.0"  # the episode's hosts; these addresses exist only inside its namespaces
@@ -165,7 +166,7 @@ class Proc:
         return [
             p
             for p in procs_with_token(self.token)
-            if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid
+            if p != self.popen.pid and not is_helper(p) and parent_pid(p) == self.popen.pid
         ]
 
     def starts(self) -> list[dict]:

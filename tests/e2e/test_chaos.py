@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 # As root: c10d 164, a node's link cut for 4.6 s (the others re-form without it), then 165, a worker
 # SIGKILLed; etcd 169, the etcd leader SIGKILLed and restarted (ridden out), then 170, a link cut.

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ROOT, Launch, wait_gone
+from support.launcher_runs import Launch
+from support.paths import ROOT
+from support.processes import wait_gone
 
 TRAIN = str(ROOT / "examples" / "train_ddp.py")
 COLLECTIVES = str(ROOT / "examples" / "collectives.py")

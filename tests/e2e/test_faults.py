@@ -21,8 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Agent, Cluster, Relay, assert_one_story, free_port, network_hosts, sh, wait_gone, worker
-from conftest import c10d as shared_c10d
+from support.launcher_runs import Agent, Cluster, assert_one_story
+from support.launcher_runs import c10d as shared_c10d
+from support.netns import network_hosts
+from support.paths import worker
+from support.ports import free_port
+from support.processes import sh, wait_gone
+from support.relay import Relay
 
 ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, worker
+from support.paths import ROOT, worker
 
 BAD_INPUT = [
     (["--nproc_per_node", "0", "x.py"], "--nproc_per_node"),

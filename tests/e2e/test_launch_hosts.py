@@ -19,7 +19,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, kill_leftovers, procs_with_token, wait_gone, worker
+from support.paths import ROOT, worker
+from support.ports import free_port
+from support.processes import kill_leftovers, procs_with_token, wait_gone
 
 SCRIPT = ROOT / "scripts" / "launch_hosts.sh"
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, network_hosts, worker
+from support.netns import network_hosts
+from support.paths import ROOT, worker
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 to create network namespaces"

@@ -11,7 +11,10 @@ import subprocess
 import time
 
 import pytest
-from conftest import LAUNCHER, ROOT, all_have, free_port, marks, wait_for, wait_gone, worker
+from support.launcher_runs import all_have, marks
+from support.paths import LAUNCHER, ROOT, worker
+from support.ports import free_port
+from support.processes import wait_for, wait_gone
 
 
 def one_line_exit_2(r) -> None:

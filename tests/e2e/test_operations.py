@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, worker
+from support.paths import ROOT, worker
 
 from launcher.spec import GroupState, Snapshot
 

@@ -7,7 +7,8 @@ import os
 import signal
 
 import pytest
-from conftest import ROOT, procs_with_token, wait_for, wait_gone, worker
+from support.paths import ROOT, worker
+from support.processes import procs_with_token, wait_for, wait_gone
 
 # What legitimately differs between two launches of the same job (a fresh run folder, port, ids).
 PER_LAUNCH = {

@@ -8,7 +8,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import LAUNCHER, c10d, finish, free_port, infos, wait_line, worker
+from support.launcher_runs import c10d, finish, infos, wait_line
+from support.paths import LAUNCHER, worker
+from support.ports import free_port
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -19,7 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, ROOT, kill_leftovers, procs_with_token, wait_gone, worker
+from support.paths import LAUNCHER, ROOT, worker
+from support.processes import kill_leftovers, procs_with_token, wait_gone
 
 from launcher import slurm
 from launcher.errors import ConfigError
@@ -27,7 +28,7 @@ from launcher.errors import ConfigError
 # The first cluster test may include installing Slurm (when scripts/setup.sh could not) in its set-up.
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = ROOT / "scripts" / "slurm"
-CLUSTER = Path(__file__).resolve().parent / "slurm_cluster.sh"
+CLUSTER = ROOT / "tests" / "slurm_cluster.sh"
 
 
 # ------------------------------------------------------------------------------------- parsing

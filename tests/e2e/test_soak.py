@@ -11,7 +11,9 @@ import time
 
 import psutil
 import pytest
-from conftest import Cluster, c10d, free_port, worker
+from support.launcher_runs import Cluster, c10d
+from support.paths import worker
+from support.ports import free_port
 
 pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))

@@ -8,7 +8,10 @@ import subprocess
 import time
 
 import pytest
-from conftest import LAUNCHER, ROOT, Cluster, c10d, free_port, wait_for, worker
+from support.launcher_runs import Cluster, c10d
+from support.paths import LAUNCHER, ROOT, worker
+from support.ports import free_port
+from support.processes import wait_for
 
 STEPPER = worker("stepper.py")
 

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import all_have, marks, procs_with_token, wait_for, wait_gone, worker
+from support.launcher_runs import all_have, marks
+from support.paths import worker
+from support.processes import procs_with_token, wait_for, wait_gone
 
 # ---------------------------------------------------------------------------- helpers
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, wait_gone
+from support.paths import ROOT
+from support.processes import wait_gone
 
 pytest.importorskip("torch")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from conftest import agents, client
+from support.rendezvous import agents, client
 
 from launcher.rendezvous.api import Cause
 from launcher.spec import Round

@@ -22,7 +22,9 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, free_port, wait_for, worker
+from support.paths import ROOT, worker
+from support.ports import free_port
+from support.processes import wait_for
 
 from launcher.rendezvous.tcpstore import (
     CHANGED,

@@ -16,7 +16,9 @@ import time
 import uuid
 
 import pytest
-from conftest import FakeClock, Relay, wait_for
+from support.clock import FakeClock
+from support.processes import wait_for
+from support.relay import Relay
 
 from launcher.rendezvous.tcpstore import (
     CHANGED,

@@ -20,9 +20,10 @@ import time
 from unittest import mock
 
 import pytest
-from conftest import agents, client, worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.paths import worker
+from support.rendezvous import agents, client
 
 from launcher import cli
 from launcher import config as cfg

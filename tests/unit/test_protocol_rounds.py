@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from conftest import FakeClock
+from support.clock import FakeClock
 
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged

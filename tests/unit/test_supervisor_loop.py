@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from conftest import FakeClock
+from support.clock import FakeClock
 
 from launcher import process
 from launcher.config import from_flags
