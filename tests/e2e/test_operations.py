@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
@@ -14,8 +13,6 @@ import uuid
 
 import pytest
 from support.paths import ROOT, worker
-
-from launcher.spec import GroupState, Snapshot
 
 
 def notified(launch, tmp_path, *args: str, **env: str) -> list[str]:
@@ -121,35 +118,6 @@ def test_quiet_and_timestamped_notes(launch):
         timeout=60,
     )
     assert quiet.returncode == 0 and "launcher:" not in quiet.stderr
-
-
-def test_view_renders_a_table():
-    from rich.console import Console
-
-    from launcher.view import render
-
-    snap = Snapshot(
-        GroupState.RUNNING,
-        round=3,
-        restarts=1,
-        workers=[
-            {
-                "rank": 0,
-                "local_rank": 0,
-                "pid": 111,
-                "state": "running",
-                "started": 0.0,
-                "last_line": "epoch 2 loss 0.5",
-            },
-            {"rank": 1, "local_rank": 1, "pid": 112, "state": "failed", "started": 0.0, "last_line": "Traceback"},
-        ],
-    )
-    out = io.StringIO()
-    Console(file=out, width=100, color_system=None).print(render(snap, lambda pid: (12.0, 50 * 2**20), now=75.0))
-    text = out.getvalue()
-    assert "round 3 · running · 1 restart(s)" in text
-    assert re.search(r"0 │\s+111 │ running │\s+12 │\s+50 MiB │\s+1 │\s+1:15 │ epoch 2 loss 0.5", text), text
-    assert "failed" in text and "Traceback" in text
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")

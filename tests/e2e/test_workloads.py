@@ -28,15 +28,6 @@ def test_import_cli_stays_light():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_sizes_parse_like_nccl_tests():
-    from launcher.allreduce import parse_size, sizes
-
-    assert [parse_size(s) for s in ("8", "1K", "64M", "1G", "2kb")] == [8, 1024, 64 << 20, 1 << 30, 2048]
-    assert sizes(1024, 16 << 20, 4, 0) == [1024 * 4**i for i in range(8)]  # 1K .. 16M
-    assert sizes(8, 8, 2, 0) == [8]
-    assert sizes(1 << 20, 3 << 20, 1, 1 << 20) == [1 << 20, 2 << 20, 3 << 20]  # -f 1: plus -i
-
-
 def test_bench_allreduce_two_workers(launch):
     r = launch.run("bench", "allreduce", "--nproc_per_node", "2", "--", *SMALL, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -146,3 +137,16 @@ def test_check_names_a_slow_rank(launch):
     rows = table(r.stdout)
     assert [rows[k][-1] for k in range(3)] == ["ok", "ok", "FAIL"], r.stdout
     assert re.search(r"^\[rank0\]:   rank 2 \(.*\): slow: [0-9.]+ GB/s, under 0.5x the median", r.stdout, re.M)
+
+
+def row_sizes(stdout: str) -> list[int]:
+    return [int(line.split()[1]) for line in stdout.splitlines() if re.match(r"\[rank0\]:\s+\d", line)]
+
+
+@pytest.mark.timeout(120)
+def test_bench_allreduce_with_only_b_and_e_doubles_the_size(launch):
+    r = launch.run(
+        "bench", "allreduce", "--nproc_per_node", "2", "--", "-b", "1K", "-e", "8K", "-w", "0", "-n", "1", timeout=100
+    )
+    assert r.returncode == 0, r.stderr
+    assert row_sizes(r.stdout) == [1024, 2048, 4096, 8192], r.stdout
