@@ -54,14 +54,14 @@ class Losses:
         self.change(r, why, st)
 
     def left_forming(self, st: Store, forming: tuple[int, int], last: Round | None, why: str) -> None:
-        """This node leaves while it holds ticket k of forming round r: its alive key goes (the sealer
-        leaves it out; sealed already, its neighbour sees it gone). `last`: the round it was a member of
-        (None when it finished): if that was r - 1, it is lost from it."""
+        """This node leaves while it holds ticket k of forming round r, because `why` (said in one line;
+        empty: it finished, quietly): its alive key goes (the sealer leaves it out; sealed already, its
+        neighbour sees it gone). `last`: the round it was a member of; if that was r - 1, it is lost from it."""
         r, k = forming
-        if last is not None:
+        if why:
             log.info(f"left round {r} while it formed ({why})")
         drop(st, [self.keys.alive(r, k)])
-        if last is not None and last.round == r - 1:
+        if why and last is not None and last.round == r - 1:
             gone = f"{self.node.node_id} left: {why}"
             self.lost(st, last.round, last.group_world_size, last.group_rank, gone)
 

@@ -206,7 +206,7 @@ class ElasticRendezvous:
             return
         try:
             if self._forming is not None:
-                self.losses.left_forming(st, self._forming, None if succeeded else self._last, why or "gave up")
+                self.losses.left_forming(st, self._forming, self._last, "" if succeeded else why or "gave up")
             if self.seat.number:
                 self.seat.leave(st, "" if succeeded else why)
         except Exception:  # leaving must never fail the exit

@@ -200,6 +200,10 @@ class Job:
     def wait_serving(self, first: Agent | None) -> None:
         """Until the rendezvous store answers (a backend whose first agent hosts it says how)."""
 
+    def alive_keys(self, r: int, tickets: int) -> int:
+        """How many of round r's tickets 1..tickets have their alive key held in the store now."""
+        raise NotImplementedError
+
     def open_gate(self) -> None:
         self.gate.write_text("go")
 
@@ -307,6 +311,9 @@ def node_lost_while_round_forms(job: Job, sig: int) -> None:
         b.line(r"left round 0 while it formed \(stopped by SIGTERM\)")
     else:
         b.wait()
+    # Lost means the store knows it: its alive key is gone (c10d: 0.1 s after its connections closed;
+    # etcd: when its lease expires, 2 s).
+    until(lambda: job.alive_keys(0, 2) == 1, 30, "the lost node's alive key to go")
     c, d = job.start("c"), job.start("d")
     job.open_gate()
     codes = {x.name: x.wait() for x in (a, c, d)}
@@ -405,6 +412,15 @@ class C10dJob(Job):
             return _connects(self.port)
 
         until(listening, 30, "the store to listen")
+
+    def alive_keys(self, r: int, tickets: int) -> int:
+        from launcher.rendezvous.c10d import TCPStoreAdapter
+
+        store = TCPStoreAdapter("127.0.0.1", self.port, 5.0)
+        try:
+            return sum(bool(v) for v in store.multi_get([f"spares/r{r}/alive{k}" for k in range(1, tickets + 1)]))
+        finally:
+            store.close()
 
     def status(self) -> dict:
         r = subprocess.run(

@@ -4,6 +4,7 @@ node with group rank 0 (the workers' bootstrap store) is survivable here as on `
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -85,6 +86,18 @@ class EtcdJob(Job):
     def __init__(self, tmp: Path, endpoint: str, **kw):
         self.endpoint = endpoint
         super().__init__(tmp, ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint], **kw)
+
+    def alive_keys(self, r: int, tickets: int) -> int:
+        """Counted through etcd's JSON gateway (one range request per key)."""
+        found = 0
+        for k in range(1, tickets + 1):
+            key = base64.b64encode(f"/launcher/spares/r{r}/alive{k}".encode()).decode()
+            req = urllib.request.Request(
+                f"http://{self.endpoint}/v3/kv/range", json.dumps({"key": key, "count_only": True}).encode()
+            )
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                found += int(json.loads(resp.read()).get("count", 0))
+        return found
 
     def status(self) -> dict:
         r = subprocess.run(

@@ -2,7 +2,8 @@
 
 STEPS steps of STEP_TIME s; rank 0 saves the step count to $CKPT_DIR/ckpt.json after each step and every
 attempt resumes from it. With GATE=PATH every rank waits, before its last step, until PATH exists, so a
-test decides when the job may end. FAIL_AT=R:S: rank R exits 5 at step S (every attempt).
+test decides when the job may end. FAIL_AT=R:S: rank R exits 5 at step S (every attempt), and the other
+ranks block at step S as in a collective with a dead peer, until the launcher stops them.
 Lines: "start rank= group= world= restart= round= from=", "step rank= n=", "done rank= world=".
 """
 
@@ -34,8 +35,10 @@ for step in range(start + 1, steps + 1):
         while not os.path.exists(e["GATE"]):
             time.sleep(0.05)
     time.sleep(step_time)
-    if rank == int(fail_rank) and step == int(fail_step):
-        sys.exit(5)
+    if step == int(fail_step):
+        if rank == int(fail_rank):
+            sys.exit(5)
+        time.sleep(3600)
     if rank == 0:
         tmp = f"{ckpt}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
