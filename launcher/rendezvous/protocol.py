@@ -195,9 +195,9 @@ class ElasticRendezvous:
                 self._watcher.join(self.settings.keep_alive_interval + 1.0)
 
     def _leave_waiting(self, succeeded: bool, why: str) -> None:
-        """Leave while in no round, on a connection of its own (the joining thread may be in a wait): give
-        a forming round's ticket up (`losses.Losses.left_forming`), or the spare's seat."""
-        if self._forming is None and not self.seat.number:
+        """Leave while in no round, on a connection of its own (the joining thread may be in a wait): give a
+        forming round's ticket up (`Losses.left_forming`), or the spare's seat; a closed job is just over."""
+        if (self._forming is None and not self.seat.number) or self._seen_closed is not None:
             return
         try:
             st = self.store.clone()
