@@ -104,8 +104,8 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
     # the true reason, once: the node lost, who closed the job; no re-forming promised
     reason = re.findall(r"launcher: reason: (.*)", err)
     assert len(reason) == 1 and re.fullmatch(
-        rf"the job was closed: node with group rank {host.victim_group} died; 1 node\(s\) left, "
-        r"fewer than 2; closed by node \S+",
+        rf"the job was closed: node with group rank {host.victim_group} died \(its connections to the store closed\); "
+        r"1 node\(s\) left, fewer than 2, and no restart left to replace it \(--max_restarts 0\); closed by node \S+",
         reason[0],
     ), err
     assert "re-forming" not in err and "closed the connection" not in err, err
