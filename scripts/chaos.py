@@ -1,6 +1,7 @@
 """A randomized fault campaign: seeded, bounded, replayable.
 
-Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--episodes 20] [--seed N] [--bound 60]
+Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,spares] [--episodes 20] [--seed N]
+      [--bound 60]
 
 Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
 default liveness settings, a 1 s last call, a 3 s read timeout, a 20 s join timeout) running
@@ -36,6 +37,13 @@ clear reason within --bound s. Beside those, per fault:
   a round without it, or has finished, within the liveness timeout + 10 s;
 - an etcd member or the leader lost (quorum kept), or the disk full, alone: ridden out, every node
   finishes in the first round with no restart and no membership change.
+
+Shape `spares` (issue 22): a fixed-size job, `--nnodes 2` with the same three agents; the third starts once
+both members' workers run and waits as a spare. Its invariants, beside the ones above: the world size never
+changes (every worker of every round sees 4); a member lost (killed, frozen, or cut past the liveness
+timeout) while the spare is untouched is replaced by the spare, which runs workers in a later round; every
+node that was neither killed, frozen nor cut ends with the same exit code, the spare included (the job's
+verdict); a lost member is charged to the budget: no more restarts than workers killed plus nodes lost.
 
 A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
 are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with
@@ -382,16 +390,23 @@ class EtcdCluster:
 # ---------------------------------------------------------------------------- an episode
 
 
+class Shape(enum.Enum):
+    ELASTIC = "elastic"  # --nnodes 2:3, three members
+    SPARES = "spares"  # --nnodes 2, two members and a spare
+
+
 @dataclass
 class Episode:
     backend: str
     seed: int
+    shape: Shape = Shape.ELASTIC
     faults: list[tuple[float, Fault]] = field(default_factory=list)
     landed: list[Fault] = field(default_factory=list)  # the faults that struck, in order
     done: list[str] = field(default_factory=list)  # what was done, in order, for the report
     expect: list[tuple[str, str]] = field(default_factory=list)  # (what, regex a survivor's stderr must hold)
     violations: list[str] = field(default_factory=list)
     frozen: set[str] = field(default_factory=set)  # the nodes it froze
+    victims: list[str] = field(default_factory=list)  # the node each landed fault struck (the store: "store")
     cuts: list[tuple[str, float, float]] = field(default_factory=list)  # (node, when, how long) its link was cut
     seconds: float = 0.0
     kept: Path | None = None  # --keep: the episode's folder
@@ -420,10 +435,10 @@ class World:
             self.net.link(node, at, "up")
 
 
-def plan(backend: str, seed: int, skip: set[Fault] = frozenset()) -> Episode:
+def plan(backend: str, seed: int, skip: set[Fault] = frozenset(), shape: Shape = Shape.ELASTIC) -> Episode:
     """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store."""
     rng = random.Random(seed)
-    ep = Episode(backend, seed)
+    ep = Episode(backend, seed, shape)
     kinds = [f for f in FAULTS[backend] if f not in skip]
     for _ in range(rng.choice((1, 1, 2))):
         fault = rng.choice(kinds)
@@ -459,12 +474,13 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20" + (
             ",is_host=false" if ep.backend == "c10d" else ""
         )
+        spares = ep.shape is Shape.SPARES
         args = [
             sys.executable,
             "-m",
             "launcher",
             "--nnodes",
-            "2:3",
+            "2" if spares else "2:3",
             "--nproc_per_node",
             "2",
             "--max_restarts",
@@ -474,7 +490,7 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
             "--rdzv_endpoint",
             store.endpoint,
             "--rdzv_id",
-            f"chaos{ep.seed}",
+            f"chaos{ep.shape.value}{ep.seed}",
             "--rdzv_conf",
             conf,
             "--log_dir",
@@ -486,14 +502,22 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         kinds = {f for _, f in ep.faults}
         steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
         env = {"CKPT_DIR": str(ckpt), "STEPS": str(steps), "STEP_TIME": "0.05"}
-        agents = [Proc(f"node{i}", args, env, net.nodes[i] if net else None) for i in range(NODES)]
+        members = 2 if spares else NODES  # the spares shape starts its third node once the two members run
+        agents = [Proc(f"node{i}", args, env, net.nodes[i] if net else None) for i in range(members)]
         world = World(agents, store, net, logs if mounted else None)
         t_start = time.monotonic()
-        while sum(len(a.starts()) for a in agents) < 2 * NODES:
+        while sum(len(a.starts()) for a in agents) < 2 * members:
             if time.monotonic() - t_start > bound / 2:
                 ep.violations.append("the job never started: not every worker of the first round ran")
                 return ep
             time.sleep(0.02)
+        if spares:
+            agents.append(Proc(f"node{members}", args, env, net.nodes[members] if net else None))
+            while not any("waiting as a spare" in line for line in agents[-1].err):
+                if time.monotonic() - t_start > bound / 2 or agents[-1].popen.poll() is not None:
+                    ep.violations.append(f"the third node never said it waits as a spare: {agents[-1].err[-3:]}")
+                    return ep
+                time.sleep(0.02)
         t0 = time.monotonic()
         for at, fault in ep.faults:
             time.sleep(max(0.0, t0 + at - time.monotonic()))
@@ -598,6 +622,7 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died"))
     if len(ep.done) > landed:
         ep.landed.append(fault)
+        ep.victims.append("store" if fault in STORE_FAULTS else victim.name)
 
 
 DISTURBED = re.compile(r"membership changed|restarting|reason: |exited with|killed by|rendezvous store")
@@ -641,8 +666,14 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
         if len(ranks) != len(set(ranks)):
             v.append(f"round {rnd}: a rank ran twice: {sorted(ranks)}")
     restarts = max((int(s["restart"]) for seen in by_round.values() for s in seen), default=0)
-    if restarts > ep.landed.count(Fault.WORKER_KILL):  # only a failed worker is charged to the budget
-        v.append(f"{restarts} restart(s) charged, but {ep.landed.count(Fault.WORKER_KILL)} worker(s) killed")
+    killed = ep.landed.count(Fault.WORKER_KILL)
+    if ep.shape is Shape.SPARES:  # a lost member is charged too (fixed size: below MIN), once per loss
+        lost = sum(f in STOPS_A_NODE for f in ep.landed)
+        if restarts > killed + lost:
+            v.append(f"{restarts} restart(s) charged, but {killed} worker(s) killed and {lost} node(s) stopped")
+        check_spares(ep, agents, rcs, by_round)
+    elif restarts > killed:  # only a failed worker is charged to the budget
+        v.append(f"{restarts} restart(s) charged, but {killed} worker(s) killed")
     if ep.landed and all(f in RIDDEN_OUT for f in ep.landed):  # ridden out: as if nothing happened
         if len(by_round) != 1 or any(rcs[a.name] != 0 for a in agents):
             v.append(f"{'; '.join(ep.done)}: not ridden out: rounds {sorted(by_round)}, exits {rcs}")
@@ -685,6 +716,28 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
                 last[rank] = n
 
 
+def check_spares(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], by_round: dict) -> None:
+    """A fixed-size job with a spare: the world never changes; a member lost while the spare is untouched
+    is replaced by it; every node left untouched ends with the job's verdict, the spare included."""
+    v, spare = ep.violations, agents[-1]
+    worlds = {s["world"] for seen in by_round.values() for s in seen}
+    if worlds - {"4"}:
+        v.append(f"a fixed-size job of 2 x 2 workers ran at world size {sorted(worlds)}")
+    touched = {name for name in ep.victims} | ep.frozen | {name for name, _, _ in ep.cuts}
+    # Surely lost: killed, or cut past the liveness timeout (a freeze of 2.5-4 s may or may not outlast it).
+    long_cuts = {name for name, _, length in ep.cuts if length >= LIVENESS + 2.0}
+    members_lost = [
+        name
+        for name, fault in zip(ep.victims, ep.landed)
+        if name != spare.name and (fault is Fault.AGENT_KILL or (fault in LINK_FAULTS and name in long_cuts))
+    ]
+    if members_lost and spare.name not in touched and len(ep.landed) == 1 and not spare.starts():
+        v.append(f"{members_lost[0]} was lost and the spare stood by, but the spare never ran workers")
+    untouched = {a.name: rcs[a.name] for a in agents if a.name not in touched and not a.killed}
+    if len(set(untouched.values())) > 1:
+        v.append(f"the nodes left untouched end with different verdicts: {untouched}")
+
+
 def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> None:
     """A node whose link is down for good stops its workers within STOP_S of the cut (its last worker
     line). A link cut past the liveness timeout, the episode's only fault that stops a node: each other
@@ -702,6 +755,8 @@ def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> No
     name, at, length = ep.cuts[0]
     if length < LIVENESS + 2.0:  # shorter: heartbeats late by TCP's backoff may or may not drop it
         return
+    if not any(s["at"] < at for a in agents if a.name == name for s in a.starts()):
+        return  # a spare that ran no workers yet: its loss ends no round
     by = at + LIVENESS + REFORM_S
     rounds_of_cut = {s["round"] for a in agents if a.name == name for s in a.starts()}
     for a in agents:
@@ -716,10 +771,42 @@ def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> No
             )
 
 
+def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, skip: set[Fault], netns: bool) -> int:
+    """--episodes episodes of one backend and shape, each reported; how many had violations."""
+    label = backend if shape is Shape.ELASTIC else f"{backend} {shape.value}"
+    bad, landed, seconds = 0, Counter(), 0.0
+    for i in range(args.episodes):
+        ep = run_episode(plan(backend, seed + i, skip, shape), args.bound, args.keep, args.verbose, netns)
+        status = "ok" if not ep.violations else "VIOLATION"
+        print(
+            f"chaos: {label} seed {ep.seed}: {status} ({ep.seconds:.0f} s): "
+            f"{'; '.join(ep.done) or 'no fault landed'}" + (f" (kept in {ep.kept})" if ep.kept else ""),
+            flush=True,
+        )
+        for line in ep.violations:
+            print(
+                f"chaos:   {line}   (replay: --backend {backend} --shape {shape.value} --seed {ep.seed} --episodes 1)",
+                flush=True,
+            )
+        bad += bool(ep.violations)
+        landed.update(ep.landed)
+        seconds += ep.seconds
+    counts = ", ".join(f"{f.value} {landed[f]}" for f in FAULTS[backend] if f not in skip)
+    print(
+        f"chaos: {label}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode",
+        flush=True,
+    )
+    print(f"chaos: {label}: {args.episodes} episodes, {bad} with violations", flush=True)
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="c10d,etcd")
-    ap.add_argument("--episodes", type=int, default=20, help="per backend")
+    ap.add_argument("--episodes", type=int, default=20, help="per backend and shape")
+    ap.add_argument(
+        "--shape", default="elastic,spares", help="elastic (--nnodes 2:3), spares (--nnodes 2 and a spare), or both"
+    )
     ap.add_argument(
         "--seed", type=int, default=None, help="first episode's seed (default: from the clock); episode i uses seed+i"
     )
@@ -752,27 +839,8 @@ def main() -> int:
         if backend == "etcd" and not shutil.which("etcd"):
             print("chaos: etcd: no etcd binary on PATH, skipped", flush=True)
             continue
-        bad, landed, seconds = 0, Counter(), 0.0
-        for i in range(args.episodes):
-            ep = run_episode(plan(backend, seed + i, skip), args.bound, args.keep, args.verbose, netns)
-            status = "ok" if not ep.violations else "VIOLATION"
-            print(
-                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): "
-                f"{'; '.join(ep.done) or 'no fault landed'}" + (f" (kept in {ep.kept})" if ep.kept else ""),
-                flush=True,
-            )
-            for line in ep.violations:
-                print(f"chaos:   {line}   (replay: --backend {backend} --seed {ep.seed} --episodes 1)", flush=True)
-            bad += bool(ep.violations)
-            landed.update(ep.landed)
-            seconds += ep.seconds
-        counts = ", ".join(f"{f.value} {landed[f]}" for f in FAULTS[backend] if f not in skip)
-        print(
-            f"chaos: {backend}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode",
-            flush=True,
-        )
-        print(f"chaos: {backend}: {args.episodes} episodes, {bad} with violations", flush=True)
-        total += bad
+        for shape in [Shape(name) for name in args.shape.split(",")]:
+            total += campaign(backend, shape, seed, args, skip, netns)
     return 1 if total else 0
 
 
