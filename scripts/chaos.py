@@ -470,8 +470,9 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         net = Net(f"chaos{os.getpid()}-{ep.seed}") if netns else None
         addr, hub = (f"{SUBNET}.1", net.hub) if net else ("127.0.0.1", None)
         store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
-        # join_timeout inside the bound: nodes left below MIN wait for replacements that long (elastic), then say so
-        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20" + (
+        # join_timeout and replace_timeout inside the bound: nodes left below MIN wait for replacements that
+        # long (a re-forming elastic job; a fixed-size one that lost a member with no spare left), then say so
+        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20" + (
             ",is_host=false" if ep.backend == "c10d" else ""
         )
         spares = ep.shape is Shape.SPARES
@@ -684,7 +685,10 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
         first = next((line for line in a.err if DISTURBED.search(line)), None)
         if first is not None and not re.search(causes, first):
             v.append(f"{a.name} named a cause that was not injected: {first!r} (injected: {'; '.join(ep.done)})")
-    said = [line for a in live for line in a.err if DISTURBED.search(line)]
+    # what the others said (a frozen or cut node speaks of what it lost; a spare's loss disturbs nobody)
+    said = [
+        line for a in live if a.name not in ep.frozen and a.name not in cut for line in a.err if DISTURBED.search(line)
+    ]
     if (
         said and len(ep.expect) == 1 and not any(re.search(causes, line) for line in said)
     ):  # two faults: one may hide the other

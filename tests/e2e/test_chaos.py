@@ -16,10 +16,14 @@ from support.paths import ROOT
 
 # As root: c10d 164, a node's link cut for 4.6 s (the others re-form without it), then 165, a worker
 # SIGKILLed; etcd 169, the etcd leader SIGKILLed and restarted (ridden out), then 170, a link cut.
-# Spares (a fixed-size job of 2 nodes and a spare): SPARE_SEEDS below.
-SEEDS, EPISODES = {("c10d", "elastic"): 164, ("etcd", "elastic"): 169}, 2
-SPARE_SEEDS = {("c10d", "spares"): 503, ("etcd", "spares"): 503}
-SEEDS.update(SPARE_SEEDS)
+# Spares (a fixed-size job of 2 nodes and a spare), as root: c10d 7111, a member SIGKILLed (the spare takes
+# its place) and then the spare-become-member's link cut for good (no replacement within replace_timeout:
+# the job ends naming it), then 7112, the store SIGKILLed; etcd 7110, the log disk filled, then 7111, a
+# member SIGKILLed and an etcd follower killed and restarted.
+SEEDS, EPISODES = (
+    {("c10d", "elastic"): 164, ("etcd", "elastic"): 169, ("c10d", "spares"): 7111, ("etcd", "spares"): 7110},
+    2,
+)
 
 
 @pytest.mark.timeout(150)
