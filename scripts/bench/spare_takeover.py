@@ -2,6 +2,7 @@
 torchrun and the launcher started the same way, side by side.
 
 Run:  .venv/bin/python scripts/bench/spare_takeover.py [--backend c10d,etcd] [--reps 3] [--nproc 2] [--cap 30]
+      [--settle 10] [--tools torchrun,launcher,"launcher --preload"]
 
 Each job is three agents on this host, `<tool> --nnodes 2 --nproc_per_node N --max_restarts 3
 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT --rdzv_id bench worker.py OUT` (the launcher also
@@ -9,7 +10,8 @@ with `--preload`; on etcd, `--rdzv_backend etcd` and a one-member etcd started h
 hosts the c10d store, the second is the other member, the third arrives once both train and waits as
 a spare. The worker is a small DDP model on gloo (CPU), one SGD step every 20 ms; each worker process
 stamps time.time() right after its first step, with its rank and world size. Once every rank stepped
-and the spare had 2 s to settle, the second node dies: its agent and every process under it SIGKILLed
+and the spare had --settle s (10) to settle (with --preload its zygote imports torch meanwhile, as a
+spare that waits in a real job has long done), the second node dies: its agent and every process under it SIGKILLed
 at once (what a node's power loss does; torchrun's workers would otherwise outlive their agent).
   takeover = max over the ranks 0..W-1 of the first stamp after the kill - the kill
 A tool that has not got every rank of the same world size stepping again within --cap s is "never".
@@ -177,7 +179,9 @@ class Etcd:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def one_job(tool: str, backend: str, nproc: int, script: str, cap: float, etcd: Etcd | None) -> dict:
+def one_job(
+    tool: str, backend: str, nproc: int, script: str, cap: float, etcd: Etcd | None, settle: float = 10.0
+) -> dict:
     out = tempfile.mkdtemp(prefix="spare-")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("OMP_NUM_THREADS", None)
@@ -208,7 +212,7 @@ def one_job(tool: str, backend: str, nproc: int, script: str, cap: float, etcd: 
             result["error"] = "the job never stepped"
             return result
         start()  # the spare
-        time.sleep(2.0)
+        time.sleep(settle)
         killed = kill_node(member.pid)
         again = wait_for(lambda: every_rank_after(out, killed, world), cap)
         result["takeover"] = (again - killed) if again else None
@@ -246,6 +250,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=2, help="workers per node (world size: twice this)")
     ap.add_argument("--cap", type=float, default=30.0, help="seconds after the kill before a tool is 'never'")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds the spare waits before the kill")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="spare-bench-")
     script = os.path.join(folder, "worker.py")
@@ -261,7 +266,7 @@ def main() -> None:
             try:
                 for rep in range(args.reps):
                     for tool in tools:
-                        r = one_job(tool, backend, args.nproc, script, args.cap, etcd)
+                        r = one_job(tool, backend, args.nproc, script, args.cap, etcd, args.settle)
                         if "error" in r:
                             print(f"{backend} {tool} rep {rep}: {r['error']}", flush=True)
                         results[tool].append(r.get("takeover"))
