@@ -65,14 +65,6 @@ class Losses:
             gone = f"{self.node.node_id} left: {why}"
             self.lost(st, last.round, last.group_world_size, last.group_rank, gone)
 
-    def members_back(self, st: Store, r: int) -> int:
-        """How many members of round r - 1 are expected back in round r (never more than MAX)."""
-        prev = sealed_members(st.get(self.keys.sealed(r - 1))) if r > 0 else None
-        if not prev:
-            return 0
-        gone = st.add(self.keys.left(r - 1), 0) + st.add(self.keys.dead(r - 1), 0)
-        return min(prev - gone, self.node.max_nodes)
-
     def refilling(self, st: Store, r: int) -> bool:
         """Round r - 1 lost members and left fewer than MIN: round r waits for replacements (3 reads)."""
         prev = sealed_members(st.get(self.keys.sealed(r - 1))) if r > 0 else None

@@ -229,9 +229,7 @@ class ElasticRendezvous:
             self._refill = self.losses.refilling(st, r)
             deadline = self.clock() + (s.replace_timeout if self._refill else s.join_timeout)
             if self.seat.number:  # the members expected back take the first tickets
-                yield_to_members(
-                    st, self.keys, r, self.losses.members_back(st, r), self._slice(deadline, s.last_call_timeout)
-                )
+                yield_to_members(st, self.keys, r, self.node.max_nodes, s.last_call_timeout, self.clock)
             k = st.add(self.keys.joined(r), 1)
             if k < 1:  # the protocol only ever adds to it
                 raise RendezvousError("rendezvous store holds a malformed ticket counter under this job's prefix")

@@ -21,11 +21,12 @@ from ..net import hostname
 from ..spec import Round
 from .api import SpareLost, WaitKind, WaitReport
 from .keys import Keys
-from .records import decode_spare, encode_spare
+from .records import decode_spare, encode_spare, sealed_members
 from .store import HELD, Capability, DeletingStore, LivenessStore, Store, capabilities_of
 
 log = logging.getLogger(__name__)
 SPARE_LOOK = 1.0  # seconds between a waiting spare's looks at the job's `closed` mark
+YIELD_LOOK = 0.25  # seconds between a yielding spare's looks at which members of the last round are alive
 JUDGE_EVERY = 2.0  # seconds between the judge's looks at the spares (2 x spares reads each)
 MAX_SPARES = 1 << 16  # a spare counter beyond this is hostile, not ours
 
@@ -138,11 +139,28 @@ class SpareSeat:
             drop(store, [self.keys.spare_alive(j)])
 
 
-def yield_to_members(store: Store, keys: Keys, r: int, members: int, timeout: float) -> None:
-    """Wait (at most `timeout`) until tickets 1..members of round r have their entries: the members
-    expected back from round r - 1 take those, and keep their group ranks."""
-    if members > 0:
-        store.wait([keys.node(r, i) for i in range(1, members + 1)], timeout)
+def yield_to_members(
+    store: Store, keys: Keys, r: int, max_nodes: int, timeout: float, clock: Callable[[], float]
+) -> None:
+    """A spare lets the members expected back from round r - 1 take round r's first tickets, so they keep
+    their group ranks: it waits (at most `timeout`) until tickets 1..m have their entries, m = round r - 1's
+    members less those lost or dead. On a store that holds alive keys it stops waiting sooner, once as
+    many tickets were taken as round r - 1 has members alive (one that died before it was judged lost
+    never comes: its alive key is gone)."""
+    sealed = sealed_members(store.get(keys.sealed(r - 1))) if r > 0 else None
+    if not sealed:
+        return
+    members = min(sealed - store.add(keys.left(r - 1), 0) - store.add(keys.dead(r - 1), 0), max_nodes)
+    entries = [keys.node(r, i) for i in range(1, members + 1)]
+    held = HELD & capabilities_of(store)
+    deadline = clock() + timeout
+    while members > 0 and clock() < deadline:
+        if store.wait(entries, max(0.001, min(YIELD_LOOK, deadline - clock()))):
+            return
+        if held:
+            alive = store.multi_get([keys.alive(r - 1, k) for k in range(1, sealed + 1)])
+            if store.add(keys.joined(r), 0) >= sum(bool(v) for v in alive):
+                return
 
 
 class SpareJudge:
