@@ -372,7 +372,7 @@ def spares_share_the_verdict(job: Job, status: Callable[[], dict] | None) -> Non
     s1.wait()
     head = a if a.running()[0]["group_rank"] == 0 else b
     head.line(rf"spare \S+:{s1.pid} died; dropped", timeout=30)
-    assert any(e["node"].endswith(f":{s1.pid}") for e in head.events("spare_lost")), head.events()
+    until(lambda: any(e["node"].endswith(f":{s1.pid}") for e in head.events("spare_lost")), 10, "spare_lost")
     if status is not None:
         until(lambda: len(status().get("spares", [])) == 1, 30, "one spare listed")
     job.open_gate()
