@@ -16,13 +16,18 @@ at once (what a node's power loss does; torchrun's workers would otherwise outli
   takeover = max over the ranks 0..W-1 of the first stamp after the kill - the kill
 A tool that has not got every rank of the same world size stepping again within --cap s is "never".
 
-What torchrun 2.13 does: its survivor never notices the dead node (the agents' heartbeats live in the
-rendezvous state, which nobody checks once a round runs: pytorch#111646); its surviving workers block in
-the next all_reduce on a peer that is gone, until gloo's collective timeout (30 min by default), and its
-third agent sits in the rendezvous's redundancy list, which is only read when a round ends. So within the
-cap nothing steps again. The launcher's surviving agent sees the dead agent's store connections close
-(c10d: 0.1 s; etcd: its lease, 2 s), the spare takes the lost group rank, and every rank of the new round
-steps from a warm fork (--preload) or a fresh interpreter.
+What torchrun 2.13 does, as seen here: its agents do not watch a running round's members (pytorch#111646), so
+nothing notices the dead node as such; the surviving workers fail on the dead peer's closed gloo connections
+(exit 1), the surviving agent restarts its group and waits in the rendezvous, and no round with the third
+agent (kept in the redundancy list while the job was full) forms within the cap: "never" in 3 of 3 runs
+here. Its restart on the reused agent store is also where gloo fails in 2.13 (pytorch#135712). The
+launcher's surviving agent sees the dead agent's store connections close (c10d: 0.1 s; etcd: its lease, 2 s),
+the spare takes the lost group rank, and every rank of the new round steps from a warm fork (--preload) or a
+fresh interpreter.
+
+Measured 2026-11-25 (2-core VM shared with other work, ~1.1-1.4 cores busy meanwhile; medians of 3):
+c10d: torchrun never (3/3), launcher 7.51 s, launcher --preload 0.31 s; etcd: launcher 8.92 s,
+launcher --preload 2.44 s.
 
 Targets (issue 22): c10d with --preload <= 1.0 s; etcd with --preload <= 3 s. Reports only.
 """
