@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import errno
 import logging
 import os
 import queue
@@ -74,6 +75,10 @@ class Member:
     straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
 
 
+# Out of descriptors or processes for a moment (a store host under a burst of connections): the
+# spawn is retried for this long, not taken for a worker that cannot start.
+SPAWN_RETRY = 30.0
+TRANSIENT_SPAWN = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
@@ -275,7 +280,7 @@ class Supervisor:
             )
             argv = worker_argv(self.config, worker)
             try:
-                proc = self.starter.start(argv, env)
+                proc = self._start(argv, env)
             except OSError as e:  # e.g. a --no_python command removed since the last round
                 return self._spawn_failed(argv[0], e)
             if self.guard:
@@ -314,6 +319,24 @@ class Supervisor:
             group_world_size=rnd.group_world_size,
             world_size=rnd.world_size,
         )
+
+    def _start(self, argv: list[str], env: dict[str, str]) -> process.WorkerProcess:
+        """Start one worker; a transient EMFILE/ENFILE/EAGAIN/ENOMEM is retried for up to SPAWN_RETRY s."""
+        deadline, delay = None, 0.05
+        while True:
+            try:
+                return self.starter.start(argv, env)
+            except OSError as e:
+                if e.errno not in TRANSIENT_SPAWN:
+                    raise
+                now = self.clock()
+                if deadline is None:
+                    deadline = now + SPAWN_RETRY
+                    log.warning("cannot start a worker yet (%s): retrying for up to %g s", e.strerror or e, SPAWN_RETRY)
+                if now >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
 
     def _spawn_failed(self, program: str, error: OSError) -> None:
         """A worker that cannot be started ends the job with that reason; restarting cannot help."""

@@ -4,6 +4,7 @@ test turns the loop with `step()` and checks the group state, the signals sent a
 
 from __future__ import annotations
 
+import errno
 import signal
 
 import pytest
@@ -459,3 +460,31 @@ def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
     release.set()
     rig.running(1)
     assert rig.sup.snapshot().waiting == ""
+
+
+def test_a_transient_emfile_at_spawn_is_retried_not_fatal(tmp_path):
+    """A store host out of descriptors for a moment (issue 23 item 1): the spawn is tried again."""
+    rig = Rig(tmp_path, nproc=1)
+    failures = [OSError(errno.EMFILE, "Too many open files")] * 2
+
+    def spawn(argv, env):
+        if failures:
+            raise failures.pop()
+        return rig.spawn(argv, env)
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.start()
+    assert not failures and rig.sup.state is GroupState.RUNNING
+
+
+def test_an_emfile_that_lasts_fails_the_spawn_after_the_retry_window(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+
+    def spawn(argv, env):
+        rig.clock.now += 20.0  # each try costs 20 s of the injected clock: the window closes on the third
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "the group failed")
+    assert "Too many open files" in rig.sup.message

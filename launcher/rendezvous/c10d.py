@@ -20,7 +20,6 @@ adapter is plain, never reconnects, and heartbeats alone judge liveness.
 from __future__ import annotations
 
 import random
-import resource
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -148,9 +147,15 @@ class TCPStoreAdapter:
         self.client.close()
 
 
-def serve(host: str, port: int) -> StoreServer:
-    """Start a TCPStore server (a thread of this process) bound to exactly `host:port`."""
-    return StoreServer(host, port)
+# Connections an agent opens to the rendezvous store (the main one and the watcher's), with room for
+# `launcher status` and a reconnect that overlaps its broken connection.
+CONNECTIONS_PER_NODE = 3
+
+
+def serve(host: str, port: int, nodes: int = 0) -> StoreServer:
+    """Start a TCPStore server (a thread of this process) bound to exactly `host:port`, for up to
+    `nodes` agents (it raises the descriptor limit, and says when that is too low for them)."""
+    return StoreServer(host, port, expect=CONNECTIONS_PER_NODE * nodes)
 
 
 class C10dRendezvous(ElasticRendezvous):
@@ -162,7 +167,7 @@ class C10dRendezvous(ElasticRendezvous):
         wants_host = s.is_host if s.is_host is not None else is_local_address(host)
         if wants_host:
             try:
-                self.server = serve(host, port)
+                self.server = serve(host, port, job.max_nodes)
             except OSError:
                 if s.is_host:
                     raise RendezvousConnectionError(
@@ -191,10 +196,7 @@ class C10dRendezvous(ElasticRendezvous):
 
 def store_main(host: str, port: int, serving: Callable[[int], None]) -> int:
     """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT; `serving(port)` once it listens."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:  # a connection or two per agent: thousands of nodes need more than the usual 1,024
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    server = serve(host, port)
+    server = serve(host, port)  # it raises the descriptor limit to the hard one
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())

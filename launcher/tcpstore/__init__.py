@@ -7,7 +7,8 @@ importing torch. `wire` holds the ops, frames and limits; `client` and `server` 
 """
 
 from .client import PROBES, StoreClient, StoreError, StoreRestarted, StoreTimeout
-from .server import GRACE, StoreServer
+from .ops import GRACE
+from .server import StoreServer
 from .wire import CHANGED, GONE, MAGIC, MAX_FRAME, MAX_KEY, MAX_KEYS, MAX_VALUE, SESSION
 
 __all__ = [
