@@ -4,9 +4,9 @@ A client that breaks the protocol or a limit loses its own connection and nothin
 (docs/store.md says how they were chosen):
 - a new connection has HANDSHAKE seconds to send its VALIDATE, or it is closed;
 - at most `max_conns` connections (default: the descriptor limit less RESERVE, shared by every
-  server of the process); at the cap, one that has waited EVICT_AFTER s without validating makes room
-  for the newcomer, else the newcomer is refused: it reads REFUSED where the handshake's answer
-  would be (our client says so), and is closed;
+  server of the process), a quarter of them not validated yet; at either cap, one that has waited
+  EVICT_AFTER s without validating makes room for the newcomer, else the newcomer is refused: it
+  reads REFUSED where the handshake's answer would be (our client says so), and is closed;
 - each turn of the loop, a connection gets one read (256 KiB) and requests worth TURN_WORK keys at
   most: one client cannot starve the others; requests are parsed as their bytes come (wire.RequestParser);
 - every reply is sized before it is built: over MAX_FRAME closes the connection; the unread replies
@@ -31,7 +31,11 @@ from .wire import MAX_FRAME, REFUSED, U32, VALIDATE, Malformed, RequestParser, c
 log = logging.getLogger(__name__)
 
 HANDSHAKE = 10.0  # seconds a new connection has to send VALIDATE
-EVICT_AFTER = 1.0  # at the cap, a connection that has not validated for this long makes room for a newcomer
+# At the cap (or the cap of connections not validated yet, a quarter of it: idle connections cannot
+# crowd out the clients, nor the process's other store), the oldest connection still silent after a
+# turn of the loop and EVICT_AFTER s makes room for a newcomer: a client sends its VALIDATE with its
+# connect, so it has been read by then (at most a quarter of the cap is accepted per turn).
+EVICT_AFTER = 0.02
 RESERVE = 256  # descriptors left to the rest of the process (workers' pipes, log files, the other store)
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
 SMALL_REPLY = 64 << 10  # a reply this small is always built (the per-connection OUT_PAUSE bounds them)
@@ -47,9 +51,9 @@ class _OverBudget(Exception):
 class _Conn(Conn):
     """One client connection: its socket, its request parser, its replies."""
 
-    __slots__ = ("sock", "parser", "inheld", "out", "sent", "events", "deferred", "accepted")
+    __slots__ = ("sock", "parser", "inheld", "out", "sent", "events", "deferred", "accepted", "turn")
 
-    def __init__(self, sock: socket.socket, now: float):
+    def __init__(self, sock: socket.socket, now: float, turn: int):
         super().__init__()
         self.sock = sock
         self.parser = RequestParser()
@@ -57,7 +61,7 @@ class _Conn(Conn):
         self.out, self.sent = bytearray(), 0
         self.events = selectors.EVENT_READ
         self.deferred: tuple[int, list] | None = None  # a request whose reply waits for the budget
-        self.accepted = now
+        self.accepted, self.turn = now, turn  # when it was accepted: a time, and the loop's turn
 
 
 class _Descriptors:
@@ -138,6 +142,7 @@ class StoreServer(StoreOps):
         super().__init__(grace, clock)
         self.expect = expect
         self.max_conns = raise_descriptor_limit(expect) if max_conns is None else max_conns
+        self.max_greeting = max(2, self.max_conns // 4)
         self.handshake, self.budget = handshake, budget
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -167,6 +172,7 @@ class StoreServer(StoreOps):
         self._rview = memoryview(self._rbuf)
         self._accept_again = 0.0  # out of file descriptors: accept again after this time
         self._stop = False
+        self._turns = 0  # turns of the loop so far
         self._evict = 0  # connections that never validated to close, asked by another server of the process
         with _FDS.lock:
             _FDS.servers.append(self)
@@ -186,6 +192,7 @@ class StoreServer(StoreOps):
     def _loop(self) -> None:
         try:
             while not self._stop:
+                self._turns += 1
                 for key, events in self._sel.select(self._timeout()):
                     if key.data == "accept":
                         self._accept()
@@ -231,7 +238,7 @@ class StoreServer(StoreOps):
         return timeout
 
     def _accept(self) -> None:
-        for _ in range(512):  # a burst of agents: many per turn, but let the others speak too
+        for _ in range(min(512, self.max_greeting // 2 + 1)):  # a burst of agents; then the others speak
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -243,10 +250,10 @@ class StoreServer(StoreOps):
                 self._accept_again = time.monotonic() + 0.1
                 return
             now = time.monotonic()
-            full = self._full()
+            full = self._full() or len(self._greeting) >= self.max_greeting
             if full and self._greeting:
                 oldest = next(iter(self._greeting))
-                if now - oldest.accepted >= EVICT_AFTER:  # silent for a while: a newcomer is likelier a client
+                if oldest.turn < self._turns and now - oldest.accepted >= EVICT_AFTER:  # read, and still silent
                     self._drop(oldest)
                     full = self._full()
             if full:
@@ -255,7 +262,7 @@ class StoreServer(StoreOps):
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c = _Conn(sock, now)
+            c = _Conn(sock, now, self._turns)
             with _FDS.lock:
                 _FDS.open += 1
             self._conns.add(c)
@@ -286,7 +293,7 @@ class StoreServer(StoreOps):
         now = time.monotonic()
         for _ in range(evict):
             oldest = next(iter(self._greeting), None)
-            if oldest is None or now - oldest.accepted < EVICT_AFTER:
+            if oldest is None or oldest.turn >= self._turns or now - oldest.accepted < EVICT_AFTER:
                 return
             self._drop(oldest)
 
