@@ -77,7 +77,7 @@ def main() -> None:
         "nonread": (VALIDATE + multi_get([BIG_KEY] * 7), None),
     }
     clients = [Client(k, *kinds[k]) for k in kinds for _ in range(getattr(args, k))]
-    counts = {"opened": 0, "closed_by_server": 0, "refused": 0, "connect_errors": 0}
+    counts = {"opened": 0, "closed_by_server": 0, "refused": 0, "connect_errors": 0, "unread_replies": 0}
     sel = selectors.DefaultSelector()
     end = time.monotonic() + args.seconds
 
@@ -137,6 +137,7 @@ def main() -> None:
                 elif c.kind == "nonread":  # its reply began: never read, no longer watched (it stays open)
                     sel.unregister(c.sock)
                     c.watched = False
+                    counts["unread_replies"] += 1
     finally:
         for c in clients:
             if c.sock is not None:

@@ -320,6 +320,7 @@ def test_every_attack_at_once_a_live_node_and_fresh_clients_are_served(store_pro
     assert not errors, errors
     assert len(fresh) >= 5 and beats[0] >= 10, (fresh, beats)
     assert counts["closed_by_server"] + counts["refused"] > 0, counts  # the silent and greedy ones were shut out
+    assert counts["unread_replies"] >= 1, counts  # the budget was put to the test
     assert node.add("hb", 0) == beats[0]
     assert peak_rss(proc.pid) < PEAK_RSS, f"{peak_rss(proc.pid) >> 20} MiB"
     assert proc.poll() is None
