@@ -4,13 +4,15 @@ Framing. Every integer is little-endian (torch writes its native byte order; x86
     request = op:u8 then the op's fields, back to back, no length prefix for the whole frame
     str     = len:u64 then len bytes              (keys and values alike)
     strs    = count:u64 then count x str
-A connection begins with VALIDATE; torch's client then sends PING and checks the nonce comes back.
-Its client puts "/" before every key (KEY_PREFIX), and so does ours: both see the same keys.
+A connection begins with VALIDATE; torch's client then sends PING and checks the nonce comes back
+(torch 2.4's server has no PING: our client then sends a CHECK of no keys instead). Our server at
+its cap of connections answers REFUSED in place of the nonce, and closes. Its client puts "/"
+before every key (KEY_PREFIX), and so does ours: both see the same keys.
 
 Ops (request fields -> reply; "-" is no reply):
     0  VALIDATE     magic:u32                -> -      the first frame; anything else closes the connection
     1  SET          key value                -> -
-    2  COMPARE_SET  key expected desired     -> str    the value now (see StoreServer._compare_set)
+    2  COMPARE_SET  key expected desired     -> str    the value now (see StoreOps._compare_set)
     3  GET          key                      -> str    empty when absent (torch's client waits first)
     4  ADD          key delta:i64            -> i64    the sum, stored as decimal text
     5  CHECK        strs                     -> u8     0 every key exists, 1 not
