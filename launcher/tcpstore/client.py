@@ -199,8 +199,10 @@ class StoreClient:
                 except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
                     close_socket(sock)
                     self._buf.clear()
-                    if isinstance(e, EOFError) and not self._legacy and not bounded:
-                        self._legacy = True  # hung up on PING: torch 2.4's server? greeted the old way next
+                    if isinstance(e, (EOFError, ConnectionResetError)) and not self._legacy and not bounded:
+                        # hung up on PING (torch 2.4's servers: libuv closes, the legacy one resets):
+                        # greeted the old way next, which every server answers
+                        self._legacy = True
                         log.debug("the store at %s:%d hung up on PING: greeting it without", self.host, self.port)
                         continue
                     why = "it closed the connection" if isinstance(e, EOFError) else _why(e)
