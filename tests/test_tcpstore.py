@@ -272,7 +272,11 @@ out = []
 def do(name, f):
     try:
         r = f()
-        out.append([name, r.decode("latin-1") if isinstance(r, bytes) else [x.decode("latin-1") for x in r] if isinstance(r, list) and r and isinstance(r[0], bytes) else r])
+        if isinstance(r, bytes):
+            r = r.decode("latin-1")
+        elif isinstance(r, list) and r and isinstance(r[0], bytes):
+            r = [x.decode("latin-1") for x in r]
+        out.append([name, r])
     except Exception as e:
         out.append([name, "error " + type(e).__name__ + ": " + str(e).splitlines()[0][:80]])
 do("set", lambda: a.set(k + "a", "1"))
@@ -297,7 +301,8 @@ do("delete-again", lambda: a.delete_key(k + "m1"))
 do("wait-present", lambda: a.wait([k + "a", k + "c"], td(seconds=1)))
 do("wait-timeout", lambda: a.wait([k + "late"], td(milliseconds=200)))
 do("after-timeout", lambda: a.get(k + "a"))
-do("get-timeout", lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td(milliseconds=200)).get(k + "never"))
+quick = dict(is_master=False, timeout=td(milliseconds=200))
+do("get-timeout", lambda: dist.TCPStore("127.0.0.1", port, **quick).get(k + "never"))
 do("big", lambda: a.set(k + "big", bytes(range(256)) * 4096))
 do("big-get", lambda: len(b.get(k + "big")))
 do("queue-push", lambda: [a.queue_push(k + "q", "1"), a.queue_push(k + "q", "2")] and None)
@@ -380,7 +385,9 @@ class Raw:
 
 
 def frames(k: bytes) -> dict[str, bytes]:
-    i64 = lambda n: struct.pack("<q", n)
+    def i64(n: int) -> bytes:
+        return struct.pack("<q", n)
+
     return {
         "set": b"\x01" + s(k + b"a") + s(b"1"),
         "get": b"\x03" + s(k + b"a"),

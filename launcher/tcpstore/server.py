@@ -31,10 +31,10 @@ from .wire import MAX_FRAME, REFUSED, U32, VALIDATE, Malformed, RequestParser, c
 log = logging.getLogger(__name__)
 
 HANDSHAKE = 10.0  # seconds a new connection has to send VALIDATE
-# At the cap (or the cap of connections not validated yet, a quarter of it: idle connections cannot
-# crowd out the clients, nor the process's other store), the oldest connection still silent after a
-# turn of the loop and EVICT_AFTER s makes room for a newcomer: a client sends its VALIDATE with its
-# connect, so it has been read by then (at most a quarter of the cap is accepted per turn).
+# At the cap (or the cap of connections not validated yet: a quarter of it, or the job's expected
+# connections if more, so idle connections cannot crowd out the clients, nor the process's other
+# store), the oldest connection still silent after a turn of the loop and EVICT_AFTER s is read once
+# more and, still silent, closed for a newcomer: a client sends its VALIDATE with its connect.
 EVICT_AFTER = 0.02
 RESERVE = 256  # descriptors left to the rest of the process (workers' pipes, log files, the other store)
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
@@ -142,7 +142,8 @@ class StoreServer(StoreOps):
         super().__init__(grace, clock)
         self.expect = expect
         self.max_conns = raise_descriptor_limit(expect) if max_conns is None else max_conns
-        self.max_greeting = max(2, self.max_conns // 4)
+        # a job's workers all connect at once, each silent until its process gets the CPU: never fewer
+        self.max_greeting = min(self.max_conns, max(2, self.max_conns // 4, expect))
         self.handshake, self.budget = handshake, budget
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -251,11 +252,8 @@ class StoreServer(StoreOps):
                 return
             now = time.monotonic()
             full = self._full() or len(self._greeting) >= self.max_greeting
-            if full and self._greeting:
-                oldest = next(iter(self._greeting))
-                if oldest.turn < self._turns and now - oldest.accepted >= EVICT_AFTER:  # read, and still silent
-                    self._drop(oldest)
-                    full = self._full()
+            if full and self._evict_silent(now):
+                full = self._full()
             if full:
                 self._refuse(sock)
                 _FDS.make_room(self)
@@ -268,6 +266,20 @@ class StoreServer(StoreOps):
             self._conns.add(c)
             self._greeting[c] = None
             self._sel.register(sock, c.events, c)
+
+    def _evict_silent(self, now: float) -> bool:
+        """Close the oldest connections not validated yet that had a turn and EVICT_AFTER s, until one
+        was silent (True) or none is left to try (False). Each is read first: a client's VALIDATE that
+        arrived in this very turn (a burst of thousands of workers) validates it instead."""
+        while self._greeting:
+            oldest = next(iter(self._greeting))
+            if oldest.turn >= self._turns or now - oldest.accepted < EVICT_AFTER:
+                return False
+            self._guarded(oldest, self._receive)
+            if oldest in self._greeting:
+                self._drop(oldest)
+                return True
+        return False
 
     def _full(self) -> bool:
         with _FDS.lock:
@@ -292,10 +304,8 @@ class StoreServer(StoreOps):
         evict, self._evict = self._evict, 0
         now = time.monotonic()
         for _ in range(evict):
-            oldest = next(iter(self._greeting), None)
-            if oldest is None or oldest.turn >= self._turns or now - oldest.accepted < EVICT_AFTER:
+            if not self._evict_silent(now):
                 return
-            self._drop(oldest)
 
     def _refuse(self, sock: socket.socket) -> None:
         """At the cap: say so in place of the handshake's answer, and close."""

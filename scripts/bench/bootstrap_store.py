@@ -13,6 +13,10 @@ own, against N real torch TCPStore clients (threads in --procs processes) doing 
     gloo: the nccl steps, then each rank sets its address and reads every other rank's (a full mesh, N^2)
 
 and reports the wall time from "go" to the last rank done, the server's CPU seconds and its RSS.
+The ranks are greenlets of one hub per client process (greenhub.py; `--harness threads`: a thread
+each). Network: the script re-runs itself in a private network namespace holding only loopback
+(benchlib.private_network; root only, `--host-net` opts out): torch's server asks the resolver for
+the name of each peer, and this VM's off-host resolver makes that ~0.1 s per connection, serialized.
 
     python scripts/bench/bootstrap_store.py --ranks 256 1024 4096 --pattern nccl
     python scripts/bench/bootstrap_store.py --ranks 16384 --pattern init --procs 8 --repeat 1
@@ -29,12 +33,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from benchlib import private_network  # noqa: E402
 
 SERVERS = {
     "torch-libuv (worker rank 0, today)": "import torch.distributed as d\n"
     "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, use_libuv=True)\nport = s.port\n",
     "launcher StoreServer (agent)": "from launcher.tcpstore import StoreServer\n"
-    "s = StoreServer('127.0.0.1', 0)\nport = s.port\n",
+    "s = StoreServer('127.0.0.1', 0, expect=WORLD)\nport = s.port\n",  # expect: as bootstrap.py
 }
 SERVER_TAIL = "import sys, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)\nprint(port, flush=True)\nsys.stdin.read()\n"
 
@@ -119,7 +125,7 @@ def proc_stats(pid: int) -> tuple[float, int]:
 def measure(server_code: str, world: int, procs: int, pattern: str, limit: float, harness: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT)
     server = subprocess.Popen(
-        [sys.executable, "-c", server_code + SERVER_TAIL],
+        [sys.executable, "-c", server_code.replace("WORLD", str(world)) + SERVER_TAIL],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -207,7 +213,9 @@ def main() -> None:
         default="green",
         help="ranks as greenlets (pip install greenlet) or threads",
     )
+    p.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = p.parse_args()
+    private_network()
     print(
         f"# {args.pattern} bootstrap, {args.procs} client processes ({args.harness}), {args.repeat} runs each; "
         f"loadavg {os.getloadavg()[0]:.1f}"
