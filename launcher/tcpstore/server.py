@@ -30,7 +30,7 @@ from .wire import MAX_FRAME, REFUSED, U32, VALIDATE, Malformed, RequestParser, c
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE = 10.0  # seconds a new connection has to send VALIDATE
+HANDSHAKE = 60.0  # seconds a new connection has to send VALIDATE
 # At the cap (or the cap of connections not validated yet: a quarter of it, or the job's expected
 # connections if more, so idle connections cannot crowd out the clients, nor the process's other
 # store), the oldest connection still silent after a turn of the loop and EVICT_AFTER s is read once
@@ -367,7 +367,8 @@ class StoreServer(StoreOps):
         if c.deferred is None:
             self._run(c)
         self._count_inbound(c)
-        self._interest(c)
+        if c not in self._dirty:  # else its flush, at the turn's end, sets what to wait for once
+            self._interest(c)
 
     def _run(self, c: _Conn) -> None:
         parser, work = c.parser, 0
