@@ -7,11 +7,20 @@ one). Each running node publishes its snapshot under `r<round>/snap<group rank>`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
-from .rendezvous.records import decode_verdict, parse_count, read_snapshot, sealed_members, token_check
+from .rendezvous.records import (
+    decode_verdict,
+    parse_count,
+    printable,
+    read_snapshot,
+    sealed_members,
+    token_check,
+    token_refusal,
+)
 from .rendezvous.store import Store
 
 
@@ -35,13 +44,12 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     if token is None:
         return {**job, "state": "absent", "nodes": []}
     if token != token_check(config.join_token, config.rdzv_id):
-        raise ConfigError(
-            f"wrong join token for job {config.rdzv_id!r}: "
-            "set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
-        )
+        raise ConfigError(token_refusal(token, config.join_token, config.rdzv_id))
 
-    def count(key: str) -> int:
-        return 0 if store.get(k(key)) is None else store.add(k(key), 0)  # the key exists: add(0) changes nothing
+    def count(key: str) -> int | None:
+        """A counter as the store holds it; None when it holds no number (a hostile value: an ADD on
+        it would make the store hang up, which would read as an unreachable store)."""
+        return read_counter(store.get(k(key)))
 
     r = parse_count(store.get(k("round")) or b"0", "round number")
     closed = store.get(k("closed"))
@@ -52,8 +60,8 @@ def read_status(store: Store, config: StatusConfig) -> dict:
         shown = r - 1
         members = sealed_members(store.get(k(f"r{shown}/sealed"))) if r > 0 else None
     nodes = []
-    for g in range(members or 0):
-        snap = read_snapshot(store.get(k(f"r{shown}/snap{g}")))
+    for g, raw in enumerate(read_snapshots(store, lambda g: k(f"r{shown}/snap{g}"), members or 0)):
+        snap = read_snapshot(raw)
         if snap is not None:
             age = round(max(0.0, time.time() - snap.pop("time")), 1)  # of its last snapshot: clocks may differ by host
             nodes.append({**snap, "group_rank": g, "heartbeat_age": age})
@@ -62,7 +70,7 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["stragglers"] = [w["rank"] for n in nodes for w in n["workers"] if w.get("straggler")]
     if closed:
         job["state"] = "closed"
-        job["closed"] = closed[:300].decode(errors="replace")
+        job["closed"] = printable(closed)
         raw = store.get(k("verdict"))
         try:
             job["verdict"] = asdict(decode_verdict(raw)) if raw else None
@@ -75,6 +83,31 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     else:
         job["state"] = "running"
     return job
+
+
+SNAPSHOT_BATCH = 1024  # snapshots read per MULTI_GET
+
+
+def read_snapshots(store: Store, key_of: Callable[[int], str], count: int) -> list[bytes | None]:
+    """The snapshots of group ranks 0..count-1, a batch at a time; a batch with none ends the read,
+    so a hostile seal count (999999999) costs one batch, not a billion reads (group ranks are
+    dense: a real round's snapshots are all there, or all but a few just formed)."""
+    out: list[bytes | None] = []
+    for start in range(0, count, SNAPSHOT_BATCH):
+        keys = [key_of(g) for g in range(start, min(count, start + SNAPSHOT_BATCH))]
+        batch = [raw or None for raw in store.multi_get(keys)]
+        if not any(batch):
+            break
+        out.extend(batch)
+    return out
+
+
+def read_counter(raw: bytes | None) -> int | None:
+    """A counter written by ADD (a decimal, maybe signed); 0 when absent; None when it is no number."""
+    if raw is None:
+        return 0
+    text = raw.strip()
+    return int(text) if text.lstrip(b"+-").isdigit() and len(text) <= 20 else None
 
 
 def status_main(config: StatusConfig, show) -> int:
