@@ -34,6 +34,9 @@ REPORT_EVERY = 2.0  # seconds between a node's reports
 RETRY_EVERY = 0.5  # seconds until the next look while this node's workers are still starting
 
 
+REPORT_BATCH = 1024  # reports read per MULTI_GET
+
+
 class Board:
     """The job board of run `run_id` over `store` (a connection of its own: one thread uses it)."""
 
@@ -52,11 +55,19 @@ class Board:
         self.store.set(self.report_key(r, report.group_rank), report.encode())
 
     def reports(self, r: int, members: int) -> list[NodeReport | None]:
-        """Every member's last report in round r (None where a node has published none, or a bad one)."""
-        if members <= 0:
-            return []
-        raws = self.store.multi_get([self.report_key(r, g) for g in range(members)])
-        return [NodeReport.decode(raw or None) for raw in raws]
+        """Every member's last report in round r (None where a node has published none, or a bad one).
+
+        Read a batch at a time; a batch with none ends the read, so a hostile member count
+        (999999999) costs one batch, not a billion reads (group ranks are dense: a real round's
+        reports are all there, or all but a few of a round that just formed)."""
+        raws: list[bytes | None] = []
+        for start in range(0, members, REPORT_BATCH):
+            keys = [self.report_key(r, g) for g in range(start, min(members, start + REPORT_BATCH))]
+            batch = [raw or None for raw in self.store.multi_get(keys)]
+            if not any(batch):
+                break
+            raws.extend(batch)
+        return [NodeReport.decode(raw) for raw in raws]
 
     def flag(self, r: int, flagged: Flagged) -> None:
         """The judge's decision for round r."""

@@ -13,7 +13,7 @@ from .board import Board
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
 from .rendezvous.keys import Keys
-from .rendezvous.records import decode_verdict, parse_count, sealed_members, token_check
+from .rendezvous.records import decode_verdict, parse_count, printable, sealed_members, token_check, token_refusal
 from .rendezvous.store import Store
 from .reports import NodeReport
 
@@ -38,13 +38,12 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     if token is None:
         return {**job, "state": "absent", "nodes": []}
     if token != token_check(config.join_token, config.rdzv_id):
-        raise ConfigError(
-            f"wrong join token for job {config.rdzv_id!r}: "
-            "set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
-        )
+        raise ConfigError(token_refusal(token, config.join_token, config.rdzv_id))
 
-    def count(key: str) -> int:
-        return 0 if store.get(key) is None else store.add(key, 0)  # the key exists: add(0) changes nothing
+    def count(key: str) -> int | None:
+        """A counter as the store holds it; None when it holds no number (a hostile value: an ADD on
+        it would make the store hang up, which would read as an unreachable store)."""
+        return read_counter(store.get(key))
 
     r = parse_count(store.get(keys.round) or b"0", "round number")
     closed = store.get(keys.closed)
@@ -60,7 +59,7 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
     if closed:
         job["state"] = "closed"
-        job["closed"] = closed[:300].decode(errors="replace")
+        job["closed"] = printable(closed)
         raw = store.get(keys.verdict)
         try:
             job["verdict"] = asdict(decode_verdict(raw)) if raw else None
@@ -80,6 +79,14 @@ def _node(g: int, report: NodeReport) -> dict:
     node = asdict(report)
     node.update(group_rank=g, heartbeat_age=round(max(0.0, time.time() - node.pop("time")), 1))
     return node
+
+
+def read_counter(raw: bytes | None) -> int | None:
+    """A counter written by ADD (a decimal, maybe signed); 0 when absent; None when it is no number."""
+    if raw is None:
+        return 0
+    text = raw.strip()
+    return int(text) if text.lstrip(b"+-").isdigit() and len(text) <= 20 else None
 
 
 def status_main(config: StatusConfig, show) -> int:

@@ -45,6 +45,7 @@ from .records import (
     encode_plan,
     encode_verdict,
     parse_count,
+    printable,
     sealed_members,
     token_check,
     token_refusal,
@@ -403,7 +404,7 @@ class ElasticRendezvous:
     def _why_changed(self, st: Store, r: int) -> str:
         """Round r's `change` reason; when it is gone (the other nodes finished and the last one out
         cleared the job's keys while this node was frozen), say so."""
-        reason = (st.get(self.keys.change(r)) or b"").decode(errors="replace")
+        reason = printable(st.get(self.keys.change(r)) or b"")
         return reason or f"round {r} ended while this node was away; the other nodes have left it"
 
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
@@ -561,7 +562,7 @@ class ElasticRendezvous:
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
         self._seen_closed = RendezvousClosedError(
-            f"the job was closed: {reason[:300].decode(errors='replace')}", verdict
+            f"the job was closed: {printable(reason)}", verdict
         )
         try:
             self._ack(st)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,30 @@ from .api import JobParams
 
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
+MAX_DEPTH = 8  # our records nest at most three deep: deeper is hostile (and json recurses per level)
+MAX_TEXT = 300  # a reason or a closing text read back is cut to this many characters
+
+
+def printable(raw: bytes | str, limit: int = MAX_TEXT) -> str:
+    """Text read from the store, safe for a log line, the live view or `status`: cut to `limit`, and
+    every control character (a newline, an escape sequence, a bidi override) shown as a space."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return "".join(c if c.isprintable() else " " for c in text[:limit])
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def nesting(raw: bytes) -> int:
+    """How deep the JSON arrays and objects in `raw` nest (brackets inside strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:  # ours, mostly: no need to walk it
+        return MAX_DEPTH
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub(b"", raw)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -205,9 +230,11 @@ def load(raw: bytes | None, what: str) -> dict:
     """A JSON object from the store; a missing, oversized or garbled value is a clear error."""
     if raw is None or len(raw) > MAX_VALUE:
         raise RendezvousError(f"rendezvous store holds a missing or oversized {what} under this job's prefix")
+    if nesting(raw) > MAX_DEPTH:
+        raise RendezvousError(f"rendezvous store holds a {what} nested too deep under this job's prefix")
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RendezvousError(f"rendezvous store holds a {what} that is not JSON under this job's prefix") from None
     if not isinstance(value, dict):
         raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..spec import Round
 from .api import MembershipChanged
 from .keys import Keys
@@ -51,6 +52,11 @@ class RoundWatch:
         try:
             self.tidy(st, self.rnd.round)
             self._loop(st, stop, post)
+        except RendezvousError as e:
+            log.debug("the watcher stopped on the store's answer", exc_info=True)
+            if not stop.is_set():
+                lost = isinstance(e, RendezvousConnectionError)
+                post(MembershipChanged(f"lost the rendezvous store: {e}" if lost else str(e)))
         except Exception as e:
             log.debug("the watcher lost the store", exc_info=True)
             if not stop.is_set():
