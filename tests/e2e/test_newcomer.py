@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -190,3 +192,32 @@ def test_two_nodes_on_one_host_say_the_rank_once_on_torchs_traceback(tmp_path):
     assert f"[{host} rank1]: Traceback (most recent call last):" in text, text
     assert f"[{host} rank1]: RuntimeError: boom on rank 1" in text, text
     assert "]: [rank1]:" not in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_demo_loses_a_worker_resumes_and_a_second_run_trains_again():
+    made = []
+    try:
+        for _ in range(2):
+            r = subprocess.run(
+                ["bash", str(ROOT / "scripts" / "demo.sh"), "--epochs", "3"],
+                cwd=ROOT,
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=110,
+            )
+            folder = re.search(r"checkpoints in (\S+)/", r.stderr)
+            made += [ROOT / folder.group(1)] if folder else []
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "rank 1 killed by SIGKILL; stopping the group" in r.stderr, r.stderr
+            assert re.search(
+                r"resumed from \S+ after epoch 2; training again [\d.]+ s after rank 1 was killed", r.stdout
+            )
+            assert "epoch 3/3" in r.stdout and "job succeeded after 1 restart(s)" in r.stderr, r.stdout + r.stderr
+            assert "WARNING" not in r.stderr and "nothing to do" not in r.stdout, r.stderr
+        assert len(set(made)) == 2  # each run trains in a folder of its own
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
