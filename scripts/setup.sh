@@ -25,7 +25,7 @@ quietly() {
     rm -f "$out"
 }
 if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; then  # [test] covers both
-    echo "setup: installing the launcher and its dependencies into .venv (once; torch alone is ~200 MB)" >&2
+    echo "setup: installing the launcher and its dependencies into .venv (once; a few minutes: torch alone is ~200 MB)" >&2
     if ! .venv/bin/python -c "import torch" 2>/dev/null; then
         quietly .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
     fi
