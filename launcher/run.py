@@ -19,7 +19,7 @@ from contextlib import ExitStack, nullcontext
 from . import process
 from .board import Monitor
 from .config import LaunchConfig
-from .errors import EXIT_OK, LauncherError
+from .errors import EXIT_OK, LauncherError, exit_code_for_signal
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -47,6 +47,13 @@ def run(config: LaunchConfig) -> int:
         guard.stop()
         log.error(f"error: {e}")
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C while it connects to the store: one line, not click's empty one
+        starter.close()
+        guard.stop()
+        log.error(
+            f"got SIGINT while connecting to the {config.rdzv_backend} rendezvous; stopped (no worker was started)"
+        )
+        return exit_code_for_signal(signal.SIGINT)
     run_dir, temporary = make_run_dir(config)
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
     prewarm.daemon = True

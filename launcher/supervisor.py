@@ -225,7 +225,8 @@ class Supervisor:
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
+            why = "closed" if event.closed else None  # the job ends: no new round will come
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP, reason=why)
 
     # ------------------------------------------------------------------ verbs
 
@@ -251,9 +252,10 @@ class Supervisor:
         previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
+            n = self.config.nproc_per_node
             log.info(
                 f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
-                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}"
+                f"starting {n} worker{'' if n == 1 else 's'}, world size {rnd.world_size}"
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
@@ -296,7 +298,8 @@ class Supervisor:
                     continue
                 console, to_file = destinations(self.config, worker.local_rank, name)
                 path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
+                stream = self.console.stream(name) if console else None
+                streams.append(self.logs.add(pipe, prefix, stream, path, rank=worker.rank))
                 files += [path] if path else []
             self.members.append(
                 Member(
@@ -360,16 +363,21 @@ class Supervisor:
                 (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
             )
             log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
+            # The rendezvous still hears of the failure (it closes the job with its root cause), but
+            # with the budget spent the events file says the stop ends the job, not that it restarts.
+            spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
+            why = Then.FAIL.value if spent else None
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART, reason=why)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
-        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds.
+        `reason` is the events file's word for the stop when it is not `then`'s (the job ends)."""
         self.stop = _Stop(then, self.clock() + grace, signum)
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=reason or then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -464,6 +472,11 @@ class Supervisor:
         if first:
             self.exit_signal = signum
         if self.state is GroupState.RENDEZVOUS:
+            if first:
+                name = signal.Signals(signum).name
+                log.info(
+                    f"got {name} while waiting for the rendezvous to form a round; stopped (no worker was running)"
+                )
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
             log.info(

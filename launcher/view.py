@@ -211,7 +211,7 @@ def render_status(job: dict) -> Table:
         table.add_row(
             "",
             "",
-            "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+            _no_nodes(job),
             "",
             "",
             "",
@@ -220,6 +220,18 @@ def render_status(job: dict) -> Table:
             "",
         )
     return table
+
+
+def _no_nodes(job: dict) -> str:
+    """The status table's one row when no node's snapshot is there yet: what the job is waiting for."""
+    if job["state"] == "absent":
+        return "no such job in this store"
+    if job.get("forming"):
+        f = job["forming"]
+        return f"round {f['round']} is forming ({f['joined']} joined); nodes show once it runs"
+    if job["state"] == "running":
+        return f"round {job.get('round', '-')} just formed: waiting for its nodes to start their workers and report"
+    return "no node reported in the last round"
 
 
 def show_status(job: dict) -> None:
