@@ -111,10 +111,12 @@ class Monitor:
         node_id: str = "",
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        annotate: Callable[[NodeReport], NodeReport] = lambda report: report,
     ):
         self._store, self.run_id, self.judge = store, run_id, judge
         self.node_id = node_id or f"{hostname()}:{os.getpid()}"
         self.clock, self.wall = clock, wall
+        self.annotate = annotate  # adds what other modules report beside the supervisor (goodput)
         self.board: Board | None = None
         self._round: Round | None = None
         self._report: Callable[[], NodeReport | None] = lambda: None
@@ -161,7 +163,7 @@ class Monitor:
             mine = report()
             if mine is None:  # the node is still starting this round's workers: publish once they run
                 return RETRY_EVERY
-            mine = mine.stamped(self.node_id, rnd.group_rank, self.wall())
+            mine = self.annotate(mine.stamped(self.node_id, rnd.group_rank, self.wall()))
             board = self._board()
             if board is not None:
                 self._forget(board, rnd)

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from .errors import RendezvousError
+from .goodput import Breakdown
 from .rendezvous.records import MAX_VALUE, address, checked, integer, load, number, text
 
 MAX_WORKERS = 1024  # workers read back per node; more is not a node of ours
@@ -71,6 +72,7 @@ class NodeReport:
     node: str = ""  # host:pid of its agent
     group_rank: int = -1
     time: float = 0.0  # when it was published (the publishing host's wall clock)
+    goodput: Breakdown | None = None  # this node's goodput so far (see launcher.goodput)
 
     def stamped(self, node: str, group_rank: int, now: float) -> NodeReport:
         return replace(self, node=node, group_rank=group_rank, time=now)
@@ -95,6 +97,7 @@ class NodeReport:
             **{name: value[name] for name in NODE_FIELDS},
             workers=workers,
             group_rank=group_rank if integer(0, 1 << 31)(group_rank) else -1,
+            goodput=Breakdown.from_dict(value.get("goodput")),
         )
 
 

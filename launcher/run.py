@@ -6,6 +6,7 @@ the handler that prints every module's `logging` records on it (`logs.configure_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -17,6 +18,7 @@ import threading
 from contextlib import ExitStack, nullcontext
 
 from . import process
+from .accounting import Accountant, conclude
 from .board import Monitor
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError, exit_code_for_signal
@@ -74,8 +76,13 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        accountant = Accountant(lambda: [(m.worker.rank, m.progress_file) for m in supervisor.members])
+        sinks.append(accountant)
         monitor = Monitor(
-            rendezvous.shared_store(), config.run_id, Judge(config.straggler_threshold, config.straggler_period)
+            rendezvous.shared_store(),
+            config.run_id,
+            Judge(config.straggler_threshold, config.straggler_period),
+            annotate=lambda report: dataclasses.replace(report, goodput=accountant.breakdown().rounded()),
         )
         supervisor = Supervisor(
             config,
@@ -86,7 +93,7 @@ def run(config: LaunchConfig) -> int:
             guard=guard,
             starter=starter,
             sinks=sinks,
-            periodic=[notifier.tick, starter.check],
+            periodic=[notifier.tick, starter.check, accountant.tick],
             console=console,
             monitor=monitor,
         )
@@ -105,6 +112,7 @@ def run(config: LaunchConfig) -> int:
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
+        goodput = conclude(accountant, rendezvous.shared_store(), config.run_id, supervisor.emit)
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
@@ -114,6 +122,7 @@ def run(config: LaunchConfig) -> int:
         problem = copy_root_cause(result, os.environ.get("TORCHELASTIC_ERROR_FILE"))
         if problem:
             log.warning(problem)
+        log.info(goodput)
     if temporary and not kept:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code
