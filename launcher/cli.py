@@ -227,6 +227,20 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     metavar="PATH",
     help="JSON-lines log of rounds, spawns, exits, restarts, signals.",
 )
+@flag(
+    "metrics-port",
+    group=LOGS,
+    default=None,
+    metavar="PORT",
+    help="Serve Prometheus metrics (round, restarts, workers, steps, goodput) on PORT; needs launcher[metrics].",
+)
+@flag(
+    "metrics-host",
+    group=LOGS,
+    default="127.0.0.1",
+    metavar="HOST",
+    help="Address for --metrics_port (default loopback only; 0.0.0.0 for a scraper on another host).",
+)
 @click.option(
     "--live/--no-live",
     " /--no_live",
@@ -265,6 +279,8 @@ def command(**flags) -> None:
     absent = deps.missing(deps.NEEDED if flags.get("no_python") else deps.NEEDED + deps.WORKERS_NEED)
     if absent:
         raise ConfigError(deps.problem(absent))
+    if config.metrics and deps.missing(("prometheus_client",)):
+        raise ConfigError("--metrics_port needs prometheus_client: pip install 'launcher[metrics]'")
     from .run import run  # the machinery loads only once the flags are good
 
     sys.exit(run(config))

@@ -80,6 +80,7 @@ class LaunchConfig:
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
+    metrics: tuple[str, int] | None = None  # --metrics_host, --metrics_port: a Prometheus endpoint (None: none)
 
     @property
     def run_id(self) -> str:
@@ -393,6 +394,8 @@ def from_flags(
     straggler_period: float | str = 60.0,
     preload: bool = False,
     preload_modules: str | None = None,
+    metrics_port: int | str | None = None,
+    metrics_host: str = "127.0.0.1",
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -482,7 +485,20 @@ def from_flags(
         straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
+        metrics=parse_metrics(metrics_host, metrics_port),
     )
+
+
+def parse_metrics(host: str | None, port: int | str | None) -> tuple[str, int] | None:
+    """`--metrics_port PORT` (0: any free port, said at start) on `--metrics_host` (loopback by default)."""
+    if port in (None, ""):
+        return None
+    host = str(host or "").strip().strip("[]")
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(
+            f"--metrics_host {host!r} is not an address (e.g. --metrics_host 0.0.0.0 for every interface)"
+        )
+    return host, parse_port(port, "--metrics_port")
 
 
 # ---------------------------------------------------------------------------- launcher status

@@ -78,11 +78,17 @@ def run(config: LaunchConfig) -> int:
         logs = LogRouter()
         accountant = Accountant(lambda: [(m.worker.rank, m.progress_file) for m in supervisor.members])
         sinks.append(accountant)
+        published: list = [None]  # the board's last report of this node (the metrics' steps and rates)
+
+        def annotate(report):
+            published[0] = report = dataclasses.replace(report, goodput=accountant.breakdown().rounded())
+            return report
+
         monitor = Monitor(
             rendezvous.shared_store(),
             config.run_id,
             Judge(config.straggler_threshold, config.straggler_period),
-            annotate=lambda report: dataclasses.replace(report, goodput=accountant.breakdown().rounded()),
+            annotate=annotate,
         )
         supervisor = Supervisor(
             config,
@@ -97,6 +103,13 @@ def run(config: LaunchConfig) -> int:
             console=console,
             monitor=monitor,
         )
+        if config.metrics:
+            from .metrics import AgentCollector, serve
+
+            info = {"run_id": config.run_id, "host": supervisor.host, "backend": config.rdzv_backend}
+            server = serve(*config.metrics, AgentCollector(supervisor, accountant, lambda: published[0], info))
+            if server is not None:
+                cleanup.callback(server.close)
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
         with _live_view(supervisor, console) if live else nullcontext():

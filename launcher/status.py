@@ -12,8 +12,9 @@ from dataclasses import asdict
 from .board import Board
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
+from .goodput import Breakdown, total
 from .rendezvous.keys import Keys
-from .rendezvous.records import decode_verdict, parse_count, printable, sealed_members, token_check, token_refusal
+from .rendezvous.records import decode_verdict, load, parse_count, printable, sealed_members, token_check, token_refusal
 from .rendezvous.store import Store
 from .reports import NodeReport
 
@@ -57,6 +58,7 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["nodes"] = [_node(g, report) for g, report in reports]
     job["max_restarts"] = max((report.max_restarts for _, report in reports), default=None)
     job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
+    job["goodput"] = job_goodput(store, keys, shown, [report for _, report in reports])
     if closed:
         job["state"] = "closed"
         job["closed"] = printable(closed)
@@ -72,6 +74,23 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     else:
         job["state"] = "running"
     return job
+
+
+def job_goodput(store: Store, keys: Keys, r: int, reports: list[NodeReport]) -> dict | None:
+    """The job's goodput: the figure the nodes agreed at the end (`accounting.job_breakdown`), or
+    while it runs the total of the nodes' latest reports."""
+    final = Breakdown.from_dict(_json(store.get(f"{keys.of_round(r)}goodput")))
+    if final is not None:
+        return {**final.to_dict(), "final": True}
+    parts = [report.goodput for report in reports if report.goodput is not None]
+    return {**total(parts).to_dict(), "final": False} if parts else None
+
+
+def _json(raw: bytes | None) -> object:
+    try:
+        return load(raw, "goodput") if raw else None
+    except RendezvousError:
+        return None
 
 
 def _node(g: int, report: NodeReport) -> dict:

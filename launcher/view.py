@@ -173,6 +173,9 @@ def render_status(job: dict) -> Table:
         )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
+    gp = job.get("goodput")
+    if gp:
+        caption.append(f"goodput {100 * gp['goodput']:.1f} % of the machine time ({gp['nodes']} node(s))")
     table = Table(
         title=title,
         title_justify="left",
