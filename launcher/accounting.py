@@ -170,7 +170,7 @@ def goodput_line(node: Breakdown, job: Breakdown | None, why: str = "") -> str:
     return node.line()
 
 
-def conclude(accountant: Accountant, store: Store | None, run_id: str, emit: Callable[..., None]) -> str:
+def conclude(accountant: Accountant, store: Store | None, run_id: str, host: str, emit: Callable[..., None]) -> str:
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
     events file (`goodput`); returns the line to print last."""
     node = accountant.finish()
@@ -184,5 +184,5 @@ def conclude(accountant: Accountant, store: Store | None, run_id: str, emit: Cal
     finally:
         if connection is not None:
             connection.close()
-    emit("goodput", node=node.to_dict(), job=job.to_dict() if job else None, why=why)
+    emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
     return goodput_line(node, job, why)

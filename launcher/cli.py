@@ -367,7 +367,23 @@ def status(
         sys.exit(0)
 
 
-SUBCOMMANDS = {"store": store, "status": status}
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True), metavar="EVENTS_FILE|DIR...")
+@click.option("-o", "--output", default="launcher-report.html", show_default=True, help="The HTML file to write.")
+def report(paths: tuple[str, ...], output: str) -> None:
+    """One self-contained HTML page from the nodes' --events_file files (or the folders that hold
+    them): a timeline per node, the goodput breakdown and the job's verdict."""
+    from .report import report_main
+
+    try:
+        click.echo(report_main(list(paths), output))
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+SUBCOMMANDS = {"store": store, "status": status, "report": report}
 
 # Subcommands that are launches of a worker-side module (imported by workers only, never here):
 #   launcher check [launcher flags] [-- args]  ==  launcher [launcher flags] -m launcher.preflight [args]
@@ -379,6 +395,7 @@ SUBCOMMAND_HELP = [
     ("bench allreduce", "all_reduce bus bandwidth, as nccl-tests reports it."),
     ("store", "A c10d rendezvous store on its own, off the training nodes."),
     ("status", "A running, failed or forming job, read from its rendezvous store."),
+    ("report", "An HTML page of a job from its events files: timeline, goodput, verdict."),
 ]
 
 

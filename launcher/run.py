@@ -125,7 +125,7 @@ def run(config: LaunchConfig) -> int:
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
-        goodput = conclude(accountant, rendezvous.shared_store(), config.run_id, supervisor.emit)
+        goodput = conclude(accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit)
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
