@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from .errors import ConfigError
 from .parsers import parse_port, parse_seconds
+from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.settings import LocalSettings
 
@@ -80,6 +81,9 @@ class LaunchConfig:
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
+    restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
+    health_check: str | None = None  # --health_check CMD: run before each round this node joins
+    health_check_timeout: float = 60.0
 
     @property
     def run_id(self) -> str:
@@ -395,6 +399,10 @@ def from_flags(
     straggler_period: float | str = 60.0,
     preload: bool = False,
     preload_modules: str | None = None,
+    restart_policy: str = "",
+    quarantine: str = "",
+    health_check: str | None = None,
+    health_check_timeout: float | str = 60.0,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -484,6 +492,9 @@ def from_flags(
         straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
+        restart_policy=parse_policy(parse_kv(restart_policy, "--restart_policy"), parse_kv(quarantine, "--quarantine")),
+        health_check=(health_check or "").strip() or None,
+        health_check_timeout=parse_seconds(health_check_timeout, "--health_check_timeout", minimum=0.1),
     )
 
 

@@ -91,6 +91,8 @@ def run(config: LaunchConfig) -> int:
                 starter.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)
+            why = result.message
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

@@ -111,6 +111,7 @@ class Failure:
     reason: str = ""  # what the launcher knows beyond the exit, e.g. that it hung
     error_file: str | None = None
     log_files: tuple[str, ...] = ()
+    step: int | None = None  # its last launcher.progress(step=) before it ended
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,12 @@ from . import net, process
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
-from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
+from .errors import RendezvousClosedError, RendezvousError, RestartBudgetExhausted
+from .exitcodes import ExitCode, for_signal, passed_through
+from .governor import Ended, Governor, last_step
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .oom import oom_kills, oom_reason
+from .policy import Stop
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
@@ -47,6 +50,13 @@ class RoundReady:
 @dataclass(frozen=True)
 class RoundFailed:
     error: RendezvousError
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The governor keeps this node out of the next round (quarantined, or its health check failed)."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class _Stop:
     then: Then
     deadline: float
     signum: int = signal.SIGTERM
+    begun: float = 0.0
 
 
 class Supervisor:
@@ -112,6 +123,7 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        governor: Governor | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -126,6 +138,12 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.governor = governor or Governor(config.restart_policy, self.host, self.agent_id)
+        self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
+        self.budget_spent = False
+        self._peer_failed = False  # the round ends for a worker that failed on another node
+        self._delay = 0.0  # the backoff before the next round's workers start
+        self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -179,6 +197,8 @@ class Supervisor:
             timeout = self.config.monitor_interval
             if self.stop:
                 timeout = min(timeout, max(0.0, self.stop.deadline - self.clock()))
+            if self._held:
+                timeout = min(timeout, max(0.0, self._held[1] - self.clock()))
         for key, _ in self._selector.select(timeout):
             if key.data is None:
                 try:
@@ -192,6 +212,9 @@ class Supervisor:
             except queue.Empty:
                 break
             self.handle(event)
+        if self._held and self.state is GroupState.RENDEZVOUS and self.clock() >= self._held[1]:
+            rnd, self._held = self._held[0], None
+            self.spawn_workers(rnd, watched=True)
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
@@ -202,12 +225,19 @@ class Supervisor:
         if isinstance(event, SignalReceived):
             self.handle_signal(event.signum)
         elif isinstance(event, RoundReady) and self.state is GroupState.RENDEZVOUS:
-            self.spawn_workers(event.rnd)
+            self.hold(event.rnd) if self._delay else self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
             self.message = str(event.error)
+            self.budget_spent = isinstance(event.error, RestartBudgetExhausted)
             if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
                 self.verdict = event.error.verdict
+                self.budget_spent = True  # a verdict is published when a failure closes the job
             self._set_state(GroupState.FAILED)
+        elif isinstance(event, Refused) and self.state is GroupState.RENDEZVOUS:
+            self.give_up(Stop.QUARANTINE, event.why)
+        elif isinstance(event, MembershipChanged) and self._held and self.state is GroupState.RENDEZVOUS:
+            self._held = None  # the held round ended before its workers started: join the next one
+            self.begin_round(Cause.MEMBERSHIP)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
         elif isinstance(event, Stragglers):
@@ -220,6 +250,7 @@ class Supervisor:
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
+            self._peer_failed = event.failed
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
 
     # ------------------------------------------------------------------ verbs
@@ -228,8 +259,12 @@ class Supervisor:
         """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
         self._set_state(GroupState.RENDEZVOUS)
         self.emit("rendezvous", cause=cause.value)
+        previous = [m.proc.pid for m in self.members]
 
         def ask() -> None:
+            refused = self.governor.admit(previous)  # the health gate and the quarantine records
+            if refused:
+                return self.post(Refused(refused))
             try:
                 self.post(RoundReady(self.rendezvous.next_round(cause, verdict, lambda line: self.post(Waiting(line)))))
             except RendezvousError as e:
@@ -239,7 +274,31 @@ class Supervisor:
 
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
-    def spawn_workers(self, rnd: Round) -> None:
+    def hold(self, rnd: Round) -> None:
+        """Backoff: take the formed round (heartbeating), start its workers `_delay` s from now."""
+        delay, self._delay = self._delay, 0.0
+        self.rendezvous.watch(rnd, self.post, self.report)
+        self._held = (rnd, self.clock() + delay)
+        self.waiting = f"backoff: restarting in {delay:g} s"
+        log.info(
+            f"restarting in {delay:g} s: {self.governor.history.quick_streak} quick failures in a row "
+            "(--restart_policy quick, backoff, backoff_max)"
+        )
+        self.emit("backoff", delay=delay, quick_failures=self.governor.history.quick_streak)
+
+    def give_up(self, why: Stop, line: str) -> None:
+        """The restart policy stops the job on this node: one line, one event, FAILED with its code."""
+        self.stopped_by = why
+        if why is Stop.QUARANTINE:
+            self.message = f"{self.host} is quarantined: {line}"
+            log.error(f"{self.message}; leaving the job (exit {ExitCode.QUARANTINED.value}: drain this node)")
+        else:
+            self.message = f"not restarting: {line}"
+            log.error(f"{self.message} (exit {ExitCode.DO_NOT_REQUEUE.value}: do not requeue)")
+        self.emit("policy_stop", stop=why.value, reason=line, host=self.host)
+        self._set_state(GroupState.FAILED)
+
+    def spawn_workers(self, rnd: Round, watched: bool = False) -> None:
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
@@ -252,7 +311,9 @@ class Supervisor:
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
-        self.rendezvous.watch(rnd, self.post, self.report)
+        if not watched:
+            self.rendezvous.watch(rnd, self.post, self.report)
+        self._peer_failed = False
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
@@ -360,7 +421,7 @@ class Supervisor:
 
     def stop_workers(self, signum: int, grace: float, then: Then) -> None:
         """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
-        self.stop = _Stop(then, self.clock() + grace, signum)
+        self.stop = _Stop(then, self.clock() + grace, signum, begun=self.clock())
         self._set_state(GroupState.STOPPING)
         self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
@@ -385,7 +446,14 @@ class Supervisor:
             return
         self.sweep(graceful=False)
         self.bootstrap.close()  # before the next round: no worker may meet this round's keys
-        then, self.stop = self.stop.then, None
+        (then, begun), self.stop = (self.stop.then, self.stop.begun), None
+        if then in (Then.RESTART, Then.MEMBERSHIP):
+            decision = self.governor.round_ended(self._ended(then is Then.RESTART or self._peer_failed, begun))
+            self._delay = decision.delay
+            if then is Then.RESTART and decision.stop:  # only the node whose worker failed acts on a stop
+                if decision.stop is Stop.QUARANTINE:
+                    self.governor.quarantine(decision.why)
+                return self.give_up(decision.stop, decision.why)
         if then is Then.RESTART:
             self.begin_round(Cause.FAILURE, self._verdict())
         elif then is Then.MEMBERSHIP:
@@ -529,13 +597,16 @@ class Supervisor:
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
         if self.state is GroupState.SUCCEEDED:
-            return RunResult(self.state, EXIT_OK, tuple(self.failures), restarts)
+            return RunResult(self.state, ExitCode.OK, tuple(self.failures), restarts)
         if self.exit_signal is not None:
-            code = exit_code_for_signal(self.exit_signal)
+            code = for_signal(self.exit_signal)
+        elif self.stopped_by is not None:
+            code = self.stopped_by.exit_code
+        elif self.budget_spent and self.config.max_restarts:  # varied failures: a requeue may well pass
+            code = ExitCode.REQUEUE
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-            returncode = self.verdict.returncode if self.verdict else root.exit.returncode if root else 0
-            code = returncode if 1 <= returncode <= 125 else EXIT_WORKERS_FAILED
+            code = passed_through(self.verdict.returncode if self.verdict else root.exit.returncode if root else 0)
         return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message, self.verdict)
 
     # ------------------------------------------------------------------ helpers
@@ -569,6 +640,20 @@ class Supervisor:
             else "",
             error_file=m.error_file if os.path.exists(m.error_file) else None,
             log_files=m.log_files,
+            step=last_step(m.progress_file),
+        )
+
+    def _ended(self, failed: bool, stopped_at: float) -> Ended:
+        """The round that just ended, as the restart policy reads it."""
+        rnd = self.round.round if self.round else 0
+        cause = min((f for f in self.failures if not f.collateral and f.round == rnd), key=lambda f: f.at, default=None)
+        member = next((m for m in self.members if cause and m.proc.pid == cause.pid), None)
+        return Ended(
+            ran=stopped_at - min((m.started for m in self.members), default=stopped_at),
+            failed=failed,
+            steps=[last_step(m.progress_file) for m in self.members],
+            cause=cause,
+            last_line=max(member.streams, key=lambda s: s.last_at).last_line if member and member.streams else "",
         )
 
     def _idle(self, m: Member) -> float:

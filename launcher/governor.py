@@ -1,0 +1,113 @@
+"""Between rounds: the restart policy, the health gate and the quarantine, as the supervisor asks them.
+
+The supervisor owns the loop and the workers; it tells the governor when a round ended (with the
+members it had) and asks, before each round, whether this node may join. The governor decides
+and remembers; it never touches a process (docs/policy.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from .health import HealthGate
+from .policy import Decision, History, RestartPolicy, Signature
+from .quarantine import QuarantineBook, make_record
+from .spec import Failure
+from .summary import read_error_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """One round as it ended on this node: how long it ran, whether it failed, what the workers reached."""
+
+    ran: float
+    failed: bool  # charged to the restart budget (a worker failed here or on another node)
+    steps: Sequence[int | None]  # each local worker's last launcher.progress(step=)
+    cause: Failure | None = None  # the root cause, when it was one of this node's workers
+    last_line: str = ""  # the root cause's last stderr line (its error, when it wrote no error file)
+
+
+class Governor:
+    """The policy of one node: `round_ended` after each round, `admit` before each join."""
+
+    def __init__(
+        self,
+        policy: RestartPolicy,
+        host: str,
+        node: str = "",
+        *,
+        gate: HealthGate | None = None,
+        book: Callable[[], QuarantineBook | None] = lambda: None,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.policy = policy
+        self.history = History(policy)
+        self.host = host
+        self.node = node
+        self.gate = gate
+        self._book = book  # the job's quarantine records, once the rendezvous has a store (None: none)
+        self.wall = wall
+
+    def round_ended(self, ended: Ended) -> Decision:
+        """What to do next: restart now, after `delay` s, or stop (and why)."""
+        steps = [s for s in ended.steps if s is not None]
+        cause = ended.cause
+        signature = None
+        if cause is not None:
+            error = cause.reason or read_error_file(cause.error_file)[0] or ended.last_line
+            signature = Signature(
+                cause.worker.rank, cause.exit.returncode, (error.splitlines() or [""])[0][:300], cause.step
+            )
+        return self.history.round_ended(ended.ran, ended.failed, max(steps) if steps else None, signature)
+
+    def admit(self, previous_pids: Collection[int] = ()) -> str:
+        """ "" when this node may join the next round; else one line why not (it is quarantined)."""
+        book = self._book()
+        if book is not None:
+            try:
+                record = book.active(self.host, self.wall())
+            except Exception as e:  # the store is the rendezvous's to judge; joining will say
+                log.debug("reading the job's quarantine records failed: %s", e)
+                record = None
+            if record is not None:
+                return f"host {record.line()}; not rejoining before the cooldown ends"
+        if self.gate is None:
+            return ""
+        problem = self.gate.check(previous_pids)
+        if problem:
+            self.quarantine(f"health check failed: {problem}")
+            return f"health check failed: {problem}"
+        return ""
+
+    def quarantine(self, why: str) -> None:
+        """Record this host in the job's store for the cooldown (logged when there is no store)."""
+        book = self._book()
+        if book is None:
+            return
+        try:
+            book.add(make_record(self.host, why, self.policy.quarantine_cooldown, self.node, self.wall()))
+        except Exception:  # the exit code and the line still say it
+            log.warning("could not record the quarantine in the job's store", exc_info=True)
+
+
+def last_step(progress_file: str | None) -> int | None:
+    """A worker's last `launcher.progress(step=)`, or None."""
+    if not progress_file:
+        return None
+    try:
+        with open(progress_file, "rb") as f:
+            return int(f.read(64).strip() or b"x")
+    except (OSError, ValueError):
+        return None
+
+
+def gate_from(command: str | None, timeout: float, gpus: Sequence[str], environ: dict[str, str]) -> HealthGate:
+    """The node's gate: the command, and the GPUs its workers use (--gpus, else CUDA_VISIBLE_DEVICES)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = tuple(gpus) or tuple(v.strip() for v in visible.split(",") if v.strip() and not v.strip().startswith("-"))
+    return HealthGate(command, timeout=timeout, gpus=ids)

@@ -1,0 +1,113 @@
+"""Quarantined hosts: the small records a job keeps in its store, so every node, `launcher status`
+and a node started again on the same host see them.
+
+A node is quarantined when its health check fails or its workers failed in k of its last rounds
+(`policy.History`). It writes one record (host, why, until when) and leaves the job with exit code
+69; a node that starts on that host before `until` reads the record and refuses to join, with the
+same code. Records are appended (a counter and one key each: no read-modify-write), bounded in
+size, checked when read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+MAX_RECORD = 1024  # bytes: a host name, a one-line reason and two times
+MAX_RECORDS = 256  # read back at most this many (a job quarantining more has other problems)
+WHY_LIMIT = 300
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """One host kept out of the job until `until` (epoch seconds), and why."""
+
+    host: str
+    why: str
+    at: float
+    until: float
+    node: str = ""  # the agent that wrote it
+
+    def active(self, now: float) -> bool:
+        return self.at <= now < self.until
+
+    def line(self) -> str:
+        left = max(0, round(self.until - time.time()))
+        return f"{self.host} is quarantined ({left} s of cooldown left): {self.why}"
+
+
+class Records(Protocol):
+    """What the book needs of a store (every rendezvous store offers it)."""
+
+    def add(self, key: str, amount: int) -> int: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def get(self, key: str) -> bytes | None: ...
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+
+class QuarantineBook:
+    """The job's quarantine records in its store; `count_key` and `record_key(i)` name the keys."""
+
+    def __init__(self, store: Records, count_key: str, record_key: Callable[[int], str]):
+        self.store = store
+        self.count_key = count_key
+        self.record_key = record_key
+
+    def add(self, record: Quarantine) -> None:
+        i = self.store.add(self.count_key, 1)
+        self.store.set(self.record_key(i), encode(record))
+
+    def all(self) -> list[Quarantine]:
+        raw = self.store.get(self.count_key)
+        try:
+            n = int(raw or b"0")
+        except ValueError:
+            log.warning("the job's store holds a malformed quarantine count; ignoring the records")
+            return []
+        first = max(1, n - MAX_RECORDS + 1)
+        values = self.store.multi_get([self.record_key(i) for i in range(first, n + 1)])
+        return [r for r in (decode(v) for v in values if v) if r is not None]
+
+    def active(self, host: str, now: float | None = None) -> Quarantine | None:
+        """The latest record for `host` whose cooldown runs at `now`, if any."""
+        now = time.time() if now is None else now
+        mine = [r for r in self.all() if r.host == host and r.active(now)]
+        return max(mine, key=lambda r: r.until) if mine else None
+
+
+def make_record(host: str, why: str, cooldown: float, node: str = "", now: float | None = None) -> Quarantine:
+    now = time.time() if now is None else now
+    return Quarantine(host=host, why=_line(why), at=now, until=now + cooldown, node=node)
+
+
+def encode(record: Quarantine) -> bytes:
+    return json.dumps(asdict(record)).encode()[:MAX_RECORD]
+
+
+def decode(raw: bytes) -> Quarantine | None:
+    """A record read back, checked field by field; None (logged) for anything else."""
+    try:
+        if len(raw) > MAX_RECORD:
+            raise ValueError("oversized")
+        value = json.loads(raw)
+        record = Quarantine(
+            host=str(value["host"]),
+            why=_line(str(value["why"])),
+            at=float(value["at"]),
+            until=float(value["until"]),
+            node=str(value.get("node", "")),
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning(f"the job's store holds a malformed quarantine record ({e}); ignoring it")
+        return None
+    return record
+
+
+def _line(text: str) -> str:
+    first = (text.splitlines() or [""])[0]
+    return "".join(c if c.isprintable() else "?" for c in first)[:WHY_LIMIT]
