@@ -41,12 +41,13 @@ class Governor:
         host: str,
         node: str = "",
         *,
+        multi_node: bool = True,
         gate: HealthGate | None = None,
         book: Callable[[], QuarantineBook | None] = lambda: None,
         wall: Callable[[], float] = time.time,
     ):
         self.policy = policy
-        self.history = History(policy)
+        self.history = History(policy, multi_node)
         self.host = host
         self.node = node
         self.gate = gate

@@ -127,8 +127,9 @@ class Decision:
 class History:
     """The rounds this node saw end, and what the policy makes of them."""
 
-    def __init__(self, policy: RestartPolicy):
+    def __init__(self, policy: RestartPolicy, multi_node: bool = True):
         self.policy = policy
+        self.multi_node = multi_node  # one node alone is never quarantined for failures: they are the job's
         self.quick_streak = 0  # failed rounds in a row that failed quickly
         self.best: int | None = None  # the job's best step so far (this node's workers' highest progress)
         self.stalled = 0  # failed rounds in a row that did not pass `best`
@@ -157,7 +158,7 @@ class History:
             )
         if cause is not None:
             self.seen.add(cause)
-        if cause is not None and p.quarantine_window and sum(self.mine) >= p.quarantine_after:
+        if cause is not None and self.multi_node and p.quarantine_window and sum(self.mine) >= p.quarantine_after:
             return Decision(
                 stop=Stop.QUARANTINE,
                 why=f"its workers failed in {sum(self.mine)} of its last {len(self.mine)} rounds "

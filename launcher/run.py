@@ -16,9 +16,10 @@ import tempfile
 import threading
 from contextlib import ExitStack, nullcontext
 
-from . import process
+from . import net, process
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
+from .governor import Governor, gate_from
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -65,6 +66,13 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        governor = Governor(
+            config.restart_policy,
+            net.hostname(),
+            agent_id,
+            multi_node=config.multi_node,
+            gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ),
+        )
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -76,6 +84,7 @@ def run(config: LaunchConfig) -> int:
             sinks=sinks,
             periodic=[notifier.tick, starter.check],
             console=console,
+            governor=governor,
         )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)

@@ -138,7 +138,9 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
-        self.governor = governor or Governor(config.restart_policy, self.host, self.agent_id)
+        self.governor = governor or Governor(
+            config.restart_policy, self.host, self.agent_id, multi_node=config.multi_node
+        )
         self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
         self.budget_spent = False
         self._peer_failed = False  # the round ends for a worker that failed on another node

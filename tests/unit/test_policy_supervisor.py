@@ -42,8 +42,10 @@ def book(store: DictStore) -> QuarantineBook:
 
 
 def with_governor(rig: Rig, gate: HealthGate | None = None, store: DictStore | None = None) -> DictStore:
+    """A governor of a node in a multi-node job, with the job's quarantine records in `store`."""
     store = store or DictStore()
-    rig.sup.governor = Governor(rig.config.restart_policy, "testhost", "unit", gate=gate, book=lambda: book(store))
+    policy = rig.config.restart_policy
+    rig.sup.governor = Governor(policy, "testhost", "unit", gate=gate, book=lambda: book(store), multi_node=True)
     return store
 
 
@@ -119,6 +121,16 @@ def test_the_same_error_at_the_same_step_twice_stops_with_do_not_requeue(tmp_pat
     lines = summary_lines(result)
     assert lines[0] == "job failed (exit code 70: do not requeue) after 1 restart(s)"
     assert lines[1] == f"reason: not restarting: {why}"
+
+
+def test_one_node_alone_is_never_quarantined_for_failures(tmp_path):
+    """Its failures are the job's: the budget, the deterministic and the no-progress rules judge them."""
+    rig = Rig(tmp_path, nproc=1, max_restarts=4, restart_policy="quick=0", quarantine="after=1,window=1")
+    rig.start()
+    for n in range(1, 5):
+        fail(rig.spawn.procs[n - 1], error=f"error {n}")
+        rig.running(n + 1)
+    assert rig.sup.state is GroupState.RUNNING
 
 
 def test_the_same_error_on_its_last_stderr_line_counts_too(tmp_path):

@@ -76,6 +76,7 @@ def test_a_node_whose_workers_failed_in_k_of_its_last_rounds_is_quarantined():
     assert fail(h).stop is None  # the window (3 rounds) no longer holds the first
     assert fail(h, cause=Signature(0, 1, "b", None)).stop is None  # 1 of the last 3
     decision = fail(h, cause=Signature(0, 1, "c", None))
+    assert History(h.policy, multi_node=False).round_ended(1.0, True, None, NAN).stop is None
     assert decision.stop is Stop.QUARANTINE and decision.stop.exit_code == ExitCode.QUARANTINED
     assert decision.why == "its workers failed in 2 of its last 3 rounds (--quarantine after=2,window=3)"
 
