@@ -26,6 +26,7 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 # Backends named only so their error can say why not.
 LATER_BACKENDS = ("etcd-v2",)
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
+QUARANTINE_FILE_ENV = "LAUNCHER_QUARANTINE_FILE"  # where a quarantined node appends its name (Slurm scripts)
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -84,6 +85,7 @@ class LaunchConfig:
     restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
     health_check: str | None = None  # --health_check CMD: run before each round this node joins
     health_check_timeout: float = 60.0
+    quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
 
     @property
     def run_id(self) -> str:
@@ -495,6 +497,7 @@ def from_flags(
         restart_policy=parse_policy(parse_kv(restart_policy, "--restart_policy"), parse_kv(quarantine, "--quarantine")),
         health_check=(health_check or "").strip() or None,
         health_check_timeout=parse_seconds(health_check_timeout, "--health_check_timeout", minimum=0.1),
+        quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
     )
 
 

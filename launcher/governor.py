@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .health import HealthGate
 from .policy import Decision, History, RestartPolicy, Signature
-from .quarantine import QuarantineBook, make_record
+from .quarantine import QuarantineBook, make_record, note_host
 from .spec import Failure
 from .summary import read_error_file
 
@@ -44,6 +44,7 @@ class Governor:
         multi_node: bool = True,
         gate: HealthGate | None = None,
         book: Callable[[], QuarantineBook | None] = lambda: None,
+        note: tuple[str, str] | None = None,
         wall: Callable[[], float] = time.time,
     ):
         self.policy = policy
@@ -52,6 +53,7 @@ class Governor:
         self.node = node
         self.gate = gate
         self._book = book  # the job's quarantine records, once the rendezvous has a store (None: none)
+        self.note = note  # (file, this node's name in it): where a scheduler reads quarantined nodes
         self.wall = wall
 
     def round_ended(self, ended: Ended) -> Decision:
@@ -76,6 +78,8 @@ class Governor:
                 log.debug("reading the job's quarantine records failed: %s", e)
                 record = None
             if record is not None:
+                if self.note:
+                    note_host(*self.note)
                 return f"host {record.line()}; not rejoining before the cooldown ends"
         if self.gate is None:
             return ""
@@ -86,7 +90,9 @@ class Governor:
         return ""
 
     def quarantine(self, why: str) -> None:
-        """Record this host in the job's store for the cooldown (logged when there is no store)."""
+        """Record this host in the job's store for the cooldown, and name it in the scheduler's file."""
+        if self.note:
+            note_host(*self.note)
         book = self._book()
         if book is None:
             return
@@ -105,6 +111,11 @@ def last_step(progress_file: str | None) -> int | None:
             return int(f.read(64).strip() or b"x")
     except (OSError, ValueError):
         return None
+
+
+def note_from(path: str | None, host: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """$LAUNCHER_QUARANTINE_FILE and the name this node goes by there: Slurm's, else its host name."""
+    return (path, environ.get("SLURMD_NODENAME") or host) if path else None
 
 
 def gate_from(command: str | None, timeout: float, gpus: Sequence[str], environ: dict[str, str]) -> HealthGate:

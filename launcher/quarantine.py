@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -78,6 +79,18 @@ class QuarantineBook:
         now = time.time() if now is None else now
         mine = [r for r in self.all() if r.host == host and r.active(now)]
         return max(mine, key=lambda r: r.until) if mine else None
+
+
+def note_host(path: str, name: str) -> None:
+    """Append `name` as one line to `path` ($LAUNCHER_QUARANTINE_FILE: the Slurm scripts exclude what it lists)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{name}\n".encode())  # one small write: lines from several nodes never interleave
+        finally:
+            os.close(fd)
+    except OSError as e:  # the exit code still says it
+        log.warning(f"cannot note the quarantine in LAUNCHER_QUARANTINE_FILE={path}: {e.strerror or e}")
 
 
 def make_record(host: str, why: str, cooldown: float, node: str = "", now: float | None = None) -> Quarantine:

@@ -19,7 +19,7 @@ from contextlib import ExitStack, nullcontext
 from . import net, process
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
-from .governor import Governor, gate_from
+from .governor import Governor, gate_from, note_from
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -66,10 +66,12 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        host = net.hostname()
         governor = Governor(
             config.restart_policy,
-            net.hostname(),
+            host,
             agent_id,
+            note=note_from(config.quarantine_file, host, os.environ),
             multi_node=config.multi_node,
             gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ),
         )

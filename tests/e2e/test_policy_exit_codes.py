@@ -65,13 +65,13 @@ def test_quick_failures_back_off_the_first_restart_immediate(launch, tmp_path):
 
 
 def test_a_failing_health_check_keeps_the_node_out_with_exit_69(launch, tmp_path):
-    mark = tmp_path / "attempts"
+    mark, noted = tmp_path / "attempts", tmp_path / "quarantined"
     check = "echo checking; echo 'GPU 3: fallen off the bus'; exit 1"
-    r = launch.run(
-        *FAST, "--health_check", check, worker("policy_worker.py"), env={"MARK": str(mark)}, timeout=60
-    )  # fmt: skip
+    env = {"MARK": str(mark), "LAUNCHER_QUARANTINE_FILE": str(noted), "SLURMD_NODENAME": "node7"}
+    r = launch.run(*FAST, "--health_check", check, worker("policy_worker.py"), env=env, timeout=60)
     assert r.returncode == 69, r.stderr
     assert not mark.exists()  # no worker ever started
+    assert noted.read_text() == "node7\n"  # for the Slurm scripts: exclude it when requeueing
     line = f"is quarantined: health check failed: --health_check {check!r} exited 1: GPU 3: fallen off the bus"
     assert r.stderr.count(line) == 2, r.stderr  # said once, and the summary's reason
     assert "job failed (exit code 69: quarantined: drain this node)" in r.stderr
