@@ -118,7 +118,7 @@ class Failure:
 class Verdict:
     """The job's root cause as one node published it to the others when it closed the job.
 
-    Small and bounded (the protocol writes and checks it: `rendezvous.protocol.encode_verdict`);
+    Small and bounded (the protocol writes and checks it: `rendezvous.records.encode_verdict`);
     `log` is a path on `host`, `node` the agent that wrote it.
     """
 
@@ -132,7 +132,8 @@ class Verdict:
     log: str = ""  # where the full log (or the error file) is, on `host`
 
     def describe(self) -> str:
-        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {Exit(self.returncode).describe()} (attempt {self.round})"
+        how = Exit(self.returncode).describe()
+        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {how} (attempt {self.round})"
 
 
 @dataclass(frozen=True)

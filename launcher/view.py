@@ -167,7 +167,8 @@ def render_status(job: dict) -> Table:
     v = job.get("verdict")
     if v:
         caption.append(
-            f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}"
+            f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, "
+            f"exit {v['returncode']}: {v['error']}"
         )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
