@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import wait_gone, worker
+from support.paths import worker
+from support.processes import wait_gone
 
 FAST = ["--standalone", "--nproc_per_node", "1", "--monitor_interval", "0.05"]
 

@@ -1,16 +1,16 @@
 """The sbatch scripts follow the launchers' exit codes on a real two-node Slurm cluster on localhost
-(the `cluster` and `jobs` fixtures of tests/test_slurm.py): a node quarantined by a failing
+(the cluster fixture of tests/e2e/test_slurm.py): a node quarantined by a failing
 --health_check is excluded when the job is requeued; a deterministic failure (70) is not requeued."""
 
 from __future__ import annotations
 
 import pytest
 import test_slurm
-from conftest import worker
-from test_slurm import Jobs
+from support.paths import worker
+from support.slurm import Jobs
 
 pytestmark = pytest.mark.timeout(300)  # the first cluster test may start the cluster
-cluster = test_slurm.cluster  # the module's cluster fixture, shared with tests/test_slurm.py's own
+cluster = test_slurm.cluster  # the module's cluster fixture, shared with tests/e2e/test_slurm.py's own
 
 
 @pytest.fixture

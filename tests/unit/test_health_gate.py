@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from conftest import FakeClock
+from support.clock import FakeClock
 
 from launcher.governor import gate_from
 from launcher.health import HealthGate
