@@ -55,6 +55,7 @@ class Governor:
         self._book = book  # the job's quarantine records, once the rendezvous has a store (None: none)
         self.note = note  # (file, this node's name in it): where a scheduler reads quarantined nodes
         self.wall = wall
+        self.known: tuple[str, ...] = ()  # the job's quarantined hosts as last read: "host (why)"
 
     def round_ended(self, ended: Ended) -> Decision:
         """What to do next: restart now, after `delay` s, or stop (and why)."""
@@ -73,10 +74,14 @@ class Governor:
         book = self._book()
         if book is not None:
             try:
-                record = book.active(self.host, self.wall())
+                now = self.wall()
+                active = [r for r in book.all() if r.active(now)]
             except Exception as e:  # the store is the rendezvous's to judge; joining will say
                 log.debug("reading the job's quarantine records failed: %s", e)
-                record = None
+                active = []
+            self.known = tuple(dict.fromkeys(f"{r.host} ({r.why})" for r in active))
+            mine = [r for r in active if r.host == self.host]
+            record = max(mine, key=lambda r: r.until) if mine else None
             if record is not None:
                 if self.note:
                     note_host(*self.note)
@@ -98,6 +103,7 @@ class Governor:
             return
         try:
             book.add(make_record(self.host, why, self.policy.quarantine_cooldown, self.node, self.wall()))
+            self.known += (f"{self.host} ({why})",)
         except Exception:  # the exit code and the line still say it
             log.warning("could not record the quarantine in the job's store", exc_info=True)
 

@@ -72,6 +72,7 @@ def run(config: LaunchConfig) -> int:
             host,
             agent_id,
             note=note_from(config.quarantine_file, host, os.environ),
+            book=rendezvous.quarantine_book,
             multi_node=config.multi_node,
             gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ),
         )
@@ -104,6 +105,8 @@ def run(config: LaunchConfig) -> int:
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
         if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)
             why = result.message
+        if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
+            rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

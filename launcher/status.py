@@ -11,6 +11,8 @@ from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
+from .quarantine import QuarantineBook
+from .rendezvous.keys import Keys
 from .rendezvous.records import decode_verdict, parse_count, read_snapshot, sealed_members, token_check
 from .rendezvous.store import Store
 
@@ -60,6 +62,8 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["nodes"] = nodes
     job["max_restarts"] = max((n["max_restarts"] for n in nodes), default=None)
     job["stragglers"] = [w["rank"] for n in nodes for w in n["workers"] if w.get("straggler")]
+    book = QuarantineBook(store, Keys(config.rdzv_id).quarantined, Keys(config.rdzv_id).quarantine)
+    job["quarantined"] = [asdict(q) for q in book.all() if q.active(time.time())]  # read-only: get, multi_get
     if closed:
         job["state"] = "closed"
         job["closed"] = closed[:300].decode(errors="replace")

@@ -74,6 +74,8 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
             lines.append(f"  log: {v.log} (on {v.host})")
     if result.message:
         lines.append(f"reason: {result.message}")
+    if result.quarantined:
+        lines.append(f"quarantined: {', '.join(result.quarantined)}")
     if root:
         what = "also failed here" if v else "root cause"
         lines.append(f"{what}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")

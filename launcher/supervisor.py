@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import net, process
 from .bootstrap import BootstrapStore
@@ -142,6 +142,7 @@ class Supervisor:
             config.restart_policy, self.host, self.agent_id, multi_node=config.multi_node
         )
         self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
+        self.closing: Verdict | None = None  # ... and this is the job's verdict, for every node
         self.budget_spent = False
         self._peer_failed = False  # the round ends for a worker that failed on another node
         self._delay = 0.0  # the backoff before the next round's workers start
@@ -297,6 +298,8 @@ class Supervisor:
         else:
             self.message = f"not restarting: {line}"
             log.error(f"{self.message} (exit {ExitCode.DO_NOT_REQUEUE.value}: do not requeue)")
+            root = self._verdict()
+            self.closing = replace(root, code=why.exit_code) if root else None
         self.emit("policy_stop", stop=why.value, reason=line, host=self.host)
         self._set_state(GroupState.FAILED)
 
@@ -604,12 +607,23 @@ class Supervisor:
             code = for_signal(self.exit_signal)
         elif self.stopped_by is not None:
             code = self.stopped_by.exit_code
+        elif self.verdict is not None and self.verdict.code:  # the policy of the node that closed the job
+            code = self.verdict.code
         elif self.budget_spent and self.config.max_restarts:  # varied failures: a requeue may well pass
             code = ExitCode.REQUEUE
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
             code = passed_through(self.verdict.returncode if self.verdict else root.exit.returncode if root else 0)
-        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message, self.verdict)
+        return RunResult(
+            self.state,
+            code,
+            tuple(self.failures),
+            restarts,
+            self.exit_signal,
+            self.message,
+            self.verdict,
+            self.governor.known,
+        )
 
     # ------------------------------------------------------------------ helpers
 

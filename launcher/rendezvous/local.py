@@ -95,3 +95,10 @@ class LocalRendezvous:
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Nothing to leave; the straggler judge stops."""
         self._stop.set()
+
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """Nothing shared to close: each node of a static job decides alone."""
+
+    def quarantine_book(self) -> None:
+        """No store: a quarantine is this node's exit code and line only."""
+        return None

@@ -111,6 +111,7 @@ VERDICT_FIELDS = {
     "local_rank": _int(0, 1 << 20),
     "returncode": _int(-255, 256),
     "round": _int(0, 1 << 31),
+    "code": _int(0, 256),
 }
 
 

@@ -9,11 +9,13 @@ import json
 from test_health_gate import FakeGpu, FakeNvml
 from test_supervisor_loop import Rig
 
+from launcher.errors import RendezvousClosedError
 from launcher.governor import Governor
 from launcher.health import HealthGate
 from launcher.quarantine import QuarantineBook, make_record
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.spec import GroupState
+from launcher.rendezvous.records import decode_verdict, encode_verdict
+from launcher.spec import GroupState, Verdict
 from launcher.summary import summary_lines
 
 
@@ -184,7 +186,9 @@ def test_a_node_failing_repeatedly_is_quarantined_and_recorded(tmp_path):
     assert result.message == f"testhost is quarantined: {why}"
     [record] = book(store).all()
     assert (record.host, record.why, record.until - record.at) == ("testhost", why, 600)
-    assert summary_lines(result)[0] == "job failed (exit code 69: quarantined: drain this node) after 1 restart(s)"
+    lines = summary_lines(result)
+    assert lines[0] == "job failed (exit code 69: quarantined: drain this node) after 1 restart(s)"
+    assert lines[2] == f"quarantined: testhost ({why})"
 
 
 def test_a_failing_health_check_keeps_the_node_out_of_its_first_round(tmp_path):
@@ -236,3 +240,22 @@ def test_a_quarantine_past_its_cooldown_is_no_bar(tmp_path):
     with_governor(rig, store=store)
     rig.start()
     assert rig.rdzv.causes == [Cause.START]
+
+
+def test_a_job_closed_by_another_nodes_policy_exits_with_its_code(tmp_path):
+    rig = Rig(tmp_path, nproc=1, max_restarts=3)
+    rig.start()
+    verdict = Verdict("h2", "h2:9", 3, 1, 1, 1, "RuntimeError: loss is NaN", code=70)
+
+    def closed(cause, verdict_=None, waiting=None):
+        raise RendezvousClosedError("the job was closed: not restarting: rank 3 failed twice", verdict)
+
+    rig.rdzv.next_round = closed
+    rig.sup.post(MembershipChanged("closed", closed=True))
+    failed(rig)
+    assert rig.sup.result().exit_code == 70
+
+
+def test_the_verdict_carries_the_jobs_code_through_the_store():
+    v = Verdict("h2", "h2:9", 3, 1, 1, 1, "RuntimeError: loss is NaN", "/logs/x", code=70)
+    assert decode_verdict(encode_verdict(v)) == v
