@@ -108,17 +108,6 @@ class Governor:
             log.warning("could not record the quarantine in the job's store", exc_info=True)
 
 
-def last_step(progress_file: str | None) -> int | None:
-    """A worker's last `launcher.progress(step=)`, or None."""
-    if not progress_file:
-        return None
-    try:
-        with open(progress_file, "rb") as f:
-            return int(f.read(64).strip() or b"x")
-    except (OSError, ValueError):
-        return None
-
-
 def note_from(path: str | None, host: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
     """$LAUNCHER_QUARANTINE_FILE and the name this node goes by there: Slurm's, else its host name."""
     return (path, environ.get("SLURMD_NODENAME") or host) if path else None

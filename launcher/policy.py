@@ -99,6 +99,17 @@ class Stop(enum.Enum):
     def exit_code(self) -> ExitCode:
         return ExitCode.QUARANTINED if self is Stop.QUARANTINE else ExitCode.DO_NOT_REQUEUE
 
+    def message(self, host: str, why: str) -> str:
+        """The one line that says it (the failure summary's reason)."""
+        return f"{host} is quarantined: {why}" if self is Stop.QUARANTINE else f"not restarting: {why}"
+
+    @property
+    def advice(self) -> str:
+        """What the exit code asks of the scheduler, appended to the line in the log."""
+        if self is Stop.QUARANTINE:
+            return f"; leaving the job (exit {self.exit_code.value}: drain this node)"
+        return f" (exit {self.exit_code.value}: do not requeue)"
+
 
 @dataclass(frozen=True)
 class Signature:

@@ -11,8 +11,8 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
-import collections
 import enum
+import functools
 import logging
 import os
 import queue
@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from . import net, process
 from .bootstrap import BootstrapStore
@@ -29,14 +29,14 @@ from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import RendezvousClosedError, RendezvousError, RestartBudgetExhausted
 from .exitcodes import ExitCode, for_signal, passed_through
-from .governor import Ended, Governor, last_step
-from .logs import Console, LogRouter, Stream, destinations, prefix_for
-from .oom import oom_kills, oom_reason
+from .governor import Governor
+from .logs import Console, LogRouter, destinations, prefix_for
+from .members import Member, ended_round, route, verdict_of
+from .oom import oom_kills
 from .policy import Stop
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
-from .summary import read_error_file
+from .spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
@@ -64,27 +64,6 @@ class Waiting:
     """What the forming round waits for (the rendezvous says so every few seconds)."""
 
     line: str
-
-
-@dataclass(eq=False)
-class Member:
-    """A worker of the current round and its live process."""
-
-    worker: Worker
-    proc: process.WorkerProcess
-    streams: list[Stream]
-    error_file: str
-    log_files: tuple[str, ...]
-    started: float = 0.0
-    progress_file: str | None = None
-    hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
-    state: WorkerState = WorkerState.RUNNING
-    signalled: bool = False  # the launcher asked it to stop: its failure is collateral
-    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
-    straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
-
-
-RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
 class Then(enum.Enum):
@@ -291,13 +270,9 @@ class Supervisor:
 
     def give_up(self, why: Stop, line: str) -> None:
         """The restart policy stops the job on this node: one line, one event, FAILED with its code."""
-        self.stopped_by = why
-        if why is Stop.QUARANTINE:
-            self.message = f"{self.host} is quarantined: {line}"
-            log.error(f"{self.message}; leaving the job (exit {ExitCode.QUARANTINED.value}: drain this node)")
-        else:
-            self.message = f"not restarting: {line}"
-            log.error(f"{self.message} (exit {ExitCode.DO_NOT_REQUEUE.value}: do not requeue)")
+        self.stopped_by, self.message = why, why.message(self.host, line)
+        log.error(self.message + why.advice)
+        if why is not Stop.QUARANTINE:  # the job ends on every node, with this verdict (run.py)
             root = self._verdict()
             self.closing = replace(root, code=why.exit_code) if root else None
         self.emit("policy_stop", stop=why.value, reason=line, host=self.host)
@@ -348,20 +323,10 @@ class Supervisor:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            streams, files = [], []
             prefix = prefix_for(self.config, worker, self.host, self.environ)
-            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                if pipe is None:
-                    continue
-                console, to_file = destinations(self.config, worker.local_rank, name)
-                path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
-                files += [path] if path else []
-            self.members.append(
-                Member(
-                    worker, proc, streams, error_file, tuple(files), started=self.clock(), progress_file=progress_file
-                )
-            )
+            where = functools.partial(destinations, self.config, worker.local_rank)
+            streams, files = route(proc, self.logs, self.console, prefix, folder, where)
+            self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
                 "spawn",
                 rank=worker.rank,
@@ -411,7 +376,8 @@ class Supervisor:
                 m.state = WorkerState.SUCCEEDED
             else:
                 m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
-                self.failures.append(self._failure(m, ex))
+                hang = self.config.hang_timeout
+                self.failures.append(m.failure(ex, self.clock(), self.host, self.round, hang, self._oom_kills))
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
@@ -453,7 +419,9 @@ class Supervisor:
         self.bootstrap.close()  # before the next round: no worker may meet this round's keys
         (then, begun), self.stop = (self.stop.then, self.stop.begun), None
         if then in (Then.RESTART, Then.MEMBERSHIP):
-            decision = self.governor.round_ended(self._ended(then is Then.RESTART or self._peer_failed, begun))
+            rnd = self.round.round if self.round else 0
+            ended = ended_round(self.members, self.failures, rnd, then is Then.RESTART or self._peer_failed, begun)
+            decision = self.governor.round_ended(ended)
             self._delay = decision.delay
             if then is Then.RESTART and decision.stop:  # only the node whose worker failed acts on a stop
                 if decision.stop is Stop.QUARANTINE:
@@ -477,8 +445,9 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
-                    f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)"
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below "
+                    f"{c.straggler_threshold:g} of the job's median {event.median:.2f} for {c.straggler_period:g} s "
+                    "(--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
@@ -497,7 +466,7 @@ class Supervisor:
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung:
                 continue
-            idle = self._idle(m)
+            idle = m.idle(self.clock())
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
@@ -544,18 +513,7 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         """A picture of the group for views; safe to call from another thread."""
         rnd = self.round
-        workers = [
-            {
-                "rank": m.worker.rank,
-                "local_rank": m.worker.local_rank,
-                "pid": m.proc.pid,
-                "state": m.state.value,
-                "started": m.started,
-                "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
-                "straggler": m.straggler,
-            }
-            for m in list(self.members)
-        ]
+        workers = [m.view() for m in list(self.members)]
         waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
         return Snapshot(
             self.state,
@@ -574,22 +532,7 @@ class Supervisor:
             return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
-        workers = []
-        for m in list(self.members):
-            step, rate = self._step_rate(m)
-            workers.append(
-                {
-                    "rank": m.worker.rank,
-                    "local_rank": m.worker.local_rank,
-                    "pid": m.proc.pid,
-                    "state": m.state.value,
-                    "restarts": restarts,
-                    "progress_age": round(self._idle(m), 1),
-                    "step": step,
-                    "rate": rate,
-                    "straggler": m.straggler,
-                }
-            )
+        workers = [m.report(restarts, self.clock()) for m in list(self.members)]
         return {
             "host": self.host,
             "state": self.state.value,
@@ -614,16 +557,8 @@ class Supervisor:
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
             code = passed_through(self.verdict.returncode if self.verdict else root.exit.returncode if root else 0)
-        return RunResult(
-            self.state,
-            code,
-            tuple(self.failures),
-            restarts,
-            self.exit_signal,
-            self.message,
-            self.verdict,
-            self.governor.known,
-        )
+        failures, known = tuple(self.failures), self.governor.known
+        return RunResult(self.state, code, failures, restarts, self.exit_signal, self.message, self.verdict, known)
 
     # ------------------------------------------------------------------ helpers
 
@@ -640,77 +575,10 @@ class Supervisor:
             raise RuntimeError(f"group cannot go from {self.state.name} to {new.name}")
         self.state = new
 
-    def _failure(self, m: Member, ex: Exit) -> Failure:
-        return Failure(
-            worker=m.worker,
-            pid=m.proc.pid,
-            exit=ex,
-            at=self.clock(),
-            host=self.host,
-            round=self.round.round if self.round else 0,
-            collateral=m.signalled and not m.hung,
-            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr"
-            if m.hung
-            else oom_reason(m.proc.pid, self._oom_kills, m.started)
-            if ex.signal == signal.SIGKILL and not m.signalled
-            else "",
-            error_file=m.error_file if os.path.exists(m.error_file) else None,
-            log_files=m.log_files,
-            step=last_step(m.progress_file),
-        )
-
-    def _ended(self, failed: bool, stopped_at: float) -> Ended:
-        """The round that just ended, as the restart policy reads it."""
-        rnd = self.round.round if self.round else 0
-        cause = min((f for f in self.failures if not f.collateral and f.round == rnd), key=lambda f: f.at, default=None)
-        member = next((m for m in self.members if cause and m.proc.pid == cause.pid), None)
-        return Ended(
-            ran=stopped_at - min((m.started for m in self.members), default=stopped_at),
-            failed=failed,
-            steps=[last_step(m.progress_file) for m in self.members],
-            cause=cause,
-            last_line=max(member.streams, key=lambda s: s.last_at).last_line if member and member.streams else "",
-        )
-
-    def _idle(self, m: Member) -> float:
-        """Seconds since the worker last printed a line or called launcher.progress()."""
-        idle = self.clock() - max([m.started] + [s.last_at for s in m.streams if s.last_at])
-        try:
-            idle = min(idle, time.time() - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            pass
-        return max(0.0, idle)
-
-    def _step_rate(self, m: Member) -> tuple[int | None, float | None]:
-        """The worker's last `launcher.progress(step=)` and its steps per second over RATE_WINDOW (None: unknown)."""
-        try:
-            with open(m.progress_file, "rb") as f:  # type: ignore[arg-type]
-                step = int(f.read(64).strip() or b"x")
-        except (OSError, TypeError, ValueError):
-            return None, None
-        now = self.clock()
-        m.steps.append((now, step))
-        while len(m.steps) > 2 and now - m.steps[1][0] >= RATE_WINDOW:
-            m.steps.popleft()
-        then, first = m.steps[0]
-        return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
-
     def _verdict(self) -> Verdict | None:
         """This node's root cause, as the rendezvous publishes it should it close the job."""
         root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-        if root is None:
-            return None
-        message = root.reason or read_error_file(root.error_file)[0]
-        return Verdict(
-            host=self.host,
-            node="",
-            rank=root.worker.rank,
-            local_rank=root.worker.local_rank,
-            returncode=root.exit.returncode,
-            round=root.round,
-            error=(message.splitlines() or [""])[0],
-            log=next(iter(root.log_files), root.error_file or ""),
-        )
+        return verdict_of(root) if root else None
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:
