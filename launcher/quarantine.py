@@ -64,12 +64,9 @@ class QuarantineBook:
         self.store.set(self.record_key(i), encode(record))
 
     def all(self) -> list[Quarantine]:
-        raw = self.store.get(self.count_key)
-        try:
-            n = int(raw or b"0")
-        except ValueError:
-            log.warning("the job's store holds a malformed quarantine count; ignoring the records")
-            return []
+        # A counter is read with add(0) once it exists (on etcd its value is not the count), never
+        # created by a read: `launcher status` reads records too, and writes nothing.
+        n = 0 if self.store.get(self.count_key) is None else self.store.add(self.count_key, 0)
         first = max(1, n - MAX_RECORDS + 1)
         values = self.store.multi_get([self.record_key(i) for i in range(first, n + 1)])
         return [r for r in (decode(v) for v in values if v) if r is not None]

@@ -1,6 +1,6 @@
-"""Quarantine and the policy stop across nodes, on c10d: real agents on one host (so a quarantined
-host is this host: a node started after the quarantine is refused), a standalone `launcher store`
-where the record must outlive the nodes, `launcher status` reading it back."""
+"""Quarantine and the policy stop across nodes, on c10d and etcd: real agents on one host (so a
+quarantined host is this host: a node started after the quarantine is refused), a store that
+outlives the nodes (a standalone `launcher store`, or etcd), `launcher status` reading it back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import subprocess
 
 import pytest
+from support.etcd import job_flags
 from support.launcher_runs import Cluster, c10d
 from support.paths import LAUNCHER, ROOT, worker
 from support.ports import free_port
@@ -22,19 +23,25 @@ def cluster():
     c.cleanup()
 
 
-def status(port: int, *extra: str) -> subprocess.CompletedProcess:
+def status(where: list[str], *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*LAUNCHER, "status", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job",
-         *extra],
+        [*LAUNCHER, "status", *where, "--rdzv_id", "quarantine", *extra],
         capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
 
 
 @pytest.mark.timeout(120)
-def test_a_node_failing_its_health_check_is_quarantined_named_and_refused_again(cluster):
-    port = free_port()
-    cluster.store("127.0.0.1", port)
-    flags = c10d(port, "1:2", conf="is_host=false")
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_a_node_failing_its_health_check_is_quarantined_named_and_refused_again(cluster, backend, request):
+    if backend == "c10d":  # a standalone store: the records outlive the nodes
+        port = free_port()
+        cluster.store("127.0.0.1", port)
+        flags = c10d(port, "1:2", run_id="quarantine", conf="is_host=false")
+        where = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
+    else:
+        endpoint = request.getfixturevalue("etcd").endpoint
+        flags = job_flags(endpoint, "1:2", run_id="quarantine")
+        where = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint]
     member = cluster.start(*flags, worker("exit_code.py"), env={"SLEEP": "60"})
     member.wait_for("out rank=0 restart=0", timeout=60)
     check = "echo 'GPU 1: fallen off the bus'; exit 1"
@@ -45,9 +52,9 @@ def test_a_node_failing_its_health_check_is_quarantined_named_and_refused_again(
     assert f"{host} is quarantined: {why}; leaving the job (exit 69: drain this node)" in sick.stderr
     assert "out rank=" not in sick.stdout  # it never joined, so never ran a worker
 
-    seen = json.loads(status(port, "--json").stdout)
+    seen = json.loads(status(where, "--json").stdout)
     assert [(q["host"], q["why"], round(q["until"] - q["at"])) for q in seen["quarantined"]] == [(host, why, 3600)]
-    assert f"quarantined: {host} ({why})" in " ".join(status(port).stdout.split())  # the caption wraps
+    assert f"quarantined: {host} ({why})" in " ".join(status(where).stdout.split())  # the caption wraps
 
     again = cluster.start(*flags, worker("exit_code.py"))  # the same host, healthy now, within the cooldown
     assert again.wait(60) == 69, again.stderr
