@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .health import HealthGate
+from .net import hostname
 from .policy import Decision, History, RestartPolicy, Signature
 from .quarantine import QuarantineBook, make_record, note_host
 from .spec import Failure
@@ -108,9 +109,14 @@ class Governor:
             log.warning("could not record the quarantine in the job's store", exc_info=True)
 
 
-def note_from(path: str | None, host: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """$LAUNCHER_QUARANTINE_FILE and the name this node goes by there: Slurm's, else its host name."""
-    return (path, environ.get("SLURMD_NODENAME") or host) if path else None
+def node_name(environ: Mapping[str, str]) -> str:
+    """The name a quarantine gives this node: Slurm's (what --exclude takes), else its host name."""
+    return environ.get("SLURMD_NODENAME") or hostname()
+
+
+def note_from(path: str | None, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """$LAUNCHER_QUARANTINE_FILE and the name this node goes by there."""
+    return (path, node_name(environ)) if path else None
 
 
 def gate_from(command: str | None, timeout: float, gpus: Sequence[str], environ: dict[str, str]) -> HealthGate:

@@ -16,10 +16,10 @@ import tempfile
 import threading
 from contextlib import ExitStack, nullcontext
 
-from . import net, process
+from . import process
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
-from .governor import Governor, gate_from, note_from
+from .governor import Governor, gate_from, node_name, note_from
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -66,12 +66,11 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
-        host = net.hostname()
         governor = Governor(
             config.restart_policy,
-            host,
+            node_name(os.environ),
             agent_id,
-            note=note_from(config.quarantine_file, host, os.environ),
+            note=note_from(config.quarantine_file, os.environ),
             book=rendezvous.quarantine_book,
             multi_node=config.multi_node,
             gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ),

@@ -270,12 +270,12 @@ class Supervisor:
 
     def give_up(self, why: Stop, line: str) -> None:
         """The restart policy stops the job on this node: one line, one event, FAILED with its code."""
-        self.stopped_by, self.message = why, why.message(self.host, line)
+        self.stopped_by, self.message = why, why.message(self.governor.host, line)
         log.error(self.message + why.advice)
         if why is not Stop.QUARANTINE:  # the job ends on every node, with this verdict (run.py)
             root = self._verdict()
             self.closing = replace(root, code=why.exit_code) if root else None
-        self.emit("policy_stop", stop=why.value, reason=line, host=self.host)
+        self.emit("policy_stop", stop=why.value, reason=line, host=self.governor.host)
         self._set_state(GroupState.FAILED)
 
     def spawn_workers(self, rnd: Round, watched: bool = False) -> None:

@@ -80,3 +80,17 @@ def test_a_deterministic_failure_ends_the_job_on_every_node_with_exit_70(cluster
     other = next(a for a in agents if a is not stopped[0])
     assert "job failed (exit code 70: do not requeue) after 1 restart(s)" in other.stderr  # ... the other follows
     assert f"the job was closed: not restarting: {why}" in other.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_node_whose_workers_fail_repeatedly_is_quarantined_and_the_job_goes_on(cluster):
+    port = free_port()
+    flags = c10d(port, "1:2", "--max_restarts", "9", "--quarantine", "after=2,window=3", run_id="repeat")
+    healthy = cluster.start(*flags, worker("policy_worker.py"), env={"SLURMD_NODENAME": "nodeA", "HEALTHY": "4"})
+    healthy.wait_for("healthy", timeout=60)
+    failing = cluster.start(*flags, worker("policy_worker.py"), env={"SLURMD_NODENAME": "nodeB"})
+    assert failing.wait(90) == 69, failing.stderr
+    why = "its workers failed in 2 of its last 2 rounds (--quarantine after=2,window=3)"
+    assert f"nodeB is quarantined: {why}; leaving the job (exit 69: drain this node)" in failing.stderr
+    assert healthy.wait(90) == 0, healthy.stderr  # it re-formed alone and finished
+    assert f"nodeB is quarantined: {why}" in healthy.stderr  # told why the other node left
