@@ -11,7 +11,13 @@ import collections
 import enum
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import (
+    ConfigError,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    RestartBudgetExhausted,
+)
 from .exitcodes import ExitCode
 from .parsers import parse_seconds
 
@@ -86,6 +92,17 @@ def _count(text: str, flag: str) -> int:
     if n < 0:
         raise ConfigError(f"{flag}{text} must be 0 or more")
     return n
+
+
+def requeue_after(error: RendezvousError, ran: bool, budget: int) -> bool:
+    """Whether a job the rendezvous ended with `error` may pass when requeued (exit 75): its restart
+    budget (`budget` >= 1) was spent on failures no stop rule caught (a job closed with a verdict is
+    one), or, once this node had run (`ran`), nodes were lost: the job closed without a verdict (a node
+    died, the store's host left) or did not re-form in time."""
+    closed = isinstance(error, RendezvousClosedError)
+    spent = isinstance(error, RestartBudgetExhausted) or (closed and error.verdict is not None)  # type: ignore[attr-defined]
+    lost = ran and not spent and (closed or isinstance(error, RendezvousTimeoutError))
+    return (spent and budget > 0) or lost
 
 
 class Stop(enum.Enum):

@@ -27,13 +27,13 @@ from . import net, process
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
-from .errors import RendezvousClosedError, RendezvousError, RestartBudgetExhausted
+from .errors import RendezvousClosedError, RendezvousError
 from .exitcodes import ExitCode, for_signal, passed_through
 from .governor import Governor
 from .logs import Console, LogRouter, destinations, prefix_for
 from .members import Member, ended_round, route, verdict_of
 from .oom import oom_kills
-from .policy import Stop
+from .policy import Stop, requeue_after
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
@@ -122,7 +122,7 @@ class Supervisor:
         )
         self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
         self.closing: Verdict | None = None  # ... and this is the job's verdict, for every node
-        self.budget_spent = False
+        self.requeue = False  # the rendezvous ended the job in a way a requeue may cure
         self._peer_failed = False  # the round ends for a worker that failed on another node
         self._delay = 0.0  # the backoff before the next round's workers start
         self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
@@ -210,10 +210,9 @@ class Supervisor:
             self.hold(event.rnd) if self._delay else self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
             self.message = str(event.error)
-            self.budget_spent = isinstance(event.error, RestartBudgetExhausted)
             if isinstance(event.error, RendezvousClosedError) and isinstance(event.error.verdict, Verdict):
                 self.verdict = event.error.verdict
-                self.budget_spent = True  # a verdict is published when a failure closes the job
+            self.requeue = requeue_after(event.error, self.round is not None, self.config.max_restarts)
             self._set_state(GroupState.FAILED)
         elif isinstance(event, Refused) and self.state is GroupState.RENDEZVOUS:
             self.give_up(Stop.QUARANTINE, event.why)
@@ -262,11 +261,9 @@ class Supervisor:
         self.rendezvous.watch(rnd, self.post, self.report)
         self._held = (rnd, self.clock() + delay)
         self.waiting = f"backoff: restarting in {delay:g} s"
-        log.info(
-            f"restarting in {delay:g} s: {self.governor.history.quick_streak} quick failures in a row "
-            "(--restart_policy quick, backoff, backoff_max)"
-        )
-        self.emit("backoff", delay=delay, quick_failures=self.governor.history.quick_streak)
+        streak = self.governor.history.quick_streak
+        log.info(f"restarting in {delay:g} s: {streak} quick failures in a row (--restart_policy backoff)")
+        self.emit("backoff", delay=delay, quick_failures=streak)
 
     def give_up(self, why: Stop, line: str) -> None:
         """The restart policy stops the job on this node: one line, one event, FAILED with its code."""
@@ -552,7 +549,7 @@ class Supervisor:
             code = self.stopped_by.exit_code
         elif self.verdict is not None and self.verdict.code:  # the policy of the node that closed the job
             code = self.verdict.code
-        elif self.budget_spent and self.config.max_restarts:  # varied failures: a requeue may well pass
+        elif self.requeue:
             code = ExitCode.REQUEUE
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause

@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import from_flags
-from launcher.errors import ConfigError
+from launcher.errors import (
+    ConfigError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+    RestartBudgetExhausted,
+)
 from launcher.exitcodes import ExitCode, passed_through
-from launcher.policy import History, RestartPolicy, Signature, Stop, parse_policy
+from launcher.policy import History, RestartPolicy, Signature, Stop, parse_policy, requeue_after
 
 NAN = Signature(rank=1, returncode=1, error="RuntimeError: loss is NaN", step=700)
 
@@ -124,3 +130,16 @@ def test_bad_policy_values_name_the_fix(restart, quarantine, message):
 
 def test_a_worker_code_never_passes_through_as_a_policy_code():
     assert [passed_through(c) for c in (3, 69, 70, 75, 125, 126, -11, 0)] == [3, 1, 1, 1, 125, 1, 1, 1]
+
+
+def test_what_a_requeue_may_cure():
+    spent = RestartBudgetExhausted("no restarts left (--max_restarts 3)")
+    closed_with_verdict = RendezvousClosedError("the job was closed: restart budget spent", verdict=object())
+    lost = RendezvousClosedError("the job was closed: node with group rank 1 died; 1 node(s) left, fewer than 2")
+    timeout = RendezvousTimeoutError("no round formed within 600 s (join_timeout)")
+    assert requeue_after(spent, ran=True, budget=3) and requeue_after(closed_with_verdict, ran=True, budget=3)
+    assert not requeue_after(spent, ran=True, budget=0)  # one failure seen: the worker's own code passes through
+    assert requeue_after(lost, ran=True, budget=0) and requeue_after(timeout, ran=True, budget=0)  # nodes lost
+    assert not requeue_after(lost, ran=False, budget=3)  # never ran (a spare, a late node): not this rule's
+    assert not requeue_after(timeout, ran=False, budget=3)  # the job never formed: a typo in the endpoint?
+    assert not requeue_after(RendezvousConnectionError("cannot reach etcd"), ran=True, budget=3)
