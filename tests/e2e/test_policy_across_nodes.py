@@ -64,11 +64,15 @@ def test_a_node_failing_its_health_check_is_quarantined_named_and_refused_again(
 
 
 @pytest.mark.timeout(120)
-def test_a_deterministic_failure_ends_the_job_on_every_node_with_exit_70(cluster):
-    port = free_port()
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_a_deterministic_failure_ends_the_job_on_every_node_with_exit_70(cluster, backend, request):
+    if backend == "c10d":
+        flags = c10d(free_port(), "2", "--max_restarts", "5")
+    else:
+        flags = job_flags(request.getfixturevalue("etcd").endpoint, "2", "--max_restarts", "5", run_id="stop70")
     agents = [
         cluster.start(
-            *c10d(port, "2", "--max_restarts", "5"), worker("raise_rank.py"),
+            *flags, worker("raise_rank.py"),
             env={"FAIL_RANK": "1", "FAIL_AFTER": "0.2", "SLEEP": "60"},
         )
         for _ in range(2)
