@@ -5,6 +5,7 @@ and a fake NVML. Nothing sleeps; the backoff is watched on the fake clock."""
 from __future__ import annotations
 
 import json
+import signal
 
 from test_health_gate import FakeGpu, FakeNvml
 from test_supervisor_loop import Rig
@@ -15,6 +16,7 @@ from launcher.health import HealthGate
 from launcher.quarantine import QuarantineBook, make_record
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.rendezvous.records import decode_verdict, encode_verdict
+from launcher.signals import SignalReceived
 from launcher.spec import GroupState, Verdict
 from launcher.summary import summary_lines
 
@@ -259,3 +261,27 @@ def test_a_job_closed_by_another_nodes_policy_exits_with_its_code(tmp_path):
 def test_the_verdict_carries_the_jobs_code_through_the_store():
     v = Verdict("h2", "h2:9", 3, 1, 1, 1, "RuntimeError: loss is NaN", "/logs/x", code=70)
     assert decode_verdict(encode_verdict(v)) == v
+
+
+def test_a_signal_during_the_backoff_ends_the_job_at_once(tmp_path):
+    rig = Rig(tmp_path, nproc=1, max_restarts=5, restart_policy="backoff=30", quarantine="window=0")
+    rig.start()
+    fail(rig.spawn.procs[0])
+    rig.running(2)
+    fail(rig.spawn.procs[1])
+    rig.turn(lambda: "backoff" in rig.kinds(), "a backoff")
+    rig.sup.post(SignalReceived(signal.SIGTERM))
+    failed(rig)
+    assert rig.sup.result().exit_code == 143 and len(rig.spawn.procs) == 2  # no worker started after it
+
+
+def test_malformed_quarantine_records_are_ignored_with_a_warning(caplog):
+    store = DictStore()
+    book(store).add(make_record("good", "health check failed: x", 600))
+    store.data["quarantine"] = b"3"
+    store.data["quarantine2"] = b"{not json"
+    store.data["quarantine3"] = json.dumps({"host": "h", "why": "w", "at": "soon", "until": 1}).encode()
+    assert [r.host for r in book(store).all()] == ["good"]
+    assert caplog.text.count("malformed quarantine record") == 2
+    record = make_record("h", "first line\nsecond line \x1b[31m", 600)
+    assert record.why == "first line"  # one printable line, bounded
