@@ -71,14 +71,14 @@ class Governor:
         return self.history.round_ended(ended.ran, ended.failed, max(steps) if steps else None, signature)
 
     def admit(self, previous_pids: Collection[int] = ()) -> str:
-        """ "" when this node may join the next round; else one line why not (it is quarantined)."""
+        """Whether this node may join the next round: "" if so, else one line why not (it is quarantined)."""
         book = self._book()
         if book is not None:
             try:
                 now = self.wall()
                 active = [r for r in book.all() if r.active(now)]
             except Exception as e:  # the store is the rendezvous's to judge; joining will say
-                log.debug("reading the job's quarantine records failed: %s", e)
+                log.debug("reading the job's quarantine records failed: %s", e, exc_info=True)
                 active = []
             self.known = tuple(dict.fromkeys(f"{r.host} ({r.why})" for r in active))
             mine = [r for r in active if r.host == self.host]
@@ -86,7 +86,7 @@ class Governor:
             if record is not None:
                 if self.note:
                     note_host(*self.note)
-                return f"host {record.line()}; not rejoining before the cooldown ends"
+                return record.left(now)
         if self.gate is None:
             return ""
         problem = self.gate.check(previous_pids)

@@ -37,9 +37,9 @@ class Quarantine:
     def active(self, now: float) -> bool:
         return self.at <= now < self.until
 
-    def line(self) -> str:
-        left = max(0, round(self.until - time.time()))
-        return f"{self.host} is quarantined ({left} s of cooldown left): {self.why}"
+    def left(self, now: float) -> str:
+        """What is left of its cooldown, and why: the line a node refused on this host says."""
+        return f"{max(0, round(self.until - now))} s of its cooldown left, for: {self.why}"
 
 
 class Records(Protocol):
@@ -70,12 +70,6 @@ class QuarantineBook:
         first = max(1, n - MAX_RECORDS + 1)
         values = self.store.multi_get([self.record_key(i) for i in range(first, n + 1)])
         return [r for r in (decode(v) for v in values if v) if r is not None]
-
-    def active(self, host: str, now: float | None = None) -> Quarantine | None:
-        """The latest record for `host` whose cooldown runs at `now`, if any."""
-        now = time.time() if now is None else now
-        mine = [r for r in self.all() if r.host == host and r.active(now)]
-        return max(mine, key=lambda r: r.until) if mine else None
 
 
 def note_host(path: str, name: str) -> None:
