@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from .env import AGENT_ID_VAR
 from .health import HealthGate
 from .net import hostname
 from .policy import Decision, History, RestartPolicy, Signature
@@ -95,6 +96,11 @@ class Governor:
             return f"health check failed: {problem}"
         return ""
 
+    def close(self) -> None:
+        """The agent is leaving: a health check still running is killed."""
+        if self.gate is not None:
+            self.gate.cancel()
+
     def quarantine(self, why: str) -> None:
         """Record this host in the job's store for the cooldown, and name it in the scheduler's file."""
         if self.note:
@@ -119,8 +125,12 @@ def note_from(path: str | None, environ: Mapping[str, str]) -> tuple[str, str] |
     return (path, node_name(environ)) if path else None
 
 
-def gate_from(command: str | None, timeout: float, gpus: Sequence[str], environ: dict[str, str]) -> HealthGate:
-    """The node's gate: the command, and the GPUs its workers use (--gpus, else CUDA_VISIBLE_DEVICES)."""
+def gate_from(
+    command: str | None, timeout: float, gpus: Sequence[str], environ: Mapping[str, str], agent_id: str = ""
+) -> HealthGate:
+    """The node's gate: the command (marked as this agent's, like its workers), and the GPUs its
+    workers use (--gpus, else CUDA_VISIBLE_DEVICES)."""
     visible = environ.get("CUDA_VISIBLE_DEVICES", "")
     ids = tuple(gpus) or tuple(v.strip() for v in visible.split(",") if v.strip() and not v.strip().startswith("-"))
-    return HealthGate(command, timeout=timeout, gpus=ids)
+    env = {**environ, AGENT_ID_VAR: agent_id} if agent_id else None
+    return HealthGate(command, timeout=timeout, gpus=ids, env=env)

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,11 @@ class HealthGate:
         memory_wait: float = MEMORY_WAIT,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        env: Mapping[str, str] | None = None,
     ):
         self.command = command
+        self.env = env  # the command's environment (with the agent's marker: its guard kills it if the agent dies)
+        self._running: subprocess.Popen | None = None
         self.timeout = timeout
         self.gpus = tuple(gpus)  # the ids or UUIDs this node's workers use; () = every GPU NVML lists
         self._load_nvml = nvml
@@ -70,7 +73,16 @@ class HealthGate:
             problem = gpu_problem(nvml, self.gpus, previous_pids, self.memory_wait, self.clock, self.sleep)
             if problem:
                 return problem
-        return run_command(self.command, self.timeout) if self.command else ""
+        return run_command(self.command, self.timeout, self.env, self._track) if self.command else ""
+
+    def cancel(self) -> None:
+        """Kill a check still running (the agent is leaving): no health check outlives its agent."""
+        proc = self._running
+        if proc is not None and proc.poll() is None:
+            _kill_session(proc)
+
+    def _track(self, proc: subprocess.Popen | None) -> None:
+        self._running = proc
 
     def nvml(self) -> Any | None:
         if not self._loaded:
@@ -78,8 +90,14 @@ class HealthGate:
         return self._nvml
 
 
-def run_command(command: str, timeout: float) -> str:
-    """Run `command` with /bin/sh in its own session; "" on exit 0, else why (its last output line)."""
+def run_command(
+    command: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    track: Callable[[subprocess.Popen | None], None] = lambda proc: None,
+) -> str:
+    """Run `command` with /bin/sh in its own session; "" on exit 0, else why (its last output line).
+    `track` is told the process while it runs (None after), so that it can be cancelled."""
     try:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -87,25 +105,33 @@ def run_command(command: str, timeout: float) -> str:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     except OSError as e:
         return f"--health_check {command!r} cannot start: {e.strerror or e}"
+    track(proc)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # Its own session: the whole tree goes, not just the shell.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _kill_session(proc)
         proc.communicate()
         return f"--health_check {command!r} did not finish within {timeout:g} s"
+    finally:
+        track(None)
     if proc.returncode == 0:
         return ""
     lines = [line.strip() for line in out.decode(errors="replace").splitlines() if line.strip()]
     said = f": {lines[-1][:OUTPUT_LIMIT]}" if lines else ""
     how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
     return f"--health_check {command!r} {how}{said}"
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    # Its own session: the whole tree goes, not just the shell.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def gpu_problem(

@@ -73,7 +73,7 @@ def run(config: LaunchConfig) -> int:
             note=note_from(config.quarantine_file, os.environ),
             book=rendezvous.quarantine_book,
             multi_node=config.multi_node,
-            gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ),
+            gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, os.environ, agent_id),
         )
         supervisor = Supervisor(
             config,
@@ -100,6 +100,7 @@ def run(config: LaunchConfig) -> int:
                 logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
                 logs.close()
                 starter.close()
+                governor.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
         if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)

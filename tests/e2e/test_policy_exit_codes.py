@@ -4,9 +4,11 @@ real workers (tests/workers/policy_worker.py) that fail as told, the events file
 from __future__ import annotations
 
 import json
+import signal
 
+import psutil
 from support.paths import worker
-from support.processes import wait_gone
+from support.processes import procs_with_token, wait_for, wait_gone
 
 FAST = ["--standalone", "--nproc_per_node", "1", "--monitor_interval", "0.05"]
 
@@ -97,3 +99,21 @@ def test_bad_policy_flags_are_one_line_and_exit_2(launch):
     r = launch.run(*FAST, "--restart_policy", "backof=1", worker("policy_worker.py"), timeout=30)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--restart_policy key 'backof' is unknown" in r.stderr
+
+
+def test_a_signal_during_a_long_health_check_leaves_nothing_behind(launch):
+    p = launch.start(*FAST, "--health_check", "sleep 60", "--health_check_timeout", "120", worker("policy_worker.py"))
+
+    def checking() -> bool:
+        for pid in procs_with_token(launch.token):
+            try:
+                if psutil.Process(pid).cmdline()[:1] in (["sleep"], ["/bin/sh"]):
+                    return True
+            except psutil.Error:  # gone meanwhile
+                pass
+        return False
+
+    wait_for(checking, what="the health check running", proc=p)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 143, p.stderr.read()
+    assert wait_gone(launch.token) == []  # the check was killed with its agent
