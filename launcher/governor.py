@@ -11,14 +11,20 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .env import AGENT_ID_VAR
 from .health import HealthGate
 from .net import hostname
 from .policy import Decision, History, RestartPolicy, Signature
 from .quarantine import QuarantineBook, make_record, note_host
+from .rendezvous.keys import Keys
+from .rendezvous.store import Store
 from .spec import Failure
 from .summary import read_error_file
+
+if TYPE_CHECKING:
+    from .config import LaunchConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,22 @@ class Governor:
             self.known += (f"{self.host} ({why})",)
         except Exception:  # the exit code and the line still say it
             log.warning("could not record the quarantine in the job's store", exc_info=True)
+
+
+def governor_for(config: LaunchConfig, store: Store | None, agent_id: str, environ: Mapping[str, str]) -> Governor:
+    """This node's governor: the job's policy, its health gate, and the job's quarantine records in
+    `store` (the rendezvous' shared store; None: no records, only the exit code and the line)."""
+    keys = Keys(config.run_id)
+    book = QuarantineBook(store, keys.quarantined, keys.quarantine) if store is not None else None
+    return Governor(
+        config.restart_policy,
+        node_name(environ),
+        agent_id,
+        multi_node=config.multi_node,
+        gate=gate_from(config.health_check, config.health_check_timeout, config.gpus, environ, agent_id),
+        book=lambda: book,
+        note=note_from(config.quarantine_file, environ),
+    )
 
 
 def node_name(environ: Mapping[str, str]) -> str:

@@ -15,6 +15,7 @@ from . import process
 from .governor import Ended
 from .logs import Console, LogRouter, Stream
 from .oom import oom_reason
+from .reports import WorkerReport
 from .spec import Exit, Failure, Round, Verdict, Worker, WorkerState
 from .summary import read_error_file
 
@@ -99,20 +100,20 @@ class Member:
             "straggler": self.straggler,
         }
 
-    def report(self, restarts: int, now: float) -> dict:
-        """Its row in `launcher status`."""
+    def report(self, restarts: int, now: float) -> WorkerReport:
+        """Its row in `launcher status`, on the job board."""
         step, rate = self.step_rate(now)
-        return {
-            "rank": self.worker.rank,
-            "local_rank": self.worker.local_rank,
-            "pid": self.proc.pid,
-            "state": self.state.value,
-            "restarts": restarts,
-            "progress_age": round(self.idle(now), 1),
-            "step": step,
-            "rate": rate,
-            "straggler": self.straggler,
-        }
+        return WorkerReport(
+            rank=self.worker.rank,
+            local_rank=self.worker.local_rank,
+            pid=self.proc.pid,
+            state=self.state.value,
+            restarts=restarts,
+            progress_age=round(self.idle(now), 1),
+            step=step,
+            rate=rate,
+            straggler=self.straggler,
+        )
 
 
 def route(
@@ -122,16 +123,17 @@ def route(
     prefix: str,
     folder: str,
     where: Callable[[str], tuple[bool, bool]],
+    rank: int,
 ) -> tuple[list[Stream], tuple[str, ...]]:
-    """Hand the worker's pipes to the log pump: to the console and/or `folder/<stream>.log`, as
-    `where(stream)` says (logs.destinations). Returns the streams and the log files."""
+    """Hand the worker's pipes (global `rank`) to the log pump: to the console and/or
+    `folder/<stream>.log`, as `where(stream)` says (logs.destinations). Returns the streams and the log files."""
     streams, files = [], []
     for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
         if pipe is None:
             continue
         to_console, to_file = where(name)
         path = os.path.join(folder, f"{name}.log") if to_file else None
-        streams.append(logs.add(pipe, prefix, console.stream(name) if to_console else None, path))
+        streams.append(logs.add(pipe, prefix, console.stream(name) if to_console else None, path, rank=rank))
         files += [path] if path else []
     return streams, tuple(files)
 

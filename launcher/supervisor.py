@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from . import net, process
+from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
@@ -34,9 +35,11 @@ from .logs import Console, LogRouter, destinations, prefix_for
 from .members import Member, ended_round, route, verdict_of
 from .oom import oom_kills
 from .policy import Stop, requeue_after
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .reports import NodeReport
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
+from .stragglers import Flagged
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
@@ -102,6 +105,7 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        monitor: Monitor | None = None,
         governor: Governor | None = None,
     ):
         self.config = config
@@ -117,6 +121,7 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.monitor = monitor  # the job board: this node's reports, and the straggler judge
         self.governor = governor or Governor(
             config.restart_policy, self.host, self.agent_id, multi_node=config.multi_node
         )
@@ -221,7 +226,7 @@ class Supervisor:
             self.begin_round(Cause.MEMBERSHIP)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
-        elif isinstance(event, Stragglers):
+        elif isinstance(event, Flagged):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
@@ -231,8 +236,9 @@ class Supervisor:
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
+            why = "closed" if event.closed else None  # the job ends: no new round will come
             self._peer_failed = event.failed
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP, reason=why)
 
     # ------------------------------------------------------------------ verbs
 
@@ -258,7 +264,7 @@ class Supervisor:
     def hold(self, rnd: Round) -> None:
         """Backoff: take the formed round (heartbeating), start its workers `_delay` s from now."""
         delay, self._delay = self._delay, 0.0
-        self.rendezvous.watch(rnd, self.post, self.report)
+        self._watch(rnd)
         self._held = (rnd, self.clock() + delay)
         self.waiting = f"backoff: restarting in {delay:g} s"
         streak = self.governor.history.quick_streak
@@ -282,14 +288,15 @@ class Supervisor:
         previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
+            n = self.config.nproc_per_node
             log.info(
                 f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
-                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}"
+                f"starting {n} worker{'' if n == 1 else 's'}, world size {rnd.world_size}"
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
         if not watched:
-            self.rendezvous.watch(rnd, self.post, self.report)
+            self._watch(rnd)
         self._peer_failed = False
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
@@ -322,7 +329,7 @@ class Supervisor:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
             prefix = prefix_for(self.config, worker, self.host, self.environ)
             where = functools.partial(destinations, self.config, worker.local_rank)
-            streams, files = route(proc, self.logs, self.console, prefix, folder, where)
+            streams, files = route(proc, self.logs, self.console, prefix, folder, where, worker.rank)
             self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
                 "spawn",
@@ -382,16 +389,21 @@ class Supervisor:
                 (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
             )
             log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
+            # The rendezvous still hears of the failure (it closes the job with its root cause), but
+            # with the budget spent the events file says the stop ends the job, not that it restarts.
+            spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
+            why = Then.FAIL.value if spent else None
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART, reason=why)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
-        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds.
+        `reason` is the events file's word for the stop when it is not `then`'s (the job ends)."""
         self.stop = _Stop(then, self.clock() + grace, signum, begun=self.clock())
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=reason or then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -431,7 +443,7 @@ class Supervisor:
         else:
             self._set_state(GroupState.FAILED)
 
-    def flag_stragglers(self, event: Stragglers) -> None:
+    def flag_stragglers(self, event: Flagged) -> None:
         """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
         c = self.config
         for m in self.members:
@@ -442,9 +454,9 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below "
-                    f"{c.straggler_threshold:g} of the job's median {event.median:.2f} for {c.straggler_period:g} s "
-                    "(--straggler_threshold)"
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, "
+                    f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
+                    f"for {c.straggler_period:g} s (--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
@@ -495,6 +507,11 @@ class Supervisor:
         if first:
             self.exit_signal = signum
         if self.state is GroupState.RENDEZVOUS:
+            if first:
+                name = signal.Signals(signum).name
+                log.info(
+                    f"got {name} while waiting for the rendezvous to form a round; stopped (no worker was running)"
+                )
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
             log.info(
@@ -521,8 +538,8 @@ class Supervisor:
             waiting=waiting,
         )
 
-    def report(self) -> dict | None:
-        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+    def report(self) -> NodeReport | None:
+        """This node as `launcher status` shows it (published by the job board's monitor every few
         seconds, from its thread): the group, and each worker's state, progress and step rate.
         None while the round's workers are still being started."""
         if self.state is GroupState.RENDEZVOUS:
@@ -530,14 +547,14 @@ class Supervisor:
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
         workers = [m.report(restarts, self.clock()) for m in list(self.members)]
-        return {
-            "host": self.host,
-            "state": self.state.value,
-            "round": rnd.round if rnd else 0,
-            "restarts": restarts,
-            "max_restarts": self.config.max_restarts,
-            "workers": workers,
-        }
+        return NodeReport(
+            host=self.host,
+            state=self.state.value,
+            round=rnd.round if rnd else 0,
+            restarts=restarts,
+            max_restarts=self.config.max_restarts,
+            workers=tuple(workers),
+        )
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
@@ -576,6 +593,12 @@ class Supervisor:
         """This node's root cause, as the rendezvous publishes it should it close the job."""
         root = RunResult(self.state, 0, tuple(self.failures)).root_cause
         return verdict_of(root) if root else None
+
+    def _watch(self, rnd: Round) -> None:
+        """Heartbeat from now on (the rendezvous), and report this node on the job board."""
+        self.rendezvous.watch(rnd, self.post)
+        if self.monitor is not None:
+            self.monitor.begin(rnd, self.report, self.post)
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:

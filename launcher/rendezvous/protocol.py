@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from ..board import Board
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -31,10 +30,8 @@ from ..errors import (
     RendezvousTimeoutError,
     RestartBudgetExhausted,
 )
-from ..quarantine import QuarantineBook
 from ..spec import Round, Verdict
-from ..stragglers import Judge
-from .api import Cause, MembershipChanged
+from .api import Cause, MembershipChanged, budget_spent
 from .keys import Keys
 from .records import (
     LEFT_OUT,
@@ -48,6 +45,7 @@ from .records import (
     encode_plan,
     encode_verdict,
     parse_count,
+    printable,
     sealed_members,
     token_check,
     token_refusal,
@@ -76,7 +74,6 @@ class ElasticRendezvous:
         port_picker: Callable[[], int],
         is_host: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        judge: Judge | None = None,
     ):
         self.store = store
         self.node = node
@@ -97,7 +94,6 @@ class ElasticRendezvous:
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
         self._on_wait: Callable[[str], None] | None = None
-        self.board = Board(self.keys, node.node_id, clock, judge)  # snapshots and stragglers
 
     # ------------------------------------------------------------------ the handler interface
 
@@ -128,12 +124,8 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(
-        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
-    ) -> None:
-        """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
-        MembershipChanged when the round ends."""
-        self.board.start(report)
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """Watch `rnd` on a thread of its own (`watch.RoundWatch`): post MembershipChanged when it ends."""
         self._stop_watch = stop = threading.Event()
         watch = RoundWatch(
             self.store,
@@ -146,10 +138,13 @@ class ElasticRendezvous:
             ended=self._changed,
             died=self._neighbour_died,
             tidy=self._forget,
-            tick=lambda st: self.board.publish(st, rnd, post),
         )
         self._watcher = threading.Thread(target=watch.run, args=(stop, post), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
+
+    def shared_store(self) -> Store:
+        """The job's store (the job board keeps its records there too)."""
+        return self.store
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
@@ -158,7 +153,6 @@ class ElasticRendezvous:
         if rnd is None:
             return
         try:
-            self.board.publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self.keys.done(r, g), b"1")
@@ -198,9 +192,6 @@ class ElasticRendezvous:
             self._ack()
         except Exception:  # the exit code and the line still say it here; the others time out
             log.warning("could not close the job in the rendezvous store", exc_info=True)
-
-    def quarantine_book(self) -> QuarantineBook:
-        return QuarantineBook(self.store, self.keys.quarantined, self.keys.quarantine)
 
     # ------------------------------------------------------------------ joining
 
@@ -416,8 +407,7 @@ class ElasticRendezvous:
         raw = encode_verdict(replace(verdict, node=self.node.node_id)) if verdict is not None else None
         if raw is not None:  # the others say why their round ended, restart or not
             self.store.set(self.keys.cause(r), raw)
-        used = self.store.add(self.keys.restarts, 1)
-        if used > self.node.max_restarts:
+        if budget_spent(self.store.add(self.keys.restarts, 1), self.node.max_restarts):
             if raw is not None:
                 self.store.compare_set(self.keys.verdict, b"", raw)
             reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
@@ -428,7 +418,7 @@ class ElasticRendezvous:
     def _why_changed(self, st: Store, r: int) -> str:
         """Round r's `change` reason; when it is gone (the other nodes finished and the last one out
         cleared the job's keys while this node was frozen), say so."""
-        reason = (st.get(self.keys.change(r)) or b"").decode(errors="replace")
+        reason = printable(st.get(self.keys.change(r)) or b"")
         return reason or f"round {r} ended while this node was away; the other nodes have left it"
 
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
@@ -452,7 +442,7 @@ class ElasticRendezvous:
         try:
             cast(DeletingStore, st).delete(
                 [key(o, k) for o, k, g in old for key in (self.keys.node, self.keys.plan, *held)]
-                + [key(o, g) for o, k, g in old for key in (self.keys.hb, self.keys.snap)]
+                + [self.keys.hb(o, g) for o, k, g in old]
             )
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)
@@ -585,9 +575,7 @@ class ElasticRendezvous:
                 verdict = decode_verdict(raw)
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
-        self._seen_closed = RendezvousClosedError(
-            f"the job was closed: {reason[:300].decode(errors='replace')}", verdict
-        )
+        self._seen_closed = RendezvousClosedError(f"the job was closed: {printable(reason)}", verdict)
         try:
             self._ack(st)
         except Exception:  # the host may be gone already: it waits for nobody then

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..spec import Round
 from .api import MembershipChanged
 from .keys import Keys
@@ -39,7 +40,6 @@ class RoundWatch:
     ended: Callable[[Store, int], MembershipChanged]  # round r ended: what to post
     died: Callable[[Store, int, int, int, str], None]  # (store, r, n, neighbour's group rank, how) it died
     tidy: Callable[[Store, int], None] = lambda st, r: None  # before watching: delete old rounds' keys
-    tick: Callable[[Store], None] = lambda st: None  # once per interval, beside the heartbeat
 
     def run(self, stop: threading.Event, post: Callable[[object], None]) -> None:
         """Watch until the round ends, `stop` is set, or the store is lost (posted as a membership change)."""
@@ -52,6 +52,11 @@ class RoundWatch:
         try:
             self.tidy(st, self.rnd.round)
             self._loop(st, stop, post)
+        except RendezvousError as e:
+            log.debug("the watcher stopped on the store's answer", exc_info=True)
+            if not stop.is_set():
+                lost = isinstance(e, RendezvousConnectionError)
+                post(MembershipChanged(f"lost the rendezvous store: {e}" if lost else str(e)))
         except Exception as e:
             log.debug("the watcher lost the store", exc_info=True)
             if not stop.is_set():
@@ -71,7 +76,6 @@ class RoundWatch:
         while not stop.is_set():
             if beats:
                 st.add(k.hb(r, g), 1)
-            self.tick(st)
             if alive is None and beats:
                 what = Change.CHANGED if st.wait([change], self.interval) else None
             else:  # the same wait, cut short when the neighbour's alive key vanishes
