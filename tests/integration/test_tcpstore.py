@@ -25,6 +25,7 @@ import pytest
 from support.paths import ROOT, worker
 from support.ports import free_port
 from support.processes import wait_for
+from support.tcpstore import waiting_on
 
 from launcher.rendezvous.tcpstore import (
     CHANGED,
@@ -205,7 +206,7 @@ time.sleep(60)
             target=lambda: got.append((watcher.wait_change(k + "change", k + "alive", 10), time.monotonic()))
         )
         t.start()
-        time.sleep(0.2)
+        wait_for(lambda: waiting_on(ours, k + "alive"), what="the watcher's wait to arrive")
         t0 = time.monotonic()
         holder.kill()
         t.join(10)
