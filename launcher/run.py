@@ -110,7 +110,7 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
     if config.preload_modules is None:
         return process.Spawner()
     from .env import zygote_env
-    from .zygote import Preloaded
+    from .zygote.client import Preloaded
 
     return Preloaded(
         config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)

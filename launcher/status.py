@@ -1,7 +1,7 @@
 """`launcher status`: the job as it stands, read from its rendezvous store. Read-only: it never joins
 and never writes a key (a counter is read with `get` first, so a TCPStore `add(key, 0)` never creates
 one). Each running node publishes its snapshot under `r<round>/snap<group rank>` every
-`protocol.SNAPSHOT_EVERY` seconds; this reads one key per node.
+`board.SNAPSHOT_EVERY` seconds; this reads one key per node.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import asdict
 
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
-from .rendezvous.protocol import Store, decode_verdict, parse_count, read_snapshot, sealed_members, token_check
+from .rendezvous.records import decode_verdict, parse_count, read_snapshot, sealed_members, token_check
+from .rendezvous.store import Store
 
 
 def open_store(config: StatusConfig) -> Store:
@@ -21,7 +22,7 @@ def open_store(config: StatusConfig) -> Store:
         from .rendezvous.c10d import TCPStoreAdapter
 
         return TCPStoreAdapter(settings.host, settings.port, 5.0, connect_timeout=5.0)  # type: ignore[union-attr]
-    from .rendezvous.etcd import EtcdStore
+    from .rendezvous.etcd.store import EtcdStore
 
     return EtcdStore(settings.cluster, None, retry_for=5.0)  # type: ignore[union-attr]
 
@@ -35,7 +36,8 @@ def read_status(store: Store, config: StatusConfig) -> dict:
         return {**job, "state": "absent", "nodes": []}
     if token != token_check(config.join_token, config.rdzv_id):
         raise ConfigError(
-            f"wrong join token for job {config.rdzv_id!r}: set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
+            f"wrong join token for job {config.rdzv_id!r}: "
+            "set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
         )
 
     def count(key: str) -> int:

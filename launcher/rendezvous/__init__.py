@@ -9,16 +9,16 @@ The backends import `api`, `protocol` and their settings, never this table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple
 
 from .api import Cause, JobParams, RendezvousHandler
-from .etcd_settings import EtcdSettings, parse_etcd
+from .etcd.settings import EtcdSettings, parse_etcd
 from .settings import C10dSettings, Flags, LocalSettings, StaticSettings, parse_c10d, parse_local, parse_static
 
 if TYPE_CHECKING:
     from ..config import LaunchConfig
 
-Settings = Union[LocalSettings, StaticSettings, C10dSettings, EtcdSettings]
+Settings = LocalSettings | StaticSettings | C10dSettings | EtcdSettings
 
 
 class Backend(NamedTuple):
@@ -39,7 +39,7 @@ def _c10d(settings, job: JobParams) -> RendezvousHandler:
 
 
 def _etcd(settings, job: JobParams) -> RendezvousHandler:
-    from .etcd import EtcdRendezvous
+    from .etcd.backend import EtcdRendezvous
 
     return EtcdRendezvous(settings, job)
 

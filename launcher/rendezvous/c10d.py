@@ -1,6 +1,6 @@
 """The c10d backend: the protocol on a TCPStore, spoken by our own pure-Python client and server.
 
-`tcpstore.py` speaks torch's TCPStore wire protocol, so the agent never imports torch: a torch
+`launcher/tcpstore/` speaks torch's TCPStore wire protocol, so the agent never imports torch: a torch
 TCPStore server can host the store, and torch clients can use ours. The store binds exactly the
 address it was given (torch binds the wildcard). Who hosts: `--rdzv_conf is_host=` when given, else
 the node whose own address is the endpoint's (checked by binding it, which is what counts).
@@ -28,10 +28,12 @@ from collections.abc import Callable, Sequence
 from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
 from ..stragglers import Judge
+from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 from .api import JobParams
-from .protocol import Capability, Change, ElasticRendezvous, Node
+from .protocol import ElasticRendezvous
+from .records import Node
 from .settings import C10dSettings
-from .tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
+from .store import Capability, Change
 
 PREFIX = "launcher/"
 

@@ -214,7 +214,9 @@ def test_killed_agent_lease_expires_and_survivors_reform(launch, etcd):
 @needs_etcd
 @pytest.mark.timeout(30)
 def test_a_lost_lease_is_taken_again_with_its_keys(etcd):
-    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease
+    from launcher.rendezvous.etcd.lease import Lease
+    from launcher.rendezvous.etcd.settings import EtcdOptions
+    from launcher.rendezvous.etcd.store import EtcdStore
 
     opts = EtcdOptions(endpoints=(("127.0.0.1", etcd.client_port),))
     lease = Lease(opts, ttl=2, interval=0.2)
@@ -239,7 +241,9 @@ def test_a_lost_lease_is_taken_again_with_its_keys(etcd):
 @needs_etcd
 @pytest.mark.timeout(30)
 def test_only_an_agent_that_finds_nobody_signed_in_sweeps_and_wait_get_returns_the_value(etcd):
-    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease
+    from launcher.rendezvous.etcd.lease import Lease
+    from launcher.rendezvous.etcd.settings import EtcdOptions
+    from launcher.rendezvous.etcd.store import EtcdStore
 
     opts = EtcdOptions(endpoints=(("127.0.0.1", etcd.client_port),))
     c = client(etcd)

@@ -13,7 +13,8 @@ from support.rendezvous import agents, client
 
 from launcher.errors import LauncherError, RendezvousError
 from launcher.rendezvous.api import Cause
-from launcher.rendezvous.protocol import MAX_VALUE, ElasticRendezvous
+from launcher.rendezvous.protocol import ElasticRendezvous
+from launcher.rendezvous.records import MAX_VALUE
 from launcher.spec import Round
 
 

@@ -1,4 +1,4 @@
-"""The pure-Python TCPStore (launcher/rendezvous/tcpstore.py) against itself and against torch's:
+"""The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's:
 op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
 client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
 binding, many connections, the c10d agent that no longer imports torch, and agents meeting on a
@@ -27,7 +27,7 @@ from support.ports import free_port
 from support.processes import wait_for
 from support.tcpstore import waiting_on
 
-from launcher.rendezvous.tcpstore import (
+from launcher.tcpstore import (
     CHANGED,
     GONE,
     MAGIC,
@@ -187,7 +187,7 @@ def test_a_killed_holder_is_gone_at_connection_speed(ours):
             "-c",
             f"""
 import sys, time
-from launcher.rendezvous.tcpstore import StoreClient
+from launcher.tcpstore import StoreClient
 a, b = (StoreClient("127.0.0.1", {ours.port}, timeout=5, session=99) for _ in range(2))
 a.hold("{k}alive", b"1")
 print(a.extended and b.extended, flush=True)
@@ -221,7 +221,7 @@ time.sleep(60)
 
 def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(torch_server):
     from launcher.rendezvous.c10d import TCPStoreAdapter
-    from launcher.rendezvous.protocol import Capability
+    from launcher.rendezvous.store import Capability
 
     k = fresh()
     c = StoreClient("127.0.0.1", torch_server[1], timeout=5, session=3)
@@ -238,7 +238,7 @@ def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(
 
 def test_our_adapter_on_our_server_declares_crash():
     from launcher.rendezvous.c10d import TCPStoreAdapter, serve
-    from launcher.rendezvous.protocol import Capability, Change
+    from launcher.rendezvous.store import Capability, Change
 
     server = serve("127.0.0.1", 0)
     try:
@@ -727,7 +727,7 @@ def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
     )  # -X importtime: the agent only, not its workers
     assert r.returncode == 0, r.stderr[-3000:]
     imported = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
-    assert "launcher.rendezvous.tcpstore" in imported
+    assert "launcher.tcpstore.client" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
 
 

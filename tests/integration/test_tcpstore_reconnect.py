@@ -1,4 +1,4 @@
-"""Store clients that reconnect (tcpstore.py, extension 2), with real sockets: a relay between
+"""Store clients that reconnect (launcher/tcpstore/client.py, extension 2), with real sockets: a relay between
 client and server whose connections a test cuts (FIN or RST), stalls or breaks mid-request; the
 server's grace for a session's held keys (an injected clock); ADD_ONCE counted once; a restarted
 store told apart from the one the session began on; a store that is gone still an error at once.
@@ -21,7 +21,7 @@ from support.processes import wait_for
 from support.relay import Relay
 from support.tcpstore import waiting_on
 
-from launcher.rendezvous.tcpstore import (
+from launcher.tcpstore import (
     CHANGED,
     GONE,
     MAGIC,
@@ -93,7 +93,7 @@ def test_a_cut_connection_comes_back_in_its_session_and_its_held_key_stays(serve
     waiting = in_thread(lambda: holder.wait([k + "go"], 10))  # as an agent's watcher: always in a wait
     watching = in_thread(lambda: watcher.wait_change(k + "change", k + "alive", 1.5))
     wait_for(lambda: waiting_on(server, k + "go") and waiting_on(server, k + "alive"), what="both waits to arrive")
-    with caplog.at_level(logging.INFO, logger="launcher.rendezvous.tcpstore"):
+    with caplog.at_level(logging.INFO, logger="launcher.tcpstore.client"):
         assert relay.cut(rst=rst) == 1
         wait_for(lambda: relay.accepted == 2, timeout=5, what="the holder to reconnect")
         wait_for(lambda: watching, timeout=5, what="the watcher's wait to end")
@@ -182,7 +182,7 @@ def test_an_idle_connection_found_closed_is_reopened_before_the_request_goes(cli
     relay.cut()
     watcher.close()
     wait_for(lambda: not probe.check([k + "alive"]), timeout=5, what="the session to end")
-    with caplog.at_level(logging.INFO, logger="launcher.rendezvous.tcpstore"):
+    with caplog.at_level(logging.INFO, logger="launcher.tcpstore.client"):
         assert main.add(k + "n", 1) == 1 and probe.add(k + "n", 0) == 1
     assert "(the store closed the connection while it was idle); the store had ended its session" in caplog.text
 
@@ -264,7 +264,7 @@ def test_a_restarted_store_is_told_apart(server, clients):
 def test_a_store_that_is_gone_is_an_error_at_once(server, clients, caplog):
     c = clients(server.port, 81)
     c.set("k", b"v")
-    with caplog.at_level(logging.INFO, logger="launcher.rendezvous.tcpstore"):
+    with caplog.at_level(logging.INFO, logger="launcher.tcpstore.client"):
         got = in_thread(lambda: c.wait(["never"], 10))
         wait_for(lambda: waiting_on(server, "never"), what="the wait to arrive")
         t = time.monotonic()

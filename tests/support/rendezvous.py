@@ -24,7 +24,8 @@ def client(port: int):
 
 def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list:
     """`n` ElasticRendezvous nodes (nproc 2, --nnodes lo:hi) on the store at `port`."""
-    from launcher.rendezvous.protocol import ElasticRendezvous, Node
+    from launcher.rendezvous.protocol import ElasticRendezvous
+    from launcher.rendezvous.records import Node
 
     return [
         ElasticRendezvous(

@@ -23,7 +23,7 @@ from support.paths import worker
 from launcher import cli
 from launcher import config as cfg
 from launcher.errors import ConfigError
-from launcher.rendezvous.etcd_settings import ETCD_KEYS
+from launcher.rendezvous.etcd.settings import ETCD_KEYS
 from launcher.rendezvous.settings import RDZV_KEYS, RendezvousSettings, parse_rdzv_settings
 from launcher.run import make_run_dir
 

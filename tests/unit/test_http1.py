@@ -1,4 +1,4 @@
-"""The HTTP/1.1 client connection (launcher/rendezvous/http1.py) against scripted loopback servers:
+"""The HTTP/1.1 client connection (launcher/rendezvous/etcd/http1.py) against scripted loopback servers:
 framing by length, chunks and end of connection, keep-alive, streamed lines read against a deadline
 and resumed, aborts from another thread, and answers that are not HTTP."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher.rendezvous.http1 import Closed, Connection
+from launcher.rendezvous.etcd.http1 import Closed, Connection
 
 
 class Server:

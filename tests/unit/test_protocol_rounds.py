@@ -13,19 +13,11 @@ import pytest
 from support.clock import FakeClock
 from support.processes import wait_for
 
+from launcher.board import SNAPSHOT_EVERY
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged
-from launcher.rendezvous.protocol import (
-    LOOK_EVERY,
-    MAX_VERDICT,
-    SNAPSHOT_EVERY,
-    WAIT_REPORT_EVERY,
-    ElasticRendezvous,
-    Node,
-    assign,
-    decode_verdict,
-    encode_verdict,
-)
+from launcher.rendezvous.protocol import LOOK_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous
+from launcher.rendezvous.records import MAX_VERDICT, Node, assign, decode_verdict, encode_verdict
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.spec import Verdict
 
@@ -561,7 +553,7 @@ GOOD_SNAPSHOT = {
     ],
 )
 def test_a_hostile_snapshot_is_left_out(change):
-    from launcher.rendezvous.protocol import read_snapshot
+    from launcher.rendezvous.records import read_snapshot
     from launcher.stragglers import running_rates
 
     assert read_snapshot(json.dumps(GOOD_SNAPSHOT).encode())["workers"][0]["rate"] == 2.5

@@ -1,12 +1,4 @@
-"""The etcd backend: the protocol on etcd's v3 API, behind one thin adapter, `EtcdStore`.
-
-`EtcdStore` is written once against a small engine interface (etcd_engine) with two engines:
-etcd's JSON gateway spoken with the standard library and h11 (etcd_gateway, the default: no grpc
-or protobuf in the agent, a cheap import), and gRPC through pyetcd (etcd_grpc), chosen with
-`--rdzv_conf engine=grpc` and installed with `pip install 'launcher[etcd-grpc]'`: the one case
-that needs it is a client certificate with a Common Name on an etcd with --client-cert-auth and
-auth enabled, which the gateway refuses (a one-line error that names both). Neither engine is
-imported by `import launcher.cli`, and this path never imports torch.
+"""`EtcdStore`: the protocol's Store operations on one etcd client (an engine, see `engine`).
 
 The Store operations, under `/launcher/<run_id>/`:
 - add: a counter is its key's *version*, which every put bumps atomically, so `add(k, 1)` is one
@@ -18,46 +10,31 @@ The Store operations, under `/launcher/<run_id>/`:
   The watch is kept open across calls on the same keys;
 - multi_get, multi_set and delete: one txn per 128 keys (etcd's default --max-txn-ops).
 
-Liveness: each agent holds one lease (TTL = the liveness timeout, at least etcd's 2 s floor),
-refreshed by a thread that rides out etcd restarts and leader changes (leases survive both) and
-takes a new lease, with its keys, if the old one expired anyway. Once the refreshes have failed for
-read_timeout the agent gives its round up (a watch on a cut connection stays silent: a node cut off
-from etcd would otherwise run its workers on in a round the others left long ago). The agent's registration
-`agents/<node>` and its alive keys live on that lease: a dead agent's keys vanish and its
-neighbour's watch sees the DELETE. Clean-up: the last agent out deletes the run's keys; the first
-agent of a new run, finding no agent registered, wipes whatever a killed run left behind.
+Liveness is `lease.Lease`: `hold` puts a key on this agent's lease; `wait_change` watches a
+neighbour's alive key vanish.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..errors import RendezvousConnectionError, RendezvousError
-from ..net import free_port
-from ..stragglers import Judge
-from .api import JobParams
-from .etcd_engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
-from .etcd_settings import EtcdOptions, EtcdSettings
-from .protocol import Capability, Change, ElasticRendezvous, Node
-from .settings import RendezvousSettings
+from ...errors import RendezvousConnectionError, RendezvousError
+from ..store import Capability, Change
+from .engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
+from .settings import EtcdOptions
 
-__all__ = ["EtcdOptions", "EtcdRendezvous", "EtcdStore", "Lease"]
+if TYPE_CHECKING:
+    from .lease import Lease
 
 log = logging.getLogger(__name__)
 TXN_OPS = 128  # etcd's default --max-txn-ops
-MIN_TTL = 2  # etcd raises shorter leases to 1.5 election timeouts: 2 s at its defaults
 FEW_KEYS = 4  # waits on more keys than this watch their common prefix instead of each key
-
-
-def lease_ttl(settings: RendezvousSettings) -> int:
-    """Whole seconds (etcd's unit), never below what etcd grants."""
-    return max(MIN_TTL, math.ceil(settings.liveness_timeout))
 
 
 # ---------------------------------------------------------------------------- the client
@@ -92,12 +69,12 @@ class _Client:
     def _make(self) -> Engine:
         if self.opts.engine == "grpc":
             try:
-                from .etcd_grpc import Grpc
+                from .grpc_engine import Grpc
             except ImportError as e:  # checked at config time; an install changed under a running agent
                 raise RendezvousError(f"--rdzv_conf engine=grpc: {e}; pip install 'launcher[etcd-grpc]'") from None
 
             return Grpc(self.opts, self.timeout)
-        from .etcd_gateway import Gateway, Session
+        from .gateway import Gateway, Session
 
         with self.shared.lock:
             if self.shared.session is None:
@@ -124,7 +101,7 @@ def _hint(why: str, opts: EtcdOptions) -> str:
     return ""
 
 
-class _LeaseLost(Exception):
+class LeaseLost(Exception):
     """etcd no longer knows this agent's lease."""
 
 
@@ -307,7 +284,7 @@ class EtcdStore:
                 if e.kind is ErrorKind.FATAL:
                     raise RendezvousError(e.why) from None
                 if e.kind is ErrorKind.LEASE:
-                    raise _LeaseLost(e.why) from None
+                    raise LeaseLost(e.why) from None
                 if not idempotent and not e.unsent:
                     raise RendezvousConnectionError(
                         f"etcd at {self.opts.where} failed mid-request ({e.why}); a counter may be off"
@@ -323,7 +300,8 @@ class EtcdStore:
             if waited >= 1.0 and not told and limit >= 5.0:
                 told = True
                 log.info(
-                    f"etcd at {self.opts.where} does not answer ({why}); retrying for up to {limit:g} s{_hint(why, self.opts)}"
+                    f"etcd at {self.opts.where} does not answer ({why}); "
+                    f"retrying for up to {limit:g} s{_hint(why, self.opts)}"
                 )
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
@@ -455,162 +433,3 @@ def _bumped(prev) -> int:
 def _chunks(items: list, size: int = TXN_OPS) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-# ---------------------------------------------------------------------------- the lease
-
-
-class Lease:
-    """This agent's lease and the keys on it, refreshed by a thread with a client of its own."""
-
-    def __init__(self, opts: EtcdOptions, ttl: int, interval: float):
-        self.opts, self.ttl, self.interval = opts, ttl, interval
-        self.store: EtcdStore | None = None  # made by start, beside the agent's client
-        self.id = 0
-        self.held: dict[bytes, bytes] = {}
-        self.waiting: set[Watch] = set()  # the watches of this agent's open waits
-        self.lost_at: float | None = None  # when the refreshes began to fail (None while etcd answers them)
-        self.why = ""  # why the last one failed
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, via: EtcdStore, retry_for: float) -> None:
-        """Grant the lease (through `via`, which retries up to `retry_for`) and start refreshing it."""
-        # Short request timeout: a hung member must not outlast the TTL before we fail over.
-        self.store = EtcdStore(
-            self.opts, retry_for=self.ttl, client=via.client.sibling(max(1.0, self.ttl / 2)), owns_client=True
-        )
-        self.id = via._call(lambda e: e.lease_grant(self.ttl), retry_for=retry_for)
-        self._thread = threading.Thread(target=self._run, name="launcher-etcd-lease", daemon=True)
-        self._thread.start()
-
-    def hold(
-        self,
-        name: bytes,
-        value: bytes,
-        via: EtcdStore,
-        retry_for: float | None = None,
-        sweep: tuple[list, list, list] | None = None,
-    ) -> None:
-        """Put `name` on the lease (taking a new lease first if etcd forgot this one); kept across renewals.
-        With `sweep` (a txn's compares and ops), the put runs in that txn, whatever its compares say."""
-        for attempt in range(2):
-            lease_id = self.id
-            put = Put(name, value, lease_id)
-            try:
-                if sweep is None:
-                    via._call(lambda e: e.put(name, value, lease=lease_id), retry_for=retry_for)
-                else:
-                    compare, success, failure = sweep
-                    via._call(lambda e: e.txn(compare, [*success, put], [*failure, put]), retry_for=retry_for)
-                break
-            except _LeaseLost:
-                if attempt:
-                    raise RendezvousConnectionError("etcd keeps losing this agent's lease") from None
-                self._renew(lease_id)
-        self.held[name] = value
-
-    def failing(self) -> tuple[float, str]:
-        """(for how many seconds the refreshes have failed, why) while they fail; else (0, "")."""
-        lost_at, why = self.lost_at, self.why
-        return (time.monotonic() - lost_at, why) if lost_at is not None else (0.0, "")
-
-    def wake(self) -> None:
-        """Make every wait of this agent return now (as at its timeout)."""
-        for watch in list(self.waiting):
-            watch.wake()
-
-    def revoke(self, via: EtcdStore) -> None:
-        """Stop refreshing and give the lease back: every key on it vanishes at once."""
-        self.close()
-        try:
-            via._call(lambda e: e.lease_revoke(self.id), retry_for=2.0)
-        except (RendezvousError, _LeaseLost):  # it expires on its own
-            log.debug("revoking the etcd lease failed", exc_info=True)
-
-    def close(self) -> None:
-        """Stop refreshing; the lease then expires within its TTL."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(self.store.client.timeout + 1.0)
-        if self.store is not None:
-            self.store.close()
-
-    def _run(self) -> None:
-        told = False
-        while not self._stop.wait(self.interval if self.lost_at is None else min(self.interval, 0.2)):
-            try:
-                ttl = self._refresh()
-            except Exception as e:
-                log.debug("etcd lease keep-alive failed", exc_info=True)
-                self.why = (e.why if isinstance(e, EtcdError) else f"{type(e).__name__}: {e}") or "no answer"
-                self.lost_at = self.lost_at or time.monotonic()
-                if not told and time.monotonic() - self.lost_at >= 1.0:
-                    told = True
-                    log.info(f"lost etcd at {self.opts.where} ({self.why}); the workers go on, retrying")
-                continue
-            if told:
-                log.info(f"etcd is back after {time.monotonic() - (self.lost_at or 0):.1f} s")
-            self.lost_at, told = None, False
-            if ttl <= 0:
-                log.info("etcd let this agent's lease expire; taking a new one")
-                try:
-                    self._renew(self.id)
-                except Exception:  # the next round of the loop tries again
-                    log.debug("taking a new etcd lease failed", exc_info=True)
-
-    def _refresh(self) -> int:
-        self.store.rpcs += 1
-        return self.store.client.get().lease_keepalive(self.id)
-
-    def _renew(self, stale: int) -> None:
-        """A new lease with every held key on it (once, whichever thread notices first)."""
-        with self._lock:
-            if self.id != stale:
-                return
-            new = self.store._call(lambda e: e.lease_grant(self.ttl))
-            for name, value in list(self.held.items()):
-                self.store._call(lambda e, n=name, v=value: e.put(n, v, lease=new))
-            self.id = new
-
-
-# ---------------------------------------------------------------------------- the backend
-
-
-class EtcdRendezvous(ElasticRendezvous):
-    """ElasticRendezvous on an etcd cluster: the agent signs in under the run id on its own lease."""
-
-    def __init__(self, settings: EtcdSettings, job: JobParams):
-        s = settings.rdzv
-        opts = settings.cluster  # the workers never get the password: see env.AGENT_ONLY
-        ttl = lease_ttl(s)
-        lease = Lease(opts, ttl, min(s.keep_alive_interval, ttl / 3))
-        store = EtcdStore(opts, lease, retry_for=s.read_timeout)
-        node = Node.of_this_agent(job, opts.endpoints[0])
-        try:
-            store.register(job.run_id, node.node_id, retry_for=s.join_timeout)
-        except BaseException:
-            lease.close()
-            store.close()
-            raise
-        super().__init__(
-            store,
-            job.run_id,
-            node,
-            s,
-            port_picker=free_port,
-            judge=Judge(job.straggler_threshold, job.straggler_period),
-        )
-
-    def shutdown(self, succeeded: bool, why: str = "") -> None:
-        """Leave the round, give the lease back; the last agent out deletes the run's keys."""
-        self._stop_watch.set()
-        self.store.lease.wake()  # the watcher leaves now, not at the end of its wait
-        super().shutdown(succeeded, why)
-        try:
-            self.store.leave(self.run_id)
-        except Exception:  # the lease expires on its own; the next run wipes what is left
-            log.debug("leaving the etcd rendezvous failed", exc_info=True)
-        finally:
-            self.store.close()

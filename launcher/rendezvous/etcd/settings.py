@@ -7,9 +7,9 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
-from ..parsers import parse_endpoint
-from .settings import RDZV_KEYS, Flags, RendezvousSettings, parse_rdzv_settings
+from ...errors import ConfigError
+from ...parsers import parse_endpoint
+from ..settings import RDZV_KEYS, Flags, RendezvousSettings, parse_rdzv_settings
 
 ETCD_PORT = 2379
 # `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).

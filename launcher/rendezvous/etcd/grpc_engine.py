@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .etcd_engine import (
+from .engine import (
     ENDPOINT_RETRY_S,
     KV,
     Compare,

@@ -1,5 +1,5 @@
 """What the etcd backend asks of an etcd client ("engine"), the same over etcd's JSON gateway
-(etcd_gateway) and its gRPC API (etcd_grpc): a few KV, lease and watch calls, plain data in and
+(`gateway`) and its gRPC API (`grpc_engine`): a few KV, lease and watch calls, plain data in and
 out, and one error type that already says what to do about a failure.
 
 Both engines speak etcd's v3 API; they differ in transport only, so the errors etcd returns are
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol, Union
+from typing import NamedTuple, Protocol
 
-from .etcd_settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV, EtcdOptions
+from .settings import ETCD_PASSWORD_ENV, ETCD_USER_ENV, EtcdOptions
 
 ROOT = "/launcher/"
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long (a restarted one comes back)
@@ -60,7 +60,7 @@ class Compare(NamedTuple):
     range_end: bytes | None = None
 
 
-Op = Union[Get, Put, Delete]
+Op = Get | Put | Delete
 
 
 class Event(NamedTuple):
@@ -174,7 +174,8 @@ def classify(code: int, message: str, opts: EtcdOptions, *, unsent: bool = False
         who = f"user {opts.user!r}" if opts.user else "this client (no user given)"
         return EtcdError(
             ErrorKind.FATAL,
-            f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); grant its role readwrite on that prefix",
+            f"etcd at {opts.where} denied {who} access to {ROOT} (permission denied); "
+            "grant its role readwrite on that prefix",
         )
     if "requested lease not found" in low:
         return EtcdError(ErrorKind.LEASE, message)

@@ -1,0 +1,287 @@
+"""What the protocol writes to the store and reads back: the records (descriptors, plans, verdicts,
+straggler lists, snapshots, counts) and their checks, one per record.
+
+The store is shared, so a value under the job's prefix may be garbled or hostile: every value read
+back is bounded (MAX_VALUE) and checked field by field; a bad one is a RendezvousError that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import RendezvousError
+from ..net import hostname, interface_of, outward_address
+from ..spec import Verdict
+from .api import JobParams
+
+MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
+MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
+
+
+@dataclass(frozen=True)
+class Node:
+    """What this node tells the others when it joins a round."""
+
+    node_id: str  # host:pid, unique per agent
+    addr: str  # where its workers can be reached (the bootstrap store, if it gets rank 0)
+    nproc: int
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    ifname: str | None = None  # the interface that carries `addr`
+    token: str | None = field(default=None, repr=False)  # the job's join token, if it has one
+
+    @classmethod
+    def of_this_agent(cls, job: JobParams, store: tuple[str, int]) -> Node:
+        """This agent as it joins: reached at --local_addr, else at its address on the route to `store`."""
+        addr = job.local_addr or outward_address(*store)
+        return cls(
+            node_id=f"{hostname()}:{os.getpid()}",
+            addr=addr,
+            ifname=interface_of(addr),
+            nproc=job.nproc_per_node,
+            min_nodes=job.min_nodes,
+            max_nodes=job.max_nodes,
+            max_restarts=job.max_restarts,
+            token=job.join_token,
+        )
+
+
+def token_check(token: str | None, run_id: str) -> bytes:
+    """What the store keeps under `token`: an HMAC of the run id with the join token, or `none`."""
+    if not token:
+        return b"none"
+    import hmac  # loads OpenSSL: only for a job with a token
+
+    return hmac.new(token.encode(), f"launcher-join:{run_id}".encode(), "sha256").hexdigest().encode()
+
+
+def token_refusal(theirs: bytes, token: str | None, run_id: str) -> str:
+    """Why a node whose token check is not the job's (`theirs`) may not join, and what to fix."""
+    if not token:
+        return (
+            f"job {run_id!r} needs a join token: set LAUNCHER_JOIN_TOKEN "
+            "(or --rdzv_conf join_token_file=PATH) as on its other nodes"
+        )
+    if theirs == b"none":
+        return (
+            f"job {run_id!r} was started without a join token, but this node has one; "
+            "use the same setting on every node"
+        )
+    return f"wrong join token for job {run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'"
+
+
+# What the protocol reads back is checked field by field: the store is shared, so a value under the
+# job's prefix may be garbled or hostile (bool is not an int here: JSON `true` is no rank).
+def _int(lo: int, hi: int) -> Callable[[object], bool]:
+    return lambda v: type(v) is int and lo <= v < hi
+
+
+def _addr(v: object) -> bool:
+    return type(v) is str and 0 < len(v) <= 255 and v.isprintable() and " " not in v
+
+
+DESC_FIELDS = {"addr": _addr, "port": _int(1, 65536), "nproc": _int(1, 1 << 20), "prev": _int(-1, 1 << 31)}
+PLAN_FIELDS = {
+    "group_rank": _int(0, 1 << 31),
+    "group_world_size": _int(1, 1 << 31),
+    "rank_offset": _int(0, 1 << 31),
+    "world_size": _int(1, 1 << 31),
+    "master_addr": _addr,
+    "master_port": _int(1, 65536),
+    "restarts": _int(0, 1 << 31),
+}
+
+
+def _number(v: object) -> bool:
+    return type(v) in (int, float) and v == v and abs(v) < 1e12  # type: ignore[operator]
+
+
+def _text(limit: int) -> Callable[[object], bool]:
+    return lambda v: type(v) is str and len(v) <= limit and v.isprintable()
+
+
+VERDICT_LIMITS = {"host": 255, "node": 255, "error": 300, "log": 1024}
+VERDICT_FIELDS = {
+    **{name: _text(limit) for name, limit in VERDICT_LIMITS.items()},
+    "rank": _int(0, 1 << 31),
+    "local_rank": _int(0, 1 << 20),
+    "returncode": _int(-255, 256),
+    "round": _int(0, 1 << 31),
+}
+
+
+def encode_descriptor(node_id: str, addr: str, port: int, nproc: int, prev: int) -> bytes:
+    """What a node writes under its ticket: who it is, where its workers' store would be, its last group rank."""
+    return json.dumps({"id": node_id, "addr": addr, "port": port, "nproc": nproc, "prev": prev}).encode()
+
+
+def decode_descriptor(raw: bytes | None) -> dict:
+    """A ticket's descriptor, checked; a missing or malformed one is a RendezvousError."""
+    return checked(load(raw, "node entry"), DESC_FIELDS, "node entry")
+
+
+def descriptor_id(raw: bytes | None) -> str | None:
+    """The node id a descriptor names, if it reads well (for the line that names missing nodes)."""
+    try:
+        node_id = load(raw, "node entry").get("id")
+    except RendezvousError:
+        return None
+    return node_id if _addr(node_id) else None
+
+
+def assign(descs: list[dict], restarts: int) -> list[dict]:
+    """Plans for one sealed round: nodes keep last round's group rank where they can; ranks follow."""
+    n = len(descs)
+    ranks: list[int | None] = [None] * n
+    taken: set[int] = set()
+    for i, d in enumerate(descs):
+        prev = d.get("prev", -1)
+        if isinstance(prev, int) and 0 <= prev < n and prev not in taken:
+            ranks[i] = prev
+            taken.add(prev)
+    free = iter(sorted(set(range(n)) - taken))
+    ranks = [r if r is not None else next(free) for r in ranks]
+    by_rank = sorted(range(n), key=lambda i: ranks[i])
+    offsets, total = {}, 0
+    for i in by_rank:
+        offsets[i] = total
+        total += descs[i]["nproc"]
+    master = descs[by_rank[0]]
+    return [
+        {
+            "group_rank": ranks[i],
+            "group_world_size": n,
+            "rank_offset": offsets[i],
+            "world_size": total,
+            "master_addr": master["addr"],
+            "master_port": master["port"],
+            "restarts": restarts,
+            "peer": by_rank[(ranks[i] + 1) % n] + 1,  # the right-hand neighbour's ticket
+        }
+        for i in range(n)
+    ]
+
+
+LEFT_OUT = {"left_out": "its node entry was missing or malformed"}  # the plan of a ticket the sealer left out
+
+
+def encode_plan(plan: dict) -> bytes:
+    return json.dumps(plan).encode()
+
+
+def decode_plan(raw: bytes, nproc: int) -> dict | None:
+    """A ticket's plan, checked (and consistent with this node's `nproc`); None when the sealer left it out."""
+    plan = load(raw, "plan")
+    if "left_out" in plan:
+        return None
+    checked(plan, PLAN_FIELDS, "plan")
+    if not (plan["group_rank"] < plan["group_world_size"] and plan["rank_offset"] + nproc <= plan["world_size"]):
+        raise RendezvousError("rendezvous store holds a malformed plan under this job's prefix")
+    return plan
+
+
+def encode_verdict(v: Verdict) -> bytes:
+    """The verdict as the store keeps it: JSON, its text fields cut to their limits and made printable."""
+    fields = {name: getattr(v, name) for name in VERDICT_FIELDS}
+    for name, limit in VERDICT_LIMITS.items():
+        fields[name] = "".join(c if c.isprintable() else " " for c in fields[name])[:limit]
+    return json.dumps(fields).encode()
+
+
+def decode_verdict(raw: bytes) -> Verdict:
+    """A verdict read back from the store, checked field by field; anything else is a RendezvousError."""
+    if len(raw) > MAX_VERDICT:
+        raise RendezvousError("rendezvous store holds an oversized verdict under this job's prefix")
+    value = checked(load(raw, "verdict"), VERDICT_FIELDS, "verdict")
+    return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
+
+
+def encode_stragglers(median: float, ranks: dict[int, float]) -> bytes:
+    return json.dumps({"median": median, "ranks": {str(k): v for k, v in ranks.items()}}).encode()
+
+
+def decode_stragglers(raw: bytes | None) -> tuple[float, dict[int, float]] | None:
+    """(median, rank -> rate) of a straggler list; none yet is (0, {}); a malformed one is None."""
+    try:
+        value = load(raw, "straggler list") if raw is not None else {"median": 0.0, "ranks": {}}
+        ranks = {int(k): float(v) for k, v in value["ranks"].items() if k.isdigit() and len(k) <= 9 and _number(v)}
+        median = float(value["median"]) if _number(value["median"]) else 0.0
+    except (RendezvousError, KeyError, AttributeError, TypeError):
+        return None
+    return median, ranks
+
+
+# A node's snapshot (`launcher status`, the straggler judge): checked like every value read back.
+WORKER_FIELDS = {"rank": int, "local_rank": int, "pid": int, "state": str, "restarts": int}
+OPTIONAL_WORKER_FIELDS = {"progress_age": (int, float), "step": int, "rate": (int, float), "straggler": bool}
+NODE_FIELDS = {"host": str, "state": str, "round": int, "restarts": int, "max_restarts": int, "time": (int, float)}
+
+
+def read_snapshot(raw: bytes | None) -> dict | None:
+    """One node's snapshot, field by field; a missing or hostile one is left out."""
+    try:
+        value = load(raw, "snapshot")
+    except RendezvousError:
+        return None
+    if not (_addr(value.get("node")) and _fields_ok(value, NODE_FIELDS) and isinstance(value.get("workers"), list)):
+        return None
+    snap = {name: value[name] for name in (*NODE_FIELDS, "node")}
+    snap["workers"] = [_worker(w) for w in value["workers"][:1024] if _worker(w) is not None]
+    return snap
+
+
+def _worker(w: object) -> dict | None:
+    if not isinstance(w, dict) or not _fields_ok(w, WORKER_FIELDS):
+        return None
+    out = {name: w[name] for name in WORKER_FIELDS}
+    for name, kind in OPTIONAL_WORKER_FIELDS.items():
+        v = w.get(name)
+        out[name] = v if isinstance(v, kind) and not (kind is not bool and isinstance(v, bool)) else None
+    return out
+
+
+def _fields_ok(value: dict, fields: dict) -> bool:
+    for name, kind in fields.items():
+        v = value.get(name)
+        if (
+            not isinstance(v, kind)
+            or isinstance(v, bool)
+            or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable()))
+        ):
+            return False
+    return True
+
+
+def load(raw: bytes | None, what: str) -> dict:
+    """A JSON object from the store; a missing, oversized or garbled value is a clear error."""
+    if raw is None or len(raw) > MAX_VALUE:
+        raise RendezvousError(f"rendezvous store holds a missing or oversized {what} under this job's prefix")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise RendezvousError(f"rendezvous store holds a {what} that is not JSON under this job's prefix") from None
+    if not isinstance(value, dict):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
+    return value
+
+
+def checked(value: dict, fields: dict[str, Callable[[object], bool]], what: str) -> dict:
+    if not all(name in value and ok(value[name]) for name, ok in fields.items()):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
+    return value
+
+
+def sealed_members(raw: bytes | None) -> int | None:
+    """How many nodes a round's `sealed` value says it has (None: not sealed yet)."""
+    return parse_count(raw.split(b":", 1)[0], "seal") if raw else None
+
+
+def parse_count(raw: bytes, what: str) -> int:
+    """A round number or seal count written by the protocol: a small decimal, or a clear error."""
+    if not (raw.isdigit() and len(raw) <= 9):
+        raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
+    return int(raw)
