@@ -229,7 +229,7 @@ def test_etcd_killed_and_restarted_mid_run_leaves_training_alone(launch, etcd_fa
     for p in procs:
         wait_line(p, "world=2")
     member.kill()
-    time.sleep(2.5)  # longer than the 2 s lease TTL
+    time.sleep(2.5)  # the outage itself (a fault of set length, not a wait): longer than the 2 s lease TTL
     member.start().wait_ready()
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
@@ -456,7 +456,7 @@ def secure_run(
     for p in procs:
         wait_line(p, "world=2")
     member.kill()  # etcd forgets its auth tokens: the agents must log in again, quietly
-    time.sleep(2.5)
+    time.sleep(2.5)  # the outage itself (a fault of set length, not a wait)
     member.start().wait_ready()
     results = finish(procs)
     assert all(rc == 0 for rc, _, _ in results), [e for _, _, e in results]
