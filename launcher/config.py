@@ -100,8 +100,6 @@ class LaunchConfig:
             self.max_restarts,
             self.local_addr,
             self.join_token,
-            self.straggler_threshold,
-            self.straggler_period,
         )
 
 

@@ -17,11 +17,13 @@ import threading
 from contextlib import ExitStack, nullcontext
 
 from . import process
+from .board import Monitor
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
+from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
 from .supervisor import Supervisor
 
@@ -39,7 +41,7 @@ def run(config: LaunchConfig) -> int:
     starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
     try:
-        rendezvous = create_rendezvous(config)
+        rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
     except LauncherError as e:
         starter.close()
         guard.stop()
@@ -65,6 +67,9 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        monitor = Monitor(
+            rendezvous.shared_store(), config.run_id, Judge(config.straggler_threshold, config.straggler_period)
+        )
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -76,6 +81,7 @@ def run(config: LaunchConfig) -> int:
             sinks=sinks,
             periodic=[notifier.tick, starter.check],
             console=console,
+            monitor=monitor,
         )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
@@ -91,6 +97,7 @@ def run(config: LaunchConfig) -> int:
                 starter.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        monitor.stop()  # this node's last report, before the store may go with the rendezvous
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

@@ -24,15 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import net, process
+from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Stream, destinations, prefix_for
 from .oom import oom_kills, oom_reason
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .reports import NodeReport, WorkerReport
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
+from .stragglers import Flagged
 from .summary import read_error_file
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
@@ -112,6 +115,7 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        monitor: Monitor | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -126,6 +130,7 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.monitor = monitor  # the job board: this node's reports, and the straggler judge
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -210,7 +215,7 @@ class Supervisor:
             self._set_state(GroupState.FAILED)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
-        elif isinstance(event, Stragglers):
+        elif isinstance(event, Flagged):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
@@ -252,7 +257,9 @@ class Supervisor:
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
-        self.rendezvous.watch(rnd, self.post, self.report)
+        self.rendezvous.watch(rnd, self.post)
+        if self.monitor is not None:
+            self.monitor.begin(rnd, self.report, self.post)
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
@@ -393,7 +400,7 @@ class Supervisor:
         else:
             self._set_state(GroupState.FAILED)
 
-    def flag_stragglers(self, event: Stragglers) -> None:
+    def flag_stragglers(self, event: Flagged) -> None:
         """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
         c = self.config
         for m in self.members:
@@ -404,8 +411,9 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
-                    f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)"
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, "
+                    f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
+                    f"for {c.straggler_period:g} s (--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
@@ -493,8 +501,8 @@ class Supervisor:
             waiting=waiting,
         )
 
-    def report(self) -> dict | None:
-        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+    def report(self) -> NodeReport | None:
+        """This node as `launcher status` shows it (published by the job board's monitor every few
         seconds, from its thread): the group, and each worker's state, progress and step rate.
         None while the round's workers are still being started."""
         if self.state is GroupState.RENDEZVOUS:
@@ -505,26 +513,26 @@ class Supervisor:
         for m in list(self.members):
             step, rate = self._step_rate(m)
             workers.append(
-                {
-                    "rank": m.worker.rank,
-                    "local_rank": m.worker.local_rank,
-                    "pid": m.proc.pid,
-                    "state": m.state.value,
-                    "restarts": restarts,
-                    "progress_age": round(self._idle(m), 1),
-                    "step": step,
-                    "rate": rate,
-                    "straggler": m.straggler,
-                }
+                WorkerReport(
+                    rank=m.worker.rank,
+                    local_rank=m.worker.local_rank,
+                    pid=m.proc.pid,
+                    state=m.state.value,
+                    restarts=restarts,
+                    progress_age=round(self._idle(m), 1),
+                    step=step,
+                    rate=rate,
+                    straggler=m.straggler,
+                )
             )
-        return {
-            "host": self.host,
-            "state": self.state.value,
-            "round": rnd.round if rnd else 0,
-            "restarts": restarts,
-            "max_restarts": self.config.max_restarts,
-            "workers": workers,
-        }
+        return NodeReport(
+            host=self.host,
+            state=self.state.value,
+            round=rnd.round if rnd else 0,
+            restarts=restarts,
+            max_restarts=self.config.max_restarts,
+            workers=tuple(workers),
+        )
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 
 from ..errors import RendezvousConnectionError
 from ..net import free_port, is_local_address
-from ..stragglers import Judge
 from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 from .api import JobParams
 from .protocol import ElasticRendezvous
@@ -179,7 +178,6 @@ class C10dRendezvous(ElasticRendezvous):
             s,
             port_picker=free_port,
             is_host=self.server is not None,
-            judge=Judge(job.straggler_threshold, job.straggler_period),
         )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:

@@ -8,8 +8,7 @@ Keys, under `<run_id>/` (a store adds its own prefix):
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with LIVENESS or CRASH)
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
-    r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
-    r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
+Other records of a round may live under its prefix (`of_round`): the job board's (`launcher/board.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +32,10 @@ class Keys:
     def acked(self, k: int) -> str:
         """Set by the k-th node that read the closed job's verdict (the store host waits for them)."""
         return f"{self.prefix}acked{k}"
+
+    def of_round(self, r: int) -> str:
+        """The prefix of round r's keys."""
+        return f"{self.prefix}r{r}/"
 
     # ---------------------------------------------------------------- forming round r
 
@@ -89,11 +92,3 @@ class Keys:
     def finished(self, r: int) -> str:
         """How many members finished round r."""
         return f"{self.prefix}r{r}/finished"
-
-    def snap(self, r: int, g: int) -> str:
-        """Group rank g's snapshot (for `launcher status` and the straggler judge)."""
-        return f"{self.prefix}r{r}/snap{g}"
-
-    def stragglers(self, r: int) -> str:
-        """The ranks the judge flagged in round r, with the median rate."""
-        return f"{self.prefix}r{r}/stragglers"

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from ..board import Board
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -32,8 +31,7 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..spec import Round, Verdict
-from ..stragglers import Judge
-from .api import Cause, MembershipChanged
+from .api import Cause, MembershipChanged, budget_spent
 from .keys import Keys
 from .records import (
     LEFT_OUT,
@@ -75,7 +73,6 @@ class ElasticRendezvous:
         port_picker: Callable[[], int],
         is_host: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        judge: Judge | None = None,
     ):
         self.store = store
         self.node = node
@@ -96,7 +93,6 @@ class ElasticRendezvous:
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
         self._on_wait: Callable[[str], None] | None = None
-        self.board = Board(self.keys, node.node_id, clock, judge)  # snapshots and stragglers
 
     # ------------------------------------------------------------------ the handler interface
 
@@ -127,12 +123,8 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(
-        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
-    ) -> None:
-        """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
-        MembershipChanged when the round ends."""
-        self.board.start(report)
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """Watch `rnd` on a thread of its own (`watch.RoundWatch`): post MembershipChanged when it ends."""
         self._stop_watch = stop = threading.Event()
         watch = RoundWatch(
             self.store,
@@ -145,10 +137,13 @@ class ElasticRendezvous:
             ended=self._changed,
             died=self._neighbour_died,
             tidy=self._forget,
-            tick=lambda st: self.board.publish(st, rnd, post),
         )
         self._watcher = threading.Thread(target=watch.run, args=(stop, post), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
+
+    def shared_store(self) -> Store:
+        """The job's store (the job board keeps its records there too)."""
+        return self.store
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
@@ -157,7 +152,6 @@ class ElasticRendezvous:
         if rnd is None:
             return
         try:
-            self.board.publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self.keys.done(r, g), b"1")
@@ -398,8 +392,7 @@ class ElasticRendezvous:
         raw = encode_verdict(replace(verdict, node=self.node.node_id)) if verdict is not None else None
         if raw is not None:  # the others say why their round ended, restart or not
             self.store.set(self.keys.cause(r), raw)
-        used = self.store.add(self.keys.restarts, 1)
-        if used > self.node.max_restarts:
+        if budget_spent(self.store.add(self.keys.restarts, 1), self.node.max_restarts):
             if raw is not None:
                 self.store.compare_set(self.keys.verdict, b"", raw)
             reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
@@ -434,7 +427,7 @@ class ElasticRendezvous:
         try:
             cast(DeletingStore, st).delete(
                 [key(o, k) for o, k, g in old for key in (self.keys.node, self.keys.plan, *held)]
-                + [key(o, g) for o, k, g in old for key in (self.keys.hb, self.keys.snap)]
+                + [self.keys.hb(o, g) for o, k, g in old]
             )
         except Exception:  # tidying must never disturb the job
             log.debug("deleting old rounds' keys failed", exc_info=True)

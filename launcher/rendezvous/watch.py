@@ -39,7 +39,6 @@ class RoundWatch:
     ended: Callable[[Store, int], MembershipChanged]  # round r ended: what to post
     died: Callable[[Store, int, int, int, str], None]  # (store, r, n, neighbour's group rank, how) it died
     tidy: Callable[[Store, int], None] = lambda st, r: None  # before watching: delete old rounds' keys
-    tick: Callable[[Store], None] = lambda st: None  # once per interval, beside the heartbeat
 
     def run(self, stop: threading.Event, post: Callable[[object], None]) -> None:
         """Watch until the round ends, `stop` is set, or the store is lost (posted as a membership change)."""
@@ -71,7 +70,6 @@ class RoundWatch:
         while not stop.is_set():
             if beats:
                 st.add(k.hb(r, g), 1)
-            self.tick(st)
             if alive is None and beats:
                 what = Change.CHANGED if st.wait([change], self.interval) else None
             else:  # the same wait, cut short when the neighbour's alive key vanishes

@@ -86,7 +86,7 @@ from launcher.config import from_flags
 from launcher.rendezvous import create_rendezvous, Cause
 cfg = from_flags(training_script="x", no_python=True, rdzv_backend="etcd", rdzv_endpoint="{etcd.endpoint}",
                  rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
-r = create_rendezvous(cfg)
+r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
 rnd = r.next_round(Cause.START)
 r.shutdown(True)
 heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "grpc", "pyetcd") or m.startswith("google.protobuf")]

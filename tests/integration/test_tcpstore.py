@@ -693,7 +693,7 @@ from launcher.config import from_flags
 from launcher.rendezvous import create_rendezvous, Cause
 cfg = from_flags(training_script="x", no_python=True, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{free_port()}",
                  rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
-r = create_rendezvous(cfg)
+r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
 rnd = r.next_round(Cause.START)
 hosted = r.server is not None
 r.shutdown(True)

@@ -103,7 +103,7 @@ class FakeRendezvous:
             master_port=29500,
         )
 
-    def watch(self, rnd: Round, post, report=None) -> None:
+    def watch(self, rnd: Round, post) -> None:
         self.watched.append(rnd.round)
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
