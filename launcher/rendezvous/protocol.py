@@ -561,9 +561,7 @@ class ElasticRendezvous:
                 verdict = decode_verdict(raw)
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
-        self._seen_closed = RendezvousClosedError(
-            f"the job was closed: {printable(reason)}", verdict
-        )
+        self._seen_closed = RendezvousClosedError(f"the job was closed: {printable(reason)}", verdict)
         try:
             self._ack(st)
         except Exception:  # the host may be gone already: it waits for nobody then
