@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from .errors import ConfigError
 from .parsers import parse_port, parse_seconds
+from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.settings import LocalSettings
 
@@ -25,6 +26,7 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 # Backends named only so their error can say why not.
 LATER_BACKENDS = ("etcd-v2",)
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
+QUARANTINE_FILE_ENV = "LAUNCHER_QUARANTINE_FILE"  # where a quarantined node appends its name (Slurm scripts)
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -81,6 +83,10 @@ class LaunchConfig:
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     module: bool = False  # the program is `-m MODULE`, not a script path
     metrics: tuple[str, int] | None = None  # --metrics_host, --metrics_port: a Prometheus endpoint (None: none)
+    restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
+    health_check: str | None = None  # --health_check CMD: run before each round this node joins
+    health_check_timeout: float = 60.0
+    quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
 
     @property
     def run_id(self) -> str:
@@ -396,6 +402,10 @@ def from_flags(
     preload_modules: str | None = None,
     metrics_port: int | str | None = None,
     metrics_host: str = "127.0.0.1",
+    restart_policy: str = "",
+    quarantine: str = "",
+    health_check: str | None = None,
+    health_check_timeout: float | str = 60.0,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -486,6 +496,10 @@ def from_flags(
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         module=module,
         metrics=parse_metrics(metrics_host, metrics_port),
+        restart_policy=parse_policy(parse_kv(restart_policy, "--restart_policy"), parse_kv(quarantine, "--quarantine")),
+        health_check=(health_check or "").strip() or None,
+        health_check_timeout=parse_seconds(health_check_timeout, "--health_check_timeout", minimum=0.1),
+        quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
     )
 
 

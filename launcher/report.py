@@ -35,6 +35,8 @@ MARKS = {  # event -> (colour, what the marker says)
     "hang": ("#8e44ad", "hang"),
     "straggler": ("#d4ac0d", "straggler"),
     "membership": ("#2c7fb8", "membership"),
+    "backoff": ("#555555", "restart backoff"),
+    "policy_stop": ("#7f1d1d", "restart policy stopped the job"),
 }
 
 

@@ -22,6 +22,7 @@ from .accounting import Accountant, conclude
 from .board import Monitor
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError, exit_code_for_signal
+from .governor import governor_for
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -90,6 +91,7 @@ def run(config: LaunchConfig) -> int:
             Judge(config.straggler_threshold, config.straggler_period),
             annotate=annotate,
         )
+        governor = governor_for(config, rendezvous.shared_store(), agent_id, os.environ)
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -102,6 +104,7 @@ def run(config: LaunchConfig) -> int:
             periodic=[notifier.tick, starter.check, accountant.tick],
             console=console,
             monitor=monitor,
+            governor=governor,
         )
         if config.metrics:
             from .metrics import AgentCollector, serve
@@ -122,9 +125,14 @@ def run(config: LaunchConfig) -> int:
                 logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
                 logs.close()
                 starter.close()
+                governor.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)
+            why = result.message
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
+        if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
+            rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
         goodput = conclude(accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit)
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)

@@ -13,6 +13,7 @@ from .board import Board
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
 from .goodput import Breakdown, total
+from .quarantine import QuarantineBook
 from .rendezvous.keys import Keys
 from .rendezvous.records import decode_verdict, load, parse_count, printable, sealed_members, token_check, token_refusal
 from .rendezvous.store import Store
@@ -59,6 +60,8 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["max_restarts"] = max((report.max_restarts for _, report in reports), default=None)
     job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
     job["goodput"] = job_goodput(store, keys, shown, [report for _, report in reports])
+    book = QuarantineBook(store, keys.quarantined, keys.quarantine)  # reads only: get and multi_get
+    job["quarantined"] = [asdict(q) for q in book.all() if q.active(time.time())]
     if closed:
         job["state"] = "closed"
         job["closed"] = printable(closed)

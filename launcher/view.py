@@ -176,6 +176,8 @@ def render_status(job: dict) -> Table:
     gp = job.get("goodput")
     if gp:
         caption.append(f"goodput {100 * gp['goodput']:.1f} % of the machine time ({gp['nodes']} node(s))")
+    for q in job.get("quarantined", ()):
+        caption.append(f"quarantined: {q['host']} ({q['why']})")
     table = Table(
         title=title,
         title_justify="left",

@@ -19,6 +19,7 @@ import pytest
 from support.clock import FakeClock
 from support.processes import wait_for
 from support.relay import Relay
+from support.tcpstore import waiting_on
 
 from launcher.tcpstore import (
     CHANGED,
@@ -91,7 +92,7 @@ def test_a_cut_connection_comes_back_in_its_session_and_its_held_key_stays(serve
     holder.hold(k + "alive", b"1")
     waiting = in_thread(lambda: holder.wait([k + "go"], 10))  # as an agent's watcher: always in a wait
     watching = in_thread(lambda: watcher.wait_change(k + "change", k + "alive", 1.5))
-    time.sleep(0.2)
+    wait_for(lambda: waiting_on(server, k + "go") and waiting_on(server, k + "alive"), what="both waits to arrive")
     with caplog.at_level(logging.INFO, logger="launcher.tcpstore.client"):
         assert relay.cut(rst=rst) == 1
         wait_for(lambda: relay.accepted == 2, timeout=5, what="the holder to reconnect")
@@ -110,15 +111,15 @@ def test_a_watcher_cut_in_wait_change_waits_on_and_misses_nothing(server, relay,
     watcher = clients(relay.port, 22)
     holder.hold(k + "alive", b"1")
     got = in_thread(lambda: watcher.wait_change(k + "change", k + "alive", 10))
-    time.sleep(0.2)
+    wait_for(lambda: waiting_on(server, k + "change"), what="the wait to arrive")
     relay.cut(rst=True)
-    time.sleep(0.3)
+    wait_for(lambda: relay.accepted == 2 and waiting_on(server, k + "change"), what="the wait sent again")
     assert got == []  # still waiting, on a new connection
     holder.set(k + "change", b"x")
     wait_for(lambda: got, timeout=5, what="the change to be seen")
     assert got == [CHANGED]
     got = in_thread(lambda: watcher.wait_change(k + "change2", k + "alive", 10))
-    time.sleep(0.2)
+    wait_for(lambda: waiting_on(server, k + "change2"), what="the second wait to arrive")
     relay.cut()
     holder.close()  # the neighbour dies while the watcher reconnects: GONE, not missed
     wait_for(lambda: got, timeout=5, what="the death to be seen")
@@ -265,7 +266,7 @@ def test_a_store_that_is_gone_is_an_error_at_once(server, clients, caplog):
     c.set("k", b"v")
     with caplog.at_level(logging.INFO, logger="launcher.tcpstore.client"):
         got = in_thread(lambda: c.wait(["never"], 10))
-        time.sleep(0.2)
+        wait_for(lambda: waiting_on(server, "never"), what="the wait to arrive")
         t = time.monotonic()
         server.close()
         wait_for(lambda: got, timeout=5, what="the wait to fail")
