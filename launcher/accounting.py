@@ -149,9 +149,9 @@ def job_breakdown(
             if not store.wait(parts, wait):
                 log.info("goodput: not every node's figure came within %g s; the job's counts those that did", wait)
             found = [Breakdown.from_dict(load(raw, "goodput")) for raw in store.multi_get(parts) if raw]
-            job = total(b for b in found if b is not None)
-            store.set(f"{prefix}goodput", json.dumps(job.to_dict()).encode())
-            return job, ""
+            raw = json.dumps(total(b for b in found if b is not None).to_dict()).encode()
+            store.set(f"{prefix}goodput", raw)
+            return Breakdown.from_dict(json.loads(raw)), ""  # as the others read it, to the last digit
         if not store.wait([f"{prefix}goodput"], wait):
             return None, f"the job's figure did not come from group rank 0 within {wait:g} s"
         job = Breakdown.from_dict(load(store.get(f"{prefix}goodput"), "goodput"))
