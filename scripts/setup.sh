@@ -2,8 +2,8 @@
 # Make .venv with everything the launcher and its examples need (idempotent).
 # torch is pinned first (the CPU build, 2.13.0) so pip never pulls the CUDA wheels.
 # With --test, also the test extras and, when root on Debian, the system packages the tests
-# drive for real: etcd, Slurm + munge, OpenSSH (a private sshd), tmux, iproute2. A test whose
-# package is missing is skipped with the reason.
+# drive for real: etcd, Slurm + munge, OpenSSH (a private sshd), tmux, iproute2, chromium (draws
+# `launcher report`'s page headless). A test whose package is missing is skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -36,7 +36,7 @@ fi
 
 missing=""
 for p in etcd:etcd-server slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge \
-         /usr/sbin/sshd:openssh-server ssh:openssh-client tmux:tmux ip:iproute2; do
+         /usr/sbin/sshd:openssh-server ssh:openssh-client tmux:tmux ip:iproute2 chromium:chromium; do
     command -v "${p%%:*}" >/dev/null 2>&1 || missing="$missing ${p#*:}"
 done
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
