@@ -99,7 +99,7 @@ class AgentCollector:
 
     def _goodput(self) -> Iterator[Metric]:
         b = self.accountant.breakdown()
-        seconds = CounterMetricFamily(
+        seconds = GaugeMetricFamily(  # a gauge: a hang moves seconds already counted as training to stalls
             "launcher_goodput_seconds", "This node's wall time by goodput component.", labels=["component"]
         )
         for c in Component:

@@ -184,8 +184,12 @@ def timeline(nodes: list[Node], width: int = 1000) -> str:
                 f'<rect x="{x(a):.1f}" y="{y + 4}" width="{max(1.0, x(b) - x(a)):.1f}" height="{lane - 12}" '
                 f'fill="{COLOURS[state]}"><title>{html.escape(tip)}</title></rect>'
             )
+        placed: list[float] = []
         for t, colour, tip in _marks(node):
             cx = x(t)
+            while any(abs(cx - p) < 9 for p in placed):  # markers at one moment side by side, not on top
+                cx += 9
+            placed.append(cx)
             parts.append(
                 f'<path d="M{cx - 5:.1f},{y} L{cx + 5:.1f},{y} L{cx:.1f},{y + 9} Z" fill="{colour}" stroke="#fff">'
                 f"<title>{html.escape(tip)}</title></path>"
@@ -218,7 +222,10 @@ def goodput_bar(b: Breakdown, width: int = 1000) -> str:
 
 
 def goodput_table(rows: list[tuple[str, Breakdown]]) -> str:
-    head = "".join(f'<th><span class="key" style="background:{COLOURS[c]}"></span>{WORDS[c]}</th>' for c in Component)
+    short = {Component.RENDEZVOUS: "rendezvous", Component.REDONE: "re-done"}
+    head = "".join(
+        f'<th><span class="key" style="background:{COLOURS[c]}"></span>{short.get(c, WORDS[c])}</th>' for c in Component
+    )
     body = []
     for name, b in rows:
         cells = "".join(f"<td>{duration(b.seconds(c))}</td>" for c in Component)
@@ -227,7 +234,7 @@ def goodput_table(rows: list[tuple[str, Breakdown]]) -> str:
             f"{cells}<td>{b.restarts}</td><td>{b.redone_steps if b.steps_known else '?'}</td></tr>"
         )
     return (
-        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>restarts</th><th>re-done steps</th></tr>"
+        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>failures</th><th>steps re-done</th></tr>"
         + "".join(body)
         + "</table>"
     )
@@ -237,7 +244,8 @@ CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1040px}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:22px 0 6px}
 .ok{color:#1e7b43} .bad{color:#b02a2a} .lane{font-size:12px} .tick{font-size:11px;fill:#555}
-.grid{stroke:#ddd} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:3px 6px;white-space:nowrap}
+.grid{stroke:#ddd} table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 6px;white-space:nowrap}
 th{background:#f5f5f5;font-weight:600} .key{display:inline-block;width:10px;height:10px;margin-right:4px}
 .legend span{margin-right:10px;white-space:nowrap} .muted{color:#666}
 """
