@@ -84,13 +84,26 @@ def two_nodes(cluster, tmp_path):
         )
         for n in range(2)
     ]
+    status, deadline = None, time.monotonic() + 30
+    while status is None and time.monotonic() < deadline:  # the job's goodput so far, while it runs
+        out = subprocess.run(
+            [*LAUNCHER, "status", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job",
+             "--json"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        job = json.loads(out.stdout) if out.returncode == 0 else {}
+        if job.get("goodput") and len([n for n in job["nodes"] if n.get("goodput")]) == 2:
+            status = job
+        time.sleep(0.2)  # the pace of the polling; the condition above decides
     for a in agents:
         assert a.wait(90) == 0, a.stderr
-    return agents, tmp_path / "events"
+    return agents, tmp_path / "events", status
 
 
 def test_goodput_of_two_c10d_nodes_is_the_same_on_both(two_nodes):
-    agents, folder = two_nodes
+    agents, folder, status = two_nodes
+    assert status is not None, "launcher status --json never showed both nodes' goodput"
+    assert status["goodput"]["nodes"] == 2 and 0 < status["goodput"]["wall"] and not status["goodput"]["final"]
     events = [goodput_event(folder / f"node{n}.jsonl") for n in range(2)]
     assert events[0]["job"] == events[1]["job"] and events[0]["job"]["nodes"] == 2
     for e in events:
@@ -106,7 +119,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 
 @pytest.mark.skipif(not CHROMIUM, reason="no chromium (scripts/setup.sh --test installs it: apt-get install chromium)")
 def test_the_report_of_a_two_node_job_draws_in_chromium(two_nodes, tmp_path):
-    _, folder = two_nodes
+    _, folder, _ = two_nodes
     page, png = tmp_path / "report.html", tmp_path / "report.png"
     cli = subprocess.run(
         [*LAUNCHER, "report", str(folder), "-o", str(page)], capture_output=True, text=True, timeout=60
