@@ -28,6 +28,7 @@ from .rendezvous.store import Store
 log = logging.getLogger(__name__)
 STEPS_EVERY = 0.5  # seconds between reads of the progress files
 JOB_WAIT = 10.0  # seconds a node waits at the end for the others' figures
+QUIET_WAIT = 1.0  # ... of which the first are not said
 
 Steps = Callable[[], Iterable[tuple[int, str | None]]]  # (rank, progress file) of this node's live workers
 
@@ -146,19 +147,27 @@ def job_breakdown(
         store.set(f"{prefix}goodput{g}", json.dumps(mine.to_dict()).encode())
         if g == 0:
             parts = [f"{prefix}goodput{i}" for i in range(n)]
-            if not store.wait(parts, wait):
+            if not _wait(store, parts, wait, "the other nodes' figures"):
                 log.info("goodput: not every node's figure came within %g s; the job's counts those that did", wait)
             found = [Breakdown.from_dict(load(raw, "goodput")) for raw in store.multi_get(parts) if raw]
             raw = json.dumps(total(b for b in found if b is not None).to_dict()).encode()
             store.set(f"{prefix}goodput", raw)
             return Breakdown.from_dict(json.loads(raw)), ""  # as the others read it, to the last digit
-        if not store.wait([f"{prefix}goodput"], wait):
+        if not _wait(store, [f"{prefix}goodput"], wait, "the job's figure from the node of group rank 0"):
             return None, f"the job's figure did not come from group rank 0 within {wait:g} s"
         job = Breakdown.from_dict(load(store.get(f"{prefix}goodput"), "goodput"))
         return job, "" if job else "group rank 0 published a malformed figure"
     except Exception as e:  # the store host may be gone at the end of a failed job: the node's figure stands
         log.debug("the job-wide goodput exchange failed", exc_info=True)
         return None, f"the store could not be read ({type(e).__name__})"
+
+
+def _wait(store: Store, keys: list[str], wait: float, what: str) -> bool:
+    """Wait for `keys`; past QUIET_WAIT s, say so (nodes of a job usually end within it)."""
+    if store.wait(keys, min(wait, QUIET_WAIT)):
+        return True
+    log.info(f"goodput: waiting up to {wait - QUIET_WAIT:g} s more for {what}")
+    return store.wait(keys, max(0.0, wait - QUIET_WAIT))
 
 
 def goodput_line(node: Breakdown, job: Breakdown | None, why: str = "") -> str:
