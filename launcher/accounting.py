@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .goodput import Breakdown, Ledger, total
+from .goodput import Breakdown, Ledger, duration, total
 from .rendezvous.keys import Keys
 from .rendezvous.records import load
 from .rendezvous.store import Store
@@ -194,4 +194,6 @@ def conclude(accountant: Accountant, store: Store | None, run_id: str, host: str
         if connection is not None:
             connection.close()
     emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
+    if accountant.round is None:  # stopped while forming, or a spare that was never needed
+        return f"goodput: this node ran no round ({duration(node.wall)} waiting for one)"
     return goodput_line(node, job, why)
