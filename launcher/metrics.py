@@ -9,6 +9,7 @@ from the loop): the supervisor's snapshot and failures, the last report the job 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -125,9 +126,9 @@ class MetricsServer:
         self.port = self.httpd.server_address[1]
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5.0)
+        """Stop serving without waiting: `shutdown()` blocks until serve_forever's next poll (0.5 s),
+        which every job's exit would pay; the thread is a daemon, so the process may end first."""
+        threading.Thread(target=self.httpd.shutdown, name="launcher-metrics-stop", daemon=True).start()
 
 
 def serve(host: str, port: int, collector: AgentCollector) -> MetricsServer | None:
