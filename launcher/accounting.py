@@ -27,7 +27,7 @@ from .rendezvous.store import Store
 
 log = logging.getLogger(__name__)
 STEPS_EVERY = 0.5  # seconds between reads of the progress files
-JOB_WAIT = 10.0  # seconds a node waits at the end for the others' figures
+JOB_WAIT = 5.0  # seconds a node waits at the end for the others' figures
 QUIET_WAIT = 1.0  # ... of which the first are not said
 
 Steps = Callable[[], Iterable[tuple[int, str | None]]]  # (rank, progress file) of this node's live workers
@@ -183,16 +183,10 @@ def conclude(accountant: Accountant, store: Store | None, run_id: str, host: str
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
     events file (`goodput`); returns the line to print last."""
     node = accountant.finish()
-    connection = None
-    try:
-        connection = store.clone() if store is not None and accountant.round and accountant.round[2] > 1 else None
-    except Exception:
-        log.debug("no connection to the store for the job-wide goodput", exc_info=True)
-    try:
-        job, why = job_breakdown(connection, run_id, accountant.round, node)
-    finally:
-        if connection is not None:
-            connection.close()
+    # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one would
+    # wait out the whole connect timeout when the store's host is gone; this one gives up within
+    # the store client's reconnect bound.
+    job, why = job_breakdown(store, run_id, accountant.round, node)
     emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
     if accountant.round is None:  # stopped while forming, or a spare that was never needed
         return f"goodput: this node ran no round ({duration(node.wall)} waiting for one)"
