@@ -314,7 +314,7 @@ class Ledger:
         elif not self.forming and not self.steps_known:
             # no step seen in the job yet: a round's time once its workers run counts as training
             def where(s: float):
-                return [(Component.STARTUP if w is _Window.FIRST else Component.RENDEZVOUS, 0.0), _train(s)]
+                return [(Component.TRAINING, s)]
 
         elif w is _Window.FIRST and not self.forming:
 
@@ -367,7 +367,3 @@ class Ledger:
             self.rate_before = (step - first_step) / (at - first_at)
         self.resume_from = step if self.resume_from is None else max(step, self.resume_from)
         self.round = None  # its steps are history: the next round's come after `running`
-
-
-def _train(s: float) -> tuple[Component, float]:
-    return Component.TRAINING, s
