@@ -11,7 +11,6 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
-import collections
 import enum
 import logging
 import os
@@ -21,20 +20,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import net, process
 from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import worker_argv, worker_env, workers_of
+from .env import WorkerSpec, worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
-from .logs import Console, LogRouter, Stream, destinations, prefix_for
+from .logs import Console, LogRouter, Routing
+from .member import Member
 from .oom import oom_kills, oom_reason
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
-from .reports import NodeReport, WorkerReport
+from .reports import NodeReport
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
+from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
 from .stragglers import Flagged
 from .summary import read_error_file
 
@@ -57,27 +57,6 @@ class Waiting:
     """What the forming round waits for (the rendezvous says so every few seconds)."""
 
     line: str
-
-
-@dataclass(eq=False)
-class Member:
-    """A worker of the current round and its live process."""
-
-    worker: Worker
-    proc: process.WorkerProcess
-    streams: list[Stream]
-    error_file: str
-    log_files: tuple[str, ...]
-    started: float = 0.0
-    progress_file: str | None = None
-    hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
-    state: WorkerState = WorkerState.RUNNING
-    signalled: bool = False  # the launcher asked it to stop: its failure is collateral
-    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
-    straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
-
-
-RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
 class Then(enum.Enum):
@@ -131,6 +110,8 @@ class Supervisor:
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
         self.monitor = monitor  # the job board: this node's reports, and the straggler judge
+        self.spec = worker_spec(config)
+        self.routing = routing_of(config)
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -272,7 +253,7 @@ class Supervisor:
             error_file = os.path.join(folder, "error.json")
             progress_file = os.path.join(folder, "progress")
             env = worker_env(
-                self.config,
+                self.spec,
                 rnd,
                 worker,
                 self.environ,
@@ -280,7 +261,7 @@ class Supervisor:
                 agent_id=self.agent_id,
                 progress_file=progress_file,
             )
-            argv = worker_argv(self.config, worker)
+            argv = worker_argv(self.spec, worker)
             try:
                 proc = self.starter.start(argv, env)
             except OSError as e:  # e.g. a --no_python command removed since the last round
@@ -290,11 +271,11 @@ class Supervisor:
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
             streams, files = [], []
-            prefix = prefix_for(self.config, worker, self.host, self.environ)
+            prefix = self.routing.prefix(worker, self.host, self.environ)
             for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                 if pipe is None:
                     continue
-                console, to_file = destinations(self.config, worker.local_rank, name)
+                console, to_file = self.routing.destinations(worker.local_rank, name)
                 path = os.path.join(folder, f"{name}.log") if to_file else None
                 streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
                 files += [path] if path else []
@@ -432,7 +413,7 @@ class Supervisor:
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung:
                 continue
-            idle = self._idle(m)
+            idle = m.idle(self.clock())
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
@@ -479,18 +460,7 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         """A picture of the group for views; safe to call from another thread."""
         rnd = self.round
-        workers = [
-            {
-                "rank": m.worker.rank,
-                "local_rank": m.worker.local_rank,
-                "pid": m.proc.pid,
-                "state": m.state.value,
-                "started": m.started,
-                "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
-                "straggler": m.straggler,
-            }
-            for m in list(self.members)
-        ]
+        workers = [m.row() for m in list(self.members)]
         waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
         return Snapshot(
             self.state,
@@ -509,22 +479,8 @@ class Supervisor:
             return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
-        workers = []
-        for m in list(self.members):
-            step, rate = self._step_rate(m)
-            workers.append(
-                WorkerReport(
-                    rank=m.worker.rank,
-                    local_rank=m.worker.local_rank,
-                    pid=m.proc.pid,
-                    state=m.state.value,
-                    restarts=restarts,
-                    progress_age=round(self._idle(m), 1),
-                    step=step,
-                    rate=rate,
-                    straggler=m.straggler,
-                )
-            )
+        now = self.clock()
+        workers = [m.report(now, restarts) for m in list(self.members)]
         return NodeReport(
             host=self.host,
             state=self.state.value,
@@ -579,29 +535,6 @@ class Supervisor:
             log_files=m.log_files,
         )
 
-    def _idle(self, m: Member) -> float:
-        """Seconds since the worker last printed a line or called launcher.progress()."""
-        idle = self.clock() - max([m.started] + [s.last_at for s in m.streams if s.last_at])
-        try:
-            idle = min(idle, time.time() - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            pass
-        return max(0.0, idle)
-
-    def _step_rate(self, m: Member) -> tuple[int | None, float | None]:
-        """The worker's last `launcher.progress(step=)` and its steps per second over RATE_WINDOW (None: unknown)."""
-        try:
-            with open(m.progress_file, "rb") as f:  # type: ignore[arg-type]
-                step = int(f.read(64).strip() or b"x")
-        except (OSError, TypeError, ValueError):
-            return None, None
-        now = self.clock()
-        m.steps.append((now, step))
-        while len(m.steps) > 2 and now - m.steps[1][0] >= RATE_WINDOW:
-            m.steps.popleft()
-        then, first = m.steps[0]
-        return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
-
     def _verdict(self) -> Verdict | None:
         """This node's root cause, as the rendezvous publishes it should it close the job."""
         root = RunResult(self.state, 0, tuple(self.failures)).root_cause
@@ -630,6 +563,28 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.guard.pid] if self.guard and self.guard.pid else []
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
+
+
+def worker_spec(config: LaunchConfig) -> WorkerSpec:
+    """What this agent's workers share, from the config."""
+    c = config
+    return WorkerSpec(
+        c.program,
+        c.script_args,
+        c.local_rank_arg,
+        c.role,
+        c.max_restarts,
+        c.signals_to_handle,
+        c.gpus,
+        c.virtual_local_rank,
+        c.hang_timeout,
+    )
+
+
+def routing_of(config: LaunchConfig) -> Routing:
+    """Where the workers' streams go, from the config."""
+    c = config
+    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
 
 
 def _pgid(pid: int) -> int:
