@@ -29,7 +29,7 @@ from .config import LaunchConfig
 from .env import WorkerSpec, worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
 from .logs import Console, LogRouter, Routing
-from .member import Member
+from .members import Member
 from .oom import oom_kills, oom_reason
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
 from .reports import NodeReport
@@ -460,7 +460,7 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         """A picture of the group for views; safe to call from another thread."""
         rnd = self.round
-        workers = [m.row() for m in list(self.members)]
+        workers = [m.view() for m in list(self.members)]
         waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
         return Snapshot(
             self.state,
@@ -480,7 +480,7 @@ class Supervisor:
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
         now = self.clock()
-        workers = [m.report(now, restarts) for m in list(self.members)]
+        workers = [m.report(restarts, now) for m in list(self.members)]
         return NodeReport(
             host=self.host,
             state=self.state.value,

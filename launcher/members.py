@@ -57,14 +57,20 @@ class Member:
         then, first = self.steps[0]
         return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
 
-    def row(self) -> WorkerRow:
-        """This worker in the live view."""
-        last_line = max(self.streams, key=lambda s: s.last_at).last_line if self.streams else ""
-        w = self.worker
-        return WorkerRow(w.rank, w.local_rank, self.proc.pid, self.state.value, self.started, last_line, self.straggler)
+    @property
+    def last_line(self) -> str:
+        """The last line it printed, on either stream."""
+        return max(self.streams, key=lambda s: s.last_at).last_line if self.streams else ""
 
-    def report(self, now: float, restarts: int) -> WorkerReport:
-        """This worker on the job board (reads its progress file: one caller, the board's monitor)."""
+    def view(self) -> WorkerRow:
+        """Its row in the live view."""
+        w = self.worker
+        return WorkerRow(
+            w.rank, w.local_rank, self.proc.pid, self.state.value, self.started, self.last_line, self.straggler
+        )
+
+    def report(self, restarts: int, now: float) -> WorkerReport:
+        """Its row in `launcher status`, on the job board (reads its progress file: one caller, the board's monitor)."""
         step, rate = self.step_rate(now)
         return WorkerReport(
             rank=self.worker.rank,
