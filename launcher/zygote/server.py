@@ -181,6 +181,14 @@ def become_worker(job: Job) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:  # `random` reseeds itself after a fork; numpy's global state does not
         numpy_random.seed()
+    import atexit
+    import gc
+
+    # The zygote froze what it preloaded; frozen objects are never collected, not even when the
+    # interpreter shuts down, so nanobind extensions (triton's, torch >= 2.15) report each of their
+    # objects as leaked ("nanobind: leaked N instances"). Unfrozen at exit, after the script's own
+    # atexit handlers (registered later, run earlier), they are finalised as in a spawned worker.
+    atexit.register(gc.unfreeze)
 
 
 def run_worker(job: Job) -> None:
