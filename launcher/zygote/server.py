@@ -150,6 +150,8 @@ def become_worker(job: Job) -> None:
         os.setpgid(0, 0)
     except OSError:
         pass
+    if job.request.cpus:  # --numa_binding, before the worker has a thread of its own
+        os.sched_setaffinity(0, job.request.cpus)
     _await_adoption(job.agent)
     set_name(job.comm)
     out, err, *stdin = job.fds
