@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 base=${COMPAT_DIR:-/tmp}
 empty=$(mktemp)
-trap 'rm -f "$empty"' EXIT
+lines=$(mktemp)
+trap 'rm -f "$empty" "$lines"' EXIT
 rows=()
 status=0
 for v in "$@"; do
@@ -28,17 +29,21 @@ for v in "$@"; do
     rm -rf "$venv"
     echo "== torch $v: installing into $venv" >&2
     t0=$SECONDS
+    # (pip's notes about this machine's local index folders are left out)
     if ! "$PY" -m venv "$venv" \
         || ! PIP_CONSTRAINT="$empty" "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check \
-            "torch==$v" numpy "click>=8.1" "psutil>=5.9" "rich>=13" "python-hostlist>=1.23" "h11>=0.14"; then
+            "torch==$v" numpy "click>=8.1" "psutil>=5.9" "rich>=13" "python-hostlist>=1.23" "h11>=0.14" \
+            2> >(grep -v "^WARNING: Location" >&2); then
         rows+=("| $v | install failed | | | | | |")
         status=1
         rm -rf "$venv"
         continue
     fi
     echo "== torch $v: installed in $((SECONDS - t0)) s ($(du -sh "$venv" | cut -f1)); checking" >&2
-    out=$("$venv/bin/python" scripts/compat/checks.py ${COMPAT_ONLY:+--only "$COMPAT_ONLY"} | tee -a /dev/stderr) || status=1
-    rows+=("$(tail -n1 <<<"$out")")
+    # checks.py's lines go to stderr as they come (through tee's own stdout: reopening /dev/stderr
+    # would truncate or interleave a redirected log), and to a file for the row
+    "$venv/bin/python" scripts/compat/checks.py ${COMPAT_ONLY:+--only "$COMPAT_ONLY"} | tee "$lines" >&2 || status=1
+    rows+=("$(tail -n1 "$lines")")
     [ "${COMPAT_KEEP:-0}" = 1 ] || rm -rf "$venv"
 done
 echo
