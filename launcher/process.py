@@ -12,6 +12,7 @@ Three layers keep orphans away, grandchildren included:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Protocol
 
 from .spec import Exit
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -134,8 +137,13 @@ def inherited_affinity(cpus: frozenset[int]) -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    # pid 0 is the calling thread, not the whole agent: its other threads keep running where they were
-    os.sched_setaffinity(0, cpus)
+    try:
+        # pid 0 is the calling thread, not the whole agent: its other threads keep running where they were
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:  # e.g. a cgroup changed under the agent: the worker still starts, unbound
+        log.warning("cannot bind a worker to CPUs %s (%s); it runs unbound", sorted(cpus), e.strerror or e)
+        yield
+        return
     try:
         yield
     finally:

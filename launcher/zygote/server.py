@@ -150,8 +150,6 @@ def become_worker(job: Job) -> None:
         os.setpgid(0, 0)
     except OSError:
         pass
-    if job.request.cpus:  # --numa_binding, before the worker has a thread of its own
-        os.sched_setaffinity(0, job.request.cpus)
     _await_adoption(job.agent)
     set_name(job.comm)
     out, err, *stdin = job.fds
@@ -160,6 +158,15 @@ def become_worker(job: Job) -> None:
     for fd, target in ((stdin[0], 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
     _close(fd for fd in (stdin[0], out, err) if fd > 2)
+    if job.request.cpus:  # --numa_binding, before the worker has a thread of its own
+        try:
+            os.sched_setaffinity(0, job.request.cpus)
+        except OSError as e:  # said on the worker's own stderr, which the agent logs
+            print(
+                f"launcher: cannot bind this worker to its CPUs ({e.strerror or e}); it runs unbound",
+                file=sys.stderr,
+                flush=True,
+            )
     for sig in signal.valid_signals():  # what a fresh python has: defaults, SIGINT raises, SIGPIPE ignored
         handler = {
             signal.SIGINT: signal.default_int_handler,

@@ -6,6 +6,7 @@ The expectations are torch 2.13's (torch/numa/binding.py) worked out by hand for
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from launcher.numa import (
     parse_numa_binding,
     visible_gpus,
 )
+from launcher.process import inherited_affinity
 
 # ---------------------------------------------------------------------------- a fake machine
 
@@ -322,3 +324,17 @@ def test_numa_bound_hands_each_worker_its_cpus_and_passes_the_rest_through(dgx):
     assert bound.helpers() == (42,)
     bound.close()
     assert inner.closed
+
+
+def test_the_spawning_thread_holds_the_cpus_for_the_spawn_only(caplog):
+    before = os.sched_getaffinity(0)
+    one = frozenset({max(before)})
+    with inherited_affinity(one):
+        assert os.sched_getaffinity(0) == one  # what a process started here inherits
+    assert os.sched_getaffinity(0) == before
+    with inherited_affinity(frozenset()):
+        assert os.sched_getaffinity(0) == before
+    with caplog.at_level(logging.WARNING, logger="launcher.process"), inherited_affinity(frozenset({1 << 20})):
+        assert os.sched_getaffinity(0) == before  # no such CPU: said, and the worker starts unbound
+    assert os.sched_getaffinity(0) == before
+    assert len(caplog.records) == 1 and "runs unbound" in caplog.records[0].getMessage()
