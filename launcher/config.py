@@ -19,6 +19,7 @@ from types import MappingProxyType
 from .errors import ConfigError
 from .numa import NumaMode, parse_numa_binding
 from .parsers import parse_port, parse_seconds
+from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.settings import LocalSettings
 
@@ -26,6 +27,7 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 # Backends named only so their error can say why not.
 LATER_BACKENDS = ("etcd-v2",)
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
+QUARANTINE_FILE_ENV = "LAUNCHER_QUARANTINE_FILE"  # where a quarantined node appends its name (Slurm scripts)
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -82,6 +84,10 @@ class LaunchConfig:
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
     numa_binding: NumaMode | None = None  # bind each worker to the CPUs near its GPU (see numa)
     module: bool = False  # the program is `-m MODULE`, not a script path
+    restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
+    health_check: str | None = None  # --health_check CMD: run before each round this node joins
+    health_check_timeout: float = 60.0
+    quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
 
     @property
     def run_id(self) -> str:
@@ -102,8 +108,6 @@ class LaunchConfig:
             self.max_restarts,
             self.local_addr,
             self.join_token,
-            self.straggler_threshold,
-            self.straggler_period,
         )
 
 
@@ -397,6 +401,10 @@ def from_flags(
     preload: bool = False,
     preload_modules: str | None = None,
     numa_binding: str | None = None,
+    restart_policy: str = "",
+    quarantine: str = "",
+    health_check: str | None = None,
+    health_check_timeout: float | str = 60.0,
     environ: Mapping[str, str] = os.environ,
     **later: object,
 ) -> LaunchConfig:
@@ -487,6 +495,10 @@ def from_flags(
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
         numa_binding=parse_numa_binding(numa_binding),
         module=module,
+        restart_policy=parse_policy(parse_kv(restart_policy, "--restart_policy"), parse_kv(quarantine, "--quarantine")),
+        health_check=(health_check or "").strip() or None,
+        health_check_timeout=parse_seconds(health_check_timeout, "--health_check_timeout", minimum=0.1),
+        quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
     )
 
 

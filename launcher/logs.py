@@ -102,6 +102,7 @@ class Stream:
     partial: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
     pipe: IO[bytes] | None = None  # the Popen file object: it owns `fd`, closed once we reach its end
+    torch_prefix: bytes = b""  # "[rankN]: ", what torch's excepthook puts on this worker's traceback lines
 
 
 class LogRouter:
@@ -120,8 +121,11 @@ class LogRouter:
         self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
         self._thread.start()
 
-    def add(self, pipe: IO[bytes], prefix: str, console: IO[bytes] | None, path: str | None) -> Stream:
-        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional."""
+    def add(
+        self, pipe: IO[bytes], prefix: str, console: IO[bytes] | None, path: str | None, rank: int | None = None
+    ) -> Stream:
+        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional;
+        `rank`'s own "[rankN]: " prefix (torch's, on a traceback) is replaced by ours, not doubled."""
         file = None
         if path:
             try:
@@ -129,7 +133,8 @@ class LogRouter:
                 file = open(path, "ab", buffering=0)
             except OSError as e:  # read-only or full: the worker runs anyway, its console output too
                 self.disk_error(path, e)
-        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe)
+        torch_prefix = b"" if rank is None else b"[rank%d]: " % rank
+        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe, torch_prefix=torch_prefix)
         with self._lock:
             self._pending.append(stream)
         self._wake()
@@ -242,14 +247,22 @@ class LogRouter:
         s.last_at = time.monotonic()
         if s.console is None:
             return
-        # torch already prefixes its own error lines with "[rankN]:"; do not say it twice
-        out = b"".join((line if line.startswith(s.prefix) else s.prefix + line) + b"\n" for line in lines)
+        out = b"".join(_prefixed(s, line) + b"\n" for line in lines)
         with CONSOLE_LOCK:
             try:
                 s.console.write(out)
                 s.console.flush()
             except (OSError, ValueError):  # a closed terminal must not kill the pump
                 pass
+
+
+def _prefixed(s: Stream, line: bytes) -> bytes:
+    """One console line: torch's excepthook already prefixes a worker's traceback with "[rankN]: "
+    (init_process_group installs it); that prefix becomes ours (`[host rankN]: ` across nodes),
+    so it is never said twice."""
+    if s.torch_prefix and line.startswith(s.torch_prefix):
+        return s.prefix + line[len(s.torch_prefix) :]
+    return line if line.startswith(s.prefix) else s.prefix + line
 
 
 # ---------------------------------------------------------------------------- routing policy

@@ -17,11 +17,14 @@ import threading
 from contextlib import ExitStack, nullcontext
 
 from . import process
+from .board import Monitor
 from .config import LaunchConfig
-from .errors import EXIT_OK, LauncherError
+from .errors import EXIT_OK, LauncherError, exit_code_for_signal
+from .governor import governor_for
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
+from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
 from .supervisor import Supervisor
 
@@ -39,12 +42,19 @@ def run(config: LaunchConfig) -> int:
     starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
     try:
-        rendezvous = create_rendezvous(config)
+        rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
     except LauncherError as e:
         starter.close()
         guard.stop()
         log.error(f"error: {e}")
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C while it connects to the store: one line, not click's empty one
+        starter.close()
+        guard.stop()
+        log.error(
+            f"got SIGINT while connecting to the {config.rdzv_backend} rendezvous; stopped (no worker was started)"
+        )
+        return exit_code_for_signal(signal.SIGINT)
     run_dir, temporary = make_run_dir(config)
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
     prewarm.daemon = True
@@ -65,6 +75,10 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        monitor = Monitor(
+            rendezvous.shared_store(), config.run_id, Judge(config.straggler_threshold, config.straggler_period)
+        )
+        governor = governor_for(config, rendezvous.shared_store(), agent_id, os.environ)
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -76,6 +90,8 @@ def run(config: LaunchConfig) -> int:
             sinks=sinks,
             periodic=[notifier.tick, starter.check],
             console=console,
+            monitor=monitor,
+            governor=governor,
         )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
@@ -89,8 +105,14 @@ def run(config: LaunchConfig) -> int:
                 logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
                 logs.close()
                 starter.close()
+                governor.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)
+            why = result.message
+        monitor.stop()  # this node's last report, before the store may go with the rendezvous
+        if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
+            rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

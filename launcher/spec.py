@@ -111,13 +111,14 @@ class Failure:
     reason: str = ""  # what the launcher knows beyond the exit, e.g. that it hung
     error_file: str | None = None
     log_files: tuple[str, ...] = ()
+    step: int | None = None  # its last launcher.progress(step=) before it ended
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The job's root cause as one node published it to the others when it closed the job.
 
-    Small and bounded (the protocol writes and checks it: `rendezvous.protocol.encode_verdict`);
+    Small and bounded (the protocol writes and checks it: `rendezvous.records.encode_verdict`);
     `log` is a path on `host`, `node` the agent that wrote it.
     """
 
@@ -129,9 +130,11 @@ class Verdict:
     round: int
     error: str = ""  # the first line of the error file's message
     log: str = ""  # where the full log (or the error file) is, on `host`
+    code: int = 0  # the job's exit code as the closing node chose it (exitcodes.py); 0: the root cause's own
 
     def describe(self) -> str:
-        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {Exit(self.returncode).describe()} (attempt {self.round})"
+        how = Exit(self.returncode).describe()
+        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host} {how} (attempt {self.round})"
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class RunResult:
     signal: int | None = None
     message: str = ""
     verdict: Verdict | None = None  # the job's root cause as another node published it (None: local or unknown)
+    quarantined: tuple[str, ...] = ()  # "host (why)" of each host the job keeps out for now
 
     @property
     def root_cause(self) -> Failure | None:

@@ -247,7 +247,7 @@ def main() -> None:
     for n in sizes:
         med = {t: [r for r in rows[(t, n)] if "error" not in r] for t in TOOLS}
 
-        def m(tool: str, key: str):
+        def m(tool: str, key: str, med=med):
             got = [r[key] for r in med[tool] if r.get(key) is not None]
             return statistics.median(got) if got else None
 
