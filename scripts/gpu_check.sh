@@ -288,11 +288,16 @@ if wanted nvml_health; then
         say SKIP nvml_health "--health_check has not landed in this checkout (issue 22)"
     elif ! gpu_skip nvml_health; then
         if ! "$PYTHON" -c "import pynvml" 2>/dev/null; then
-            say SKIP nvml_health "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+            say SKIP nvml_health "nvidia-ml-py is not installed (pip install 'launcher[gpu]')"
         else
+            # the gate's built-in NVML checks run with any --health_check; `true` adds nothing of its own
             run nvml_health "${LAUNCHER[@]}" --nproc_per_node "$NP" --health_check true "$LOGS/trivial.py"
             rc=$?
-            if [ $rc = 0 ]; then say PASS nvml_health "the built-in NVML checks let the node in"; else say FAIL nvml_health "exit $rc: $(last nvml_health)"; fi
+            if [ $rc = 0 ] && has nvml_health "^(\[rank0\]: )?ran"; then
+                say PASS nvml_health "the built-in NVML checks (GPUs visible, no ECC or retired-page trouble, memory freed) let the node in"
+            else
+                say FAIL nvml_health "exit $rc: $(last nvml_health)"
+            fi
         fi
     fi
 fi
