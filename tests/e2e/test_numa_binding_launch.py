@@ -20,9 +20,10 @@ ALLOWED = sorted(os.sched_getaffinity(0))
 
 # The launcher as `python -m launcher` runs it, with the machine read from argv[1].
 AGENT = """
-import sys
+import atexit, sys
 import launcher.numa
 launcher.numa.SYSFS_ROOT = sys.argv[1]
+atexit.register(lambda: print(f"agent imported torch: {'torch' in sys.modules}", file=sys.stderr))
 from launcher.cli import main
 main(sys.argv[2:])
 """
@@ -87,6 +88,7 @@ def test_each_worker_runs_on_its_share_of_the_gpus_node(tmp_path, preload):
     assert f"[rank0]: cpus=[{a}] forked={preload}" in r.stdout, r.stdout + r.stderr[-2000:]
     assert f"[rank1]: cpus=[{b}] forked={preload}" in r.stdout, r.stdout + r.stderr[-2000:]
     assert "numa_binding" not in r.stderr  # nothing to warn about
+    assert "agent imported torch: False" in r.stderr
 
 
 def test_a_machine_without_a_gpu_says_so_in_one_line_and_runs(tmp_path):
