@@ -128,18 +128,25 @@ def run(config: LaunchConfig) -> int:
 
 
 def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
-    """Workers spawned fresh, or (--preload) forked from a zygote started now."""
-    if config.preload_modules is None:
-        return process.Spawner()
-    from .env import zygote_env
-    from .zygote.client import Preloaded
+    """Workers spawned fresh, or (--preload) forked from a zygote started now; bound to CPUs by --numa_binding."""
+    starter: process.Starter = process.Spawner()
+    if config.preload_modules is not None:
+        from .env import zygote_env
+        from .zygote.client import Preloaded
 
-    return Preloaded(
-        config.program,
-        config.module,
-        config.preload_modules,
-        zygote_env(config.nproc_per_node, os.environ, agent_id=agent_id),
-    )
+        starter = Preloaded(
+            config.program,
+            config.module,
+            config.preload_modules,
+            zygote_env(config.nproc_per_node, os.environ, agent_id=agent_id),
+        )
+    if config.numa_binding is not None:
+        from .numa import Binding, NumaBound
+
+        binding = Binding.create(config.numa_binding, os.environ, config.gpus)
+        if binding is not None:
+            starter = NumaBound(starter, binding)
+    return starter
 
 
 class _live_view:
