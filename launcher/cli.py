@@ -287,7 +287,13 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
 @flag("logs-specs", group=LOGS, default=None, hidden=True)
 @flag("event-log-handler", group=LOGS, default="null", hidden=True)
-@flag("numa-binding", group=NODES, default=None, hidden=True)
+@flag(
+    "numa-binding",
+    group=NODES,
+    default=None,
+    metavar="MODE",
+    help="Run each worker on the CPUs near its GPU: node, socket, exclusive or core-complex.",
+)
 @click.version_option(__version__, "--version", prog_name="launcher", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False, default="")
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .errors import ConfigError
+from .numa import NumaMode, parse_numa_binding
 from .parsers import parse_port, parse_seconds
 from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
@@ -81,6 +82,7 @@ class LaunchConfig:
     straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
+    numa_binding: NumaMode | None = None  # bind each worker to the CPUs near its GPU (see numa)
     module: bool = False  # the program is `-m MODULE`, not a script path
     metrics: tuple[str, int] | None = None  # --metrics_host, --metrics_port: a Prometheus endpoint (None: none)
     restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
@@ -257,7 +259,6 @@ def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ..
 
 # Flags torchrun has that the launcher parses but does not honour (yet): a clear error, never ignored.
 UNSUPPORTED = {
-    "numa_binding": "--numa_binding is not supported yet; bind with numactl inside the script",
     "logs_specs": "--logs_specs is not supported; use --log_dir, --redirects and --tee",
     "duplicate_stdout_filters": "--duplicate_stdout_filters is not supported yet; grep the per-rank logs in --log_dir",
     "duplicate_stderr_filters": "--duplicate_stderr_filters is not supported yet; grep the per-rank logs in --log_dir",
@@ -400,6 +401,7 @@ def from_flags(
     straggler_period: float | str = 60.0,
     preload: bool = False,
     preload_modules: str | None = None,
+    numa_binding: str | None = None,
     metrics_port: int | str | None = None,
     metrics_host: str = "127.0.0.1",
     restart_policy: str = "",
@@ -494,6 +496,7 @@ def from_flags(
         straggler_threshold=parse_fraction(straggler_threshold, "--straggler_threshold"),
         straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
         preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
+        numa_binding=parse_numa_binding(numa_binding),
         module=module,
         metrics=parse_metrics(metrics_host, metrics_port),
         restart_policy=parse_policy(parse_kv(restart_policy, "--restart_policy"), parse_kv(quarantine, "--quarantine")),

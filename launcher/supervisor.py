@@ -27,11 +27,11 @@ from . import net, process
 from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import worker_argv, worker_env, workers_of
+from .env import WorkerSpec, worker_argv, worker_env, workers_of
 from .errors import RendezvousClosedError, RendezvousError
 from .exitcodes import ExitCode, for_signal, passed_through
 from .governor import Governor
-from .logs import Console, LogRouter, destinations, prefix_for
+from .logs import Console, LogRouter, Routing
 from .members import Member, ended_round, route, verdict_of
 from .oom import oom_kills
 from .policy import Stop, requeue_after
@@ -131,6 +131,8 @@ class Supervisor:
         self._peer_failed = False  # the round ends for a worker that failed on another node
         self._delay = 0.0  # the backoff before the next round's workers start
         self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
+        self.spec = worker_spec(config)
+        self.routing = routing_of(config)
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -310,7 +312,7 @@ class Supervisor:
             error_file = os.path.join(folder, "error.json")
             progress_file = os.path.join(folder, "progress")
             env = worker_env(
-                self.config,
+                self.spec,
                 rnd,
                 worker,
                 self.environ,
@@ -318,7 +320,7 @@ class Supervisor:
                 agent_id=self.agent_id,
                 progress_file=progress_file,
             )
-            argv = worker_argv(self.config, worker)
+            argv = worker_argv(self.spec, worker)
             try:
                 proc = self.starter.start(argv, env)
             except OSError as e:  # e.g. a --no_python command removed since the last round
@@ -327,8 +329,8 @@ class Supervisor:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            prefix = prefix_for(self.config, worker, self.host, self.environ)
-            where = functools.partial(destinations, self.config, worker.local_rank)
+            prefix = self.routing.prefix(worker, self.host, self.environ)
+            where = functools.partial(self.routing.destinations, worker.local_rank)
             streams, files = route(proc, self.logs, self.console, prefix, folder, where, worker.rank)
             self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
@@ -546,7 +548,8 @@ class Supervisor:
             return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
-        workers = [m.report(restarts, self.clock()) for m in list(self.members)]
+        now = self.clock()
+        workers = [m.report(restarts, now) for m in list(self.members)]
         return NodeReport(
             host=self.host,
             state=self.state.value,
@@ -611,6 +614,28 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.guard.pid] if self.guard and self.guard.pid else []
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
+
+
+def worker_spec(config: LaunchConfig) -> WorkerSpec:
+    """What this agent's workers share, from the config."""
+    c = config
+    return WorkerSpec(
+        c.program,
+        c.script_args,
+        c.local_rank_arg,
+        c.role,
+        c.max_restarts,
+        c.signals_to_handle,
+        c.gpus,
+        c.virtual_local_rank,
+        c.hang_timeout,
+    )
+
+
+def routing_of(config: LaunchConfig) -> Routing:
+    """Where the workers' streams go, from the config."""
+    c = config
+    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
 
 
 def _pgid(pid: int) -> int:

@@ -29,7 +29,7 @@ BAD_INPUT = [
     (["--rdzv_backend", "zookeeper", "x.py"], "--rdzv_backend"),
     (["--rdzv_conf", "novalue", "x.py"], "--rdzv_conf"),
     (["--rdzv_conf", "join_timeout=5", "x.py"], "join_timeout"),
-    (["--numa_binding", "node", "x.py"], "--numa_binding"),
+    (["--numa_binding", "cores", "x.py"], "--numa_binding"),
     (["-m", "--no_python", "x"], "-m and --no_python"),
     (["--shutdown_timeout", "soon", "x.py"], "--shutdown_timeout"),
     (["--no-such-flag", "x.py"], "no-such-flag"),
