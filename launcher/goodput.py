@@ -80,7 +80,8 @@ class Breakdown:
         return replace(self, **{c.value: round(self.seconds(c), 3) for c in Component}, wall=round(self.wall, 3))
 
     def to_dict(self) -> dict:
-        return {**asdict(self.rounded()), "goodput": round(self.goodput, 5)}
+        r = self.rounded()  # the fraction from the figures as written, so a reader finds the same
+        return {**asdict(r), "goodput": round(r.goodput, 5)}
 
     @classmethod
     def from_dict(cls, value: object) -> Breakdown | None:

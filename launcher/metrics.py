@@ -67,7 +67,7 @@ class AgentCollector:
             "launcher_group_rank", "This node's group rank (-1: in no round yet).", rnd.group_rank if rnd else -1
         )
         yield _gauge("launcher_world_size", "Workers in the job.", rnd.world_size if rnd else 0)
-        by_state = Counter(w["state"] for w in snap.workers)
+        by_state = Counter(w.state for w in snap.workers)
         workers = GaugeMetricFamily("launcher_workers", "This node's workers by state.", labels=["state"])
         for s in WorkerState:
             workers.add_metric([s.value], by_state.get(s.value, 0))
