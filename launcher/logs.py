@@ -270,16 +270,14 @@ def destinations(config, local_rank: int, stream: str) -> tuple[bool, bool]:
 
 
 def prefix_for(config, worker, host: str, environ) -> str:
-    """`[rank3]: `, with the host in multi-node jobs; torchrun's prefix template is honoured."""
+    """`[rank3]: `, with the host in multi-node jobs; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is used as
+    given, as torchrun uses it (`${role_name}`, `${rank}`, `${local_rank}`, and our `${host}`)."""
     template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     if template:
         from string import Template
 
-        return (
-            Template(template).safe_substitute(
-                role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
-            )
-            + ":"
+        return Template(template).safe_substitute(
+            role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
         )
     if config.multi_node:
         return f"[{host} rank{worker.rank}]: "

@@ -33,6 +33,8 @@ def run(config: LaunchConfig) -> int:
     tty = process.is_tty(sys.stderr)
     console = Console()
     configure_console(console, config.log_level, quiet=config.quiet, timestamps=not tty)
+    for note in config.notes:  # what the flags made worth a word: one line each
+        log.warning(note)
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     process.become_subreaper()  # before the guard: the fork inherits ctypes, loaded once
     guard = process.Guard(agent_id).start()  # before any thread exists
@@ -52,6 +54,8 @@ def run(config: LaunchConfig) -> int:
     with ExitStack() as cleanup:
         cleanup.callback(prewarm.cancel)
         sinks: list = [notifier]
+        if config.events_on_console:  # --event_log_handler console
+            sinks.append(_event_line)
         if config.events_file:
             from .events import EventsFile
 
@@ -115,6 +119,11 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
     return Preloaded(
         config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)
     )
+
+
+def _event_line(kind: str, fields: dict) -> None:
+    """One launcher line per event (torch's console event handler logs each event the same way)."""
+    log.info("event %s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
 class _live_view:

@@ -43,7 +43,7 @@ def main(args: list[str] | None = None) -> None:
 def parse_min_max_nnodes(nnodes: str) -> tuple[int, int]:
     """torch.distributed.run.parse_min_max_nnodes: the launcher's own parser; torch raises RuntimeError."""
     from launcher.errors import ConfigError
-    from launcher.config import parse_nnodes
+    from launcher.parsers import parse_nnodes
 
     try:
         return parse_nnodes(nnodes)
