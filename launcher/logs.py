@@ -102,6 +102,8 @@ class Stream:
     partial: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
     pipe: IO[bytes] | None = None  # the Popen file object: it owns `fd`, closed once we reach its end
+    filtered: IO[bytes] | None = None  # --duplicate_std*_filters: lines holding a needle also go here
+    needles: tuple[bytes, ...] = ()
 
 
 class LogRouter:
@@ -117,23 +119,43 @@ class LogRouter:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closing = False
         self._disk_errors: set[int] = set()  # errnos already reported: one line each, not one per write
+        self._shared: dict[str, IO[bytes]] = {}  # files several streams write (filtered_stdout.log), by path
         self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
         self._thread.start()
 
-    def add(self, pipe: IO[bytes], prefix: str, console: IO[bytes] | None, path: str | None) -> Stream:
-        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional."""
-        file = None
-        if path:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                file = open(path, "ab", buffering=0)
-            except OSError as e:  # read-only or full: the worker runs anyway, its console output too
-                self.disk_error(path, e)
+    def add(
+        self,
+        pipe: IO[bytes],
+        prefix: str,
+        console: IO[bytes] | None,
+        path: str | None,
+        filtered: str | None = None,
+        needles: tuple[str, ...] = (),
+    ) -> Stream:
+        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional; lines
+        holding one of `needles` also go, prefixed, to the file at `filtered` (shared by the streams
+        that name it)."""
+        file = self._open(path) if path else None
+        shared = None
+        if filtered and needles:
+            with self._lock:
+                shared = self._shared.get(filtered)
+                if shared is None:
+                    shared = self._shared[filtered] = self._open(filtered)  # type: ignore[assignment]
         stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe)
+        stream.filtered, stream.needles = shared, tuple(n.encode() for n in needles)
         with self._lock:
             self._pending.append(stream)
         self._wake()
         return stream
+
+    def _open(self, path: str) -> IO[bytes] | None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return open(path, "ab", buffering=0)
+        except OSError as e:  # read-only or full: the worker runs anyway, its console output too
+            self.disk_error(path, e)
+            return None
 
     def disk_error(self, path: str, e: OSError) -> None:
         """Say once per kind of error that log files cannot be written; the job never stops for it."""
@@ -158,6 +180,13 @@ class LogRouter:
         self._closing = True
         self._wake()
         self._thread.join(timeout)
+        with self._lock:
+            shared, self._shared = list(self._shared.values()), {}
+        for f in shared:
+            try:
+                f.close()
+            except OSError as e:
+                log.debug("closing a filtered log: %s", e)
 
     # ------------------------------------------------------------------ the thread
 
@@ -217,11 +246,24 @@ class LogRouter:
             s.partial = b""
         if lines:
             self._emit(s, lines)
+            if s.filtered is not None:
+                self._duplicate(s, lines)
         return True
+
+    def _duplicate(self, s: Stream, lines: list[bytes]) -> None:
+        picked = b"".join(s.prefix + line + b"\n" for line in lines if any(n in line for n in s.needles))
+        if picked:
+            try:
+                s.filtered.write(picked)  # type: ignore[union-attr]
+            except OSError as e:
+                s.filtered = None
+                self.disk_error("a filtered log", e)
 
     def _finish(self, s: Stream) -> None:
         if s.partial:
             self._emit(s, [s.partial])
+            if s.filtered is not None:
+                self._duplicate(s, [s.partial])
             s.partial = b""
         try:
             self._selector.unregister(s.fd)

@@ -41,6 +41,7 @@ def run(config: LaunchConfig) -> int:
     starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
     try:
+        logs_plugin = _logs_plugin(config)
         rendezvous = create_rendezvous(config)
     except LauncherError as e:
         starter.close()
@@ -80,6 +81,7 @@ def run(config: LaunchConfig) -> int:
             sinks=sinks,
             periodic=[notifier.tick, starter.check],
             console=console,
+            logs_plugin=logs_plugin,
         )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
@@ -118,6 +120,23 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
 
     return Preloaded(
         config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)
+    )
+
+
+def _logs_plugin(config: LaunchConfig):
+    """--logs_specs NAME: the torchrun.logs_specs plugin (imports torch); None for our own layout."""
+    if config.logs_specs is None:
+        return None
+    from .logs_specs import PluginLogs
+
+    log.info(f"log files placed by the torchrun.logs_specs plugin {config.logs_specs!r}")
+    return PluginLogs(
+        config.logs_specs,
+        config.log_dir,
+        config.redirects,
+        config.tee,
+        config.local_ranks_filter,
+        config.nproc_per_node,
     )
 
 
@@ -167,7 +186,7 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
     logs go to a temporary folder instead, and the launcher says where.
     """
     name = re.sub(r"[^\w.-]", "_", config.run_id)[:64]  # any run id makes a valid folder name
-    if config.log_dir:
+    if config.log_dir and not config.logs_specs:  # a --logs_specs plugin makes its own folders there
         try:
             os.makedirs(config.log_dir, exist_ok=True)
             path = tempfile.mkdtemp(prefix=f"{name}_", dir=config.log_dir)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from . import net, process
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import worker_argv, worker_env, workers_of
+from .env import PROGRESS_VAR, worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
-from .logs import Console, LogRouter, Stream, destinations, prefix_for
+from .logs import Console, LogRouter, Stream, prefix_for
+from .logs_specs import PluginLogs, default_placement
 from .oom import oom_kills, oom_reason
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
 from .signals import SignalReceived, capture_signals
@@ -112,6 +113,7 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        logs_plugin: PluginLogs | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -126,6 +128,7 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -256,23 +259,29 @@ class Supervisor:
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         self.members = []
-        for worker in workers_of(rnd, self.config.nproc_per_node):
+        workers = workers_of(rnd, self.config.nproc_per_node)
+        envs = {}
+        for worker in workers:
             folder = os.path.join(attempt, str(worker.local_rank))
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
-            error_file = os.path.join(folder, "error.json")
-            progress_file = os.path.join(folder, "progress")
-            env = worker_env(
+            envs[worker.local_rank] = worker_env(
                 self.config,
                 rnd,
                 worker,
                 self.environ,
-                error_file=error_file,
+                error_file=os.path.join(folder, "error.json"),
                 agent_id=self.agent_id,
-                progress_file=progress_file,
+                progress_file=os.path.join(folder, "progress"),
             )
+        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.config, attempt, envs)
+        filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
+        filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
+        for worker in workers:
+            env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
+            error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
             argv = worker_argv(self.config, worker)
             try:
                 proc = self.starter.start(argv, env)
@@ -287,9 +296,12 @@ class Supervisor:
             for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                 if pipe is None:
                     continue
-                console, to_file = destinations(self.config, worker.local_rank, name)
-                path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
+                console = dest.stdout_console if name == "stdout" else dest.stderr_console
+                path = dest.stdout if name == "stdout" else dest.stderr
+                # torch duplicates the tee'd streams' matching lines only
+                teed = self.config.tee.has(worker.local_rank, name)
+                out = self.console.stream(name) if console else None
+                streams.append(self.logs.add(pipe, prefix, out, path, filtered[name] if teed else None, filters[name]))
                 files += [path] if path else []
             self.members.append(
                 Member(
@@ -404,8 +416,9 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
-                    f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)"
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, "
+                    f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
+                    f"for {c.straggler_period:g} s (--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
