@@ -232,6 +232,8 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     cls=GroupedOption,
     group=LOGS,
     default=cfg.DEFAULTS["live"],
+    envvar="PET_LIVE",
+    show_envvar=False,
     help="The live worker table (default: on when stderr is a terminal).",
 )
 @flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
