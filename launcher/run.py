@@ -40,10 +40,14 @@ def run(config: LaunchConfig) -> int:
     guard = process.Guard(agent_id).start()  # before any thread exists
     starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
+    watchdog = None
     try:
         logs_plugin = _logs_plugin(config)
+        watchdog = _watchdog()
         rendezvous = create_rendezvous(config)
     except LauncherError as e:
+        if watchdog:
+            watchdog.close()
         starter.close()
         guard.stop()
         log.error(f"error: {e}")
@@ -54,6 +58,8 @@ def run(config: LaunchConfig) -> int:
     prewarm.start()
     with ExitStack() as cleanup:
         cleanup.callback(prewarm.cancel)
+        if watchdog:
+            cleanup.callback(watchdog.close)
         sinks: list = [notifier]
         if config.events_on_console:  # --event_log_handler console
             sinks.append(_event_line)
@@ -82,6 +88,7 @@ def run(config: LaunchConfig) -> int:
             periodic=[notifier.tick, starter.check],
             console=console,
             logs_plugin=logs_plugin,
+            watchdog=watchdog,
         )
         cleanup.enter_context(supervisor.capture_signals())  # until the very end: late signals are no-ops
         live = config.live if config.live is not None else (tty and not config.quiet)
@@ -138,6 +145,19 @@ def _logs_plugin(config: LaunchConfig):
         config.local_ranks_filter,
         config.nproc_per_node,
     )
+
+
+def _watchdog():
+    """torch's file-timer watchdog where TORCHELASTIC_ENABLE_FILE_TIMER=1 (None otherwise)."""
+    from .filetimer import FILE_VAR, from_environ
+
+    try:
+        watchdog = from_environ(os.environ)
+    except OSError as e:
+        raise LauncherError(f"{FILE_VAR}: cannot make the watchdog's named pipe: {e.strerror or e}") from None
+    if watchdog:
+        log.info(f"file-timer watchdog on {watchdog.path} (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
+    return watchdog
 
 
 def _event_line(kind: str, fields: dict) -> None:

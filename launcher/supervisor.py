@@ -28,6 +28,7 @@ from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import PROGRESS_VAR, worker_argv, worker_env, workers_of
 from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
+from .filetimer import FILE_VAR, FileTimer
 from .logs import Console, LogRouter, Stream, prefix_for
 from .logs_specs import PluginLogs, default_placement
 from .oom import oom_kills, oom_reason
@@ -69,6 +70,7 @@ class Member:
     started: float = 0.0
     progress_file: str | None = None
     hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
+    expired: str = ""  # the scope of its file-timer watchdog that ran out (TORCHELASTIC_ENABLE_FILE_TIMER)
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
     steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
@@ -114,6 +116,7 @@ class Supervisor:
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
         logs_plugin: PluginLogs | None = None,
+        watchdog: FileTimer | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -129,6 +132,7 @@ class Supervisor:
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
         self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
+        self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -198,6 +202,7 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
+        self.check_timers()
         for check in self.periodic:
             check()
 
@@ -258,6 +263,8 @@ class Supervisor:
         self.rendezvous.watch(rnd, self.post, self.report)
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
+        if self.watchdog:
+            self.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
         workers = workers_of(rnd, self.config.nproc_per_node)
         envs = {}
@@ -281,6 +288,8 @@ class Supervisor:
         filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
         for worker in workers:
             env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
+            if self.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
+                env[FILE_VAR] = self.watchdog.path
             error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
             argv = worker_argv(self.config, worker)
             try:
@@ -444,6 +453,22 @@ class Supervisor:
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))
                 m.proc.send(signal.SIGABRT)
 
+    def check_timers(self) -> None:
+        """The file-timer watchdog: a worker whose armed timer ran out gets the signal it asked for (SIGKILL
+        by default); its end is then a failure that names the timer's scope, like any other failure."""
+        if not self.watchdog:
+            return
+        for e in self.watchdog.poll():
+            m = next((m for m in self.members if m.proc.pid == e.pid and m.state is WorkerState.RUNNING), None)
+            if m is None or m.signalled:
+                log.debug("timer %r of pid %d expired, but that is no running worker of this round", e.scope, e.pid)
+                continue
+            m.expired = e.scope
+            name = _signal_name(e.signal)
+            log.info(f"rank {m.worker.rank}'s watchdog timer {e.scope!r} expired; ending it with {name}")
+            self.emit("timer_expired", rank=m.worker.rank, pid=e.pid, scope=e.scope, signal=name)
+            m.proc.send(e.signal)
+
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
         leftovers = process.descendants(self._not_mine())
@@ -577,6 +602,8 @@ class Supervisor:
             collateral=m.signalled and not m.hung,
             reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr"
             if m.hung
+            else f"was ended by its watchdog: timer {m.expired!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER)"
+            if m.expired
             else oom_reason(m.proc.pid, self._oom_kills, m.started)
             if ex.signal == signal.SIGKILL and not m.signalled
             else "",
@@ -635,6 +662,13 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.guard.pid] if self.guard and self.guard.pid else []
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _pgid(pid: int) -> int:

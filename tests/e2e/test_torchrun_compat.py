@@ -197,3 +197,31 @@ def test_event_log_handler_console(here):
     assert r.returncode == 0, r.stderr
     assert re.search(r"launcher: event spawn rank=0 local_rank=0 pid=\d+", r.stderr), r.stderr
     assert re.search(r"launcher: event finished state=succeeded exit_code=0", r.stderr), r.stderr
+
+
+TIMED = """\
+import os, time
+from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+with expires(after=1, scope="fast"):
+    pass
+if os.environ["RANK"] == "1":
+    with expires(after=1, scope="stuck_step"):
+        time.sleep(60)
+print("rank", os.environ["RANK"], "done", flush=True)
+"""
+
+
+@needs_torchrun
+def test_file_timer_watchdog_ends_the_worker_like_a_failure(here):
+    """torchrun's agent SIGKILLs the worker whose timer expired (and then itself); ours ends that worker and
+    reports it as the job's failure, naming the timer's scope."""
+    (here / "timed.py").write_text(TIMED)
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(here / "pipe")}
+    theirs = run("torchrun", "--nproc-per-node=2", "timed.py", cwd=here, env=env)
+    assert "rank 0 done" in theirs.stdout and "rank 1 done" not in theirs.stdout and theirs.returncode != 0
+    ours = run("launcher", "--nproc-per-node=2", "timed.py", cwd=here, env={**env, "TORCHELASTIC_TIMER_FILE": ""})
+    assert "rank 0 done" in ours.stdout and "rank 1 done" not in ours.stdout and ours.returncode == 1
+    assert re.search(r"root cause: rank 1 .* was ended by its watchdog: timer 'stuck_step' expired", ours.stderr)
+    made = re.search(r"file-timer watchdog on (\S+)", ours.stderr).group(1)
+    assert not os.path.exists(made)  # the pipe it made is gone
