@@ -263,15 +263,16 @@ def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags, notes: 
         )
         backend = "etcd"
         conf = {ETCD_V2_KEYS.get(k, k): v for k, v in conf.items()}
-    elif backend not in BACKENDS or backend == "local":
+    elif backend not in BACKENDS or backend in ("local", "torch"):
         if plugins.find("torchrun.handlers", backend) is None:
             raise ConfigError(
                 f"--rdzv_backend {name!r} is unknown; use static, c10d or etcd, or install the package that "
                 "registers it on the torchrun.handlers entry point"
             )
-        from .rendezvous.torch_adapter import TorchHandlerSettings
+        from .rendezvous.torch_adapter import IDENTICAL_VAR, TorchHandlerSettings
 
-        settings = TorchHandlerSettings(backend, flags.endpoint, tuple(conf.items()), flags.local_addr)
+        identical = flags.environ.get(IDENTICAL_VAR) == "1"
+        settings = TorchHandlerSettings(backend, flags.endpoint, tuple(conf.items()), flags.local_addr, identical)
         return "torch", run_id or "none", settings
     flags = dataclasses.replace(flags, conf=_known_conf(backend, conf, notes))
     return backend, run_id or "none", BACKENDS[backend].parse(flags)
@@ -294,11 +295,21 @@ def _logs_specs(name: str | None) -> str | None:
 ENV_NOTES = {
     "TORCHELASTIC_HEALTH_CHECK_PORT": "ignored: torch's open-source agent serves nothing on it either "
     "(its HealthCheckServer is a stub); watch the job with `launcher status` or --events_file",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "not acted on: a worker stuck in D state is not restarted for "
+    "it here; --hang_timeout SEC restarts a worker that makes no progress",
 }
 
 
 def _env_notes(environ: Mapping[str, str]) -> list[str]:
-    return [f"{name}={environ[name]}: {text}" for name, text in ENV_NOTES.items() if environ.get(name)]
+    return [f"{name}={environ[name]}: {text}" for name, text in ENV_NOTES.items() if _positive(environ.get(name))]
+
+
+def _positive(value: str | None) -> bool:
+    """Set to something that switches it on (torch: a non-positive or unparsable timeout disables it)."""
+    try:
+        return float(value or 0) > 0
+    except ValueError:
+        return bool(value)
 
 
 def from_flags(

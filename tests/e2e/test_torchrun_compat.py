@@ -225,3 +225,81 @@ def test_file_timer_watchdog_ends_the_worker_like_a_failure(here):
     assert re.search(r"root cause: rank 1 .* was ended by its watchdog: timer 'stuck_step' expired", ours.stderr)
     made = re.search(r"file-timer watchdog on (\S+)", ours.stderr).group(1)
     assert not os.path.exists(made)  # the pipe it made is gone
+
+
+@pytest.fixture
+def handler_plugin(tmp_path: Path) -> Path:
+    """A torchrun.handlers backend `wrapped_static`: torch's own static handler behind the entry point."""
+    site = tmp_path / "handlers"
+    info = site / "wrapped_static-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrapped-static\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[torchrun.handlers]\nwrapped_static = wrapped_static:get_handler\n")
+    (site / "wrapped_static.py").write_text(
+        textwrap.dedent(
+            """\
+            from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+
+            def create(params):
+                params.config["rank"] = int(params.config["rank"])  # torchrun passes --node_rank as an int
+                return create_rdzv_handler(params)
+
+
+            def get_handler():
+                return create
+            """
+        )
+    )
+    return site
+
+
+ENV_DUMP = """\
+import os
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+print("env", " ".join(f"{k}={os.environ[k]}" for k in keys), flush=True)
+"""
+
+
+@needs_torchrun
+def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
+    """Two nodes of 2 workers meet through a third-party rendezvous backend; the workers see what
+    torchrun's workers see with the same backend."""
+    (here / "env_dump.py").write_text(ENV_DUMP)
+
+    def job(tool: str) -> set[str]:
+        port = free_port()
+        cmd = [sys.executable, "-m", "launcher"] if tool == "launcher" else [str(TORCHRUN)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(handler_plugin), str(ROOT)])
+        nodes = [
+            subprocess.Popen(
+                [
+                    *cmd,
+                    "--nnodes=2",
+                    "--nproc-per-node=2",
+                    "--rdzv-backend=wrapped_static",
+                    f"--rdzv-endpoint=127.0.0.1:{port}",
+                    f"--rdzv-conf=rank={rank}",
+                    "--rdzv-id=plugjob",
+                    "env_dump.py",
+                ],
+                cwd=here,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in (0, 1)
+        ]
+        try:
+            outs = [p.communicate(timeout=120) for p in nodes]
+        finally:
+            for p in nodes:
+                p.kill()
+                p.wait()
+        assert all(p.returncode == 0 for p in nodes), [err for _, err in outs]
+        return {line for out, _ in outs for line in out.splitlines() if line.startswith("env ")}
+
+    ours, theirs = job("launcher"), job("torchrun")
+    assert len(ours) == 4 and ours == theirs, (ours, theirs)
