@@ -151,3 +151,24 @@ def test_duplicate_filters_and_event_log_handler():
 def test_health_check_port_is_said_once():
     c = build(["--no-python", "true"], {"TORCHELASTIC_HEALTH_CHECK_PORT": "9000"})
     assert len(c.notes) == 1 and c.notes[0].startswith("TORCHELASTIC_HEALTH_CHECK_PORT=9000: ignored")
+
+
+@pytest.mark.parametrize("value,said", [("30", True), ("0", False), ("-1", False), ("", False)])
+def test_uninterruptible_state_timeout_is_said_when_it_would_be_on(value, said):
+    c = build(["--no-python", "true"], {"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": value})
+    assert bool(c.notes) is said and all("not acted on" in n for n in c.notes)
+
+
+def test_a_handlers_plugin_is_found_without_torch(tmp_path, monkeypatch):
+    """The name is looked up in package metadata at config time; the plugin (and torch) load at start."""
+    info = tmp_path / "p-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: p\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[torchrun.handlers]\nmine = not_imported:get_handler\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = build(
+        ["--nnodes=2", "--rdzv-backend=mine", "--rdzv-endpoint=h:1", "--rdzv-conf=rank=1", "--no-python", "true"],
+        {"TORCH_ELASTIC_WORKER_IDENTICAL": "1"},
+    )
+    assert c.rdzv_backend == "torch" and c.rendezvous.name == "mine" and c.rendezvous.identical
+    assert dict(c.rendezvous.conf) == {"rank": "1"} and c.rendezvous.endpoint == "h:1"
