@@ -60,8 +60,14 @@ class TorchHandlerRendezvous:
                 **dict(settings.conf),
             )
             self.handler = creator(params)
+            made = self.handler.get_backend()
         except Exception as e:  # the plugin's own error, in one line
             raise RendezvousError(f"--rdzv_backend {settings.name}: {type(e).__name__}: {e}") from e
+        if made != settings.name:  # as torch's registry checks it
+            raise RendezvousError(
+                f"--rdzv_backend {settings.name}: the torchrun.handlers plugin made a {made!r} handler "
+                "(torchrun refuses it too); the plugin's get_backend() must return its entry point's name"
+            )
         self._restarts = 0
         self._round = -1
         self._stop = threading.Event()

@@ -243,7 +243,9 @@ def handler_plugin(tmp_path: Path) -> Path:
 
             def create(params):
                 params.config["rank"] = int(params.config["rank"])  # torchrun passes --node_rank as an int
-                return create_rdzv_handler(params)
+                handler = create_rdzv_handler(params)
+                handler.get_backend = lambda: "wrapped_static"  # torch's registry checks the name
+                return handler
 
 
             def get_handler():
@@ -299,7 +301,8 @@ def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
                 p.kill()
                 p.wait()
         assert all(p.returncode == 0 for p in nodes), [err for _, err in outs]
-        return {line for out, _ in outs for line in out.splitlines() if line.startswith("env ")}
+        # ours prefixes each worker line with its host and rank on a multi-node job; torchrun does not
+        return {line[line.index("env RANK") :] for out, _ in outs for line in out.splitlines() if "env RANK" in line}
 
     ours, theirs = job("launcher"), job("torchrun")
     assert len(ours) == 4 and ours == theirs, (ours, theirs)
