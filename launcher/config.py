@@ -220,7 +220,8 @@ CONF_KEYS: Mapping[str, frozenset[str]] = MappingProxyType(
         "local": frozenset({"timeout"}),
         "static": frozenset({"timeout"}),
         "c10d": frozenset(RDZV_KEYS),
-        "etcd": frozenset(ETCD_KEYS) | frozenset(RDZV_KEYS),  # is_host: etcd says why not
+        # is_host and password: etcd's parser says why not (no node hosts etcd; ps would show a password)
+        "etcd": frozenset(ETCD_KEYS) | frozenset(RDZV_KEYS) | {"password"},
     }
 )
 # torch's etcd-v2 spelling of the TLS keys -> ours
@@ -239,7 +240,8 @@ def _known_conf(backend: str, conf: dict[str, str], notes: list[str]) -> dict[st
             continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.0)  # always the nearest one
         hint = f" (did you mean {close[0]}?)" if close else ""
-        notes.append(f"--rdzv_conf {key}={value} is not a {backend} rendezvous setting; ignored{hint}")
+        # the key only: an unknown key may hold a secret, and notes go to logs
+        notes.append(f"--rdzv_conf {key} is not a {backend} rendezvous setting; ignored{hint}")
     return kept
 
 

@@ -94,7 +94,7 @@ def test_unknown_rdzv_conf_key_is_one_note_naming_the_nearest_key():
     )
     assert c.rendezvous.rdzv.join_timeout == 600.0
     assert c.notes == (
-        "--rdzv_conf join_timout=5 is not a c10d rendezvous setting; ignored (did you mean join_timeout?)",
+        "--rdzv_conf join_timout is not a c10d rendezvous setting; ignored (did you mean join_timeout?)",
     )
     static = build(["--rdzv-conf=join_timeout=5", "--no-python", "true"])
     assert len(static.notes) == 1 and "not a local rendezvous setting" in static.notes[0]
@@ -172,3 +172,11 @@ def test_a_handlers_plugin_is_found_without_torch(tmp_path, monkeypatch):
     )
     assert c.rdzv_backend == "torch" and c.rendezvous.name == "mine" and c.rendezvous.identical
     assert dict(c.rendezvous.conf) == {"rank": "1"} and c.rendezvous.endpoint == "h:1"
+
+
+def test_an_unknown_keys_value_is_never_echoed():
+    """A mistyped key may hold a secret (`passwd=...`): the note names the key only."""
+    c = build(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-conf=passwd=hunter2", "true"])
+    assert len(c.notes) == 1 and "hunter2" not in c.notes[0]
+    with pytest.raises(ConfigError, match="would show in ps"):
+        build(["--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=h:1", "--rdzv-conf=password=x", "true"])
