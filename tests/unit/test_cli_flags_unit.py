@@ -176,7 +176,25 @@ def test_a_handlers_plugin_is_found_without_torch(tmp_path, monkeypatch):
 
 def test_an_unknown_keys_value_is_never_echoed():
     """A mistyped key may hold a secret (`passwd=...`): the note names the key only."""
-    c = build(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-conf=passwd=hunter2", "true"])
+    c = build(
+        [
+            "--nnodes=2",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=h:1",
+            "--rdzv-conf=passwd=hunter2",
+            "--no-python",
+            "true",
+        ]
+    )
     assert len(c.notes) == 1 and "hunter2" not in c.notes[0]
     with pytest.raises(ConfigError, match="would show in ps"):
-        build(["--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=h:1", "--rdzv-conf=password=x", "true"])
+        build(
+            [
+                "--nnodes=2",
+                "--rdzv-backend=etcd",
+                "--rdzv-endpoint=h:1",
+                "--rdzv-conf=password=x",
+                "--no-python",
+                "true",
+            ]
+        )
