@@ -15,8 +15,8 @@ import dataclasses
 import errno
 import socket
 
-from .rendezvous.tcpstore import StoreServer
 from .spec import Round
+from .tcpstore import StoreServer
 
 DISABLE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 

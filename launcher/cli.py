@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import __version__, slurm
+from . import __version__, deps, slurm
 from . import config as cfg
 from .errors import EXIT_USAGE, ConfigError
 
@@ -276,6 +276,9 @@ def command(**flags) -> None:
     config = cfg.from_flags(**flags)
     if flags.get("no_python") and not flags.get("run_path"):
         check_command(flags["training_script"])
+    absent = deps.missing(deps.NEEDED if flags.get("no_python") else deps.NEEDED + deps.WORKERS_NEED)
+    if absent:
+        raise ConfigError(deps.problem(absent))
     from .run import run  # the machinery loads only once the flags are good
 
     sys.exit(run(config))
@@ -430,6 +433,26 @@ def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
     return out
 
 
+def closest_first(typed: str, options: list[str]) -> list[str]:
+    """click's suggestions for a mistyped option, most alike first (click lists them alphabetically:
+    `--nproc_pre_node` got `--no_preload` first), one spelling each, the one the user typed in."""
+    import difflib
+
+    dashed = "-" in typed[2:] and "_" not in typed
+    by_name: dict[str, str] = {}
+    for o in options:
+        key = o.replace("_", "-")
+        if key not in by_name or (("-" in o[2:] and "_" not in o) == dashed):
+            by_name[key] = o
+    norm = typed.replace("-", "_")
+
+    def alike(o: str) -> tuple[bool, float]:  # an option the typed text begins comes first (an ambiguous prefix)
+        o = o.replace("-", "_")
+        return o.startswith(norm), difflib.SequenceMatcher(None, norm, o).ratio()
+
+    return sorted(by_name.values(), key=alike, reverse=True)
+
+
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -449,6 +472,9 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
     except (click.ClickException, ConfigError) as e:
         text = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        if isinstance(e, click.NoSuchOption) and e.possibilities:
+            best, *others = closest_first(e.option_name, e.possibilities)
+            text = f"{e.message.rstrip('.')}. Did you mean {best}?" + (f" (or {', '.join(others)})" if others else "")
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())  # one line, whatever a flag held
         sys.stderr.write(f"{prog_name}: error: {text}\n")
         sys.exit(EXIT_USAGE)

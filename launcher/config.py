@@ -29,10 +29,10 @@ from .parsers import (
     parse_gpus,
     parse_kv,
     parse_log_level,
-    parse_modules,
     parse_nnodes,
     parse_nproc,
     parse_port,
+    parse_preload,
     parse_ranks,
     parse_seconds,
     parse_signals,
@@ -40,7 +40,7 @@ from .parsers import (
     parse_whole,
 )
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
-from .rendezvous.etcd_settings import ETCD_KEYS
+from .rendezvous.etcd.settings import ETCD_KEYS
 from .rendezvous.settings import RDZV_KEYS, LocalSettings
 from .spec import Std
 
@@ -167,8 +167,6 @@ class LaunchConfig:
             self.max_restarts,
             self.local_addr,
             self.join_token,
-            self.straggler_threshold,
-            self.straggler_period,
         )
 
 
@@ -404,8 +402,7 @@ def from_flags(
         if not re.fullmatch(r"--?[A-Za-z][\w-]*", local_rank_arg):
             raise ConfigError(f"--append_local_rank_as {local_rank_arg!r} is not a flag name (e.g. --local_rank)")
     hang_timeout = f["hang_timeout"]
-    preload = parse_flag(f["preload"], "PET_PRELOAD")
-    modules = parse_modules(f["preload_modules"])
+    preload = parse_preload(parse_flag(f["preload"], "PET_PRELOAD"), f["preload_modules"])
 
     return LaunchConfig(
         program=program,
@@ -440,7 +437,7 @@ def from_flags(
         else None,
         straggler_threshold=parse_fraction(f["straggler_threshold"], "--straggler_threshold"),
         straggler_period=parse_seconds(f["straggler_period"], "--straggler_period", minimum=1.0),
-        preload_modules=(modules if preload or modules else None) if not no_python else None,
+        preload_modules=preload if not no_python else None,
         module=module,
         stdout_filters=parse_filters(f["duplicate_stdout_filters"]),
         stderr_filters=parse_filters(f["duplicate_stderr_filters"]),

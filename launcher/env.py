@@ -6,7 +6,7 @@ import signal
 from collections.abc import Mapping
 
 from .config import JOIN_TOKEN_ENV, LaunchConfig
-from .rendezvous.etcd_settings import ETCD_PASSWORD_ENV
+from .rendezvous.etcd.settings import ETCD_PASSWORD_ENV
 from .spec import Round, Worker
 
 AGENT_ID_VAR = "LAUNCHER_AGENT_ID"  # marks every process this agent started, for the orphan sweep

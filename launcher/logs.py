@@ -104,6 +104,7 @@ class Stream:
     pipe: IO[bytes] | None = None  # the Popen file object: it owns `fd`, closed once we reach its end
     filtered: IO[bytes] | None = None  # --duplicate_std*_filters: lines holding a needle also go here
     needles: tuple[bytes, ...] = ()
+    torch_prefix: bytes = b""  # "[rankN]: ", what torch's excepthook puts on this worker's traceback lines
 
 
 class LogRouter:
@@ -129,12 +130,14 @@ class LogRouter:
         prefix: str,
         console: IO[bytes] | None,
         path: str | None,
+        rank: int | None = None,
         filtered: str | None = None,
         needles: tuple[str, ...] = (),
     ) -> Stream:
-        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional; lines
-        holding one of `needles` also go, prefixed, to the file at `filtered` (shared by the streams
-        that name it)."""
+        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional;
+        `rank`'s own "[rankN]: " prefix (torch's, on a traceback) is replaced by ours, not doubled.
+        Lines holding one of `needles` also go, prefixed, to the file at `filtered` (shared by the
+        streams that name it)."""
         file = self._open(path) if path else None
         shared = None
         if filtered and needles:
@@ -142,7 +145,8 @@ class LogRouter:
                 shared = self._shared.get(filtered)
                 if shared is None:
                     shared = self._shared[filtered] = self._open(filtered)  # type: ignore[assignment]
-        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe)
+        torch_prefix = b"" if rank is None else b"[rank%d]: " % rank
+        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe, torch_prefix=torch_prefix)
         stream.filtered, stream.needles = shared, tuple(n.encode() for n in needles)
         with self._lock:
             self._pending.append(stream)
@@ -251,7 +255,7 @@ class LogRouter:
         return True
 
     def _duplicate(self, s: Stream, lines: list[bytes]) -> None:
-        picked = b"".join(s.prefix + line + b"\n" for line in lines if any(n in line for n in s.needles))
+        picked = b"".join(_prefixed(s, line) + b"\n" for line in lines if any(n in line for n in s.needles))
         if picked:
             try:
                 s.filtered.write(picked)  # type: ignore[union-attr]
@@ -284,14 +288,22 @@ class LogRouter:
         s.last_at = time.monotonic()
         if s.console is None:
             return
-        # torch already prefixes its own error lines with "[rankN]:"; do not say it twice
-        out = b"".join((line if line.startswith(s.prefix) else s.prefix + line) + b"\n" for line in lines)
+        out = b"".join(_prefixed(s, line) + b"\n" for line in lines)
         with CONSOLE_LOCK:
             try:
                 s.console.write(out)
                 s.console.flush()
             except (OSError, ValueError):  # a closed terminal must not kill the pump
                 pass
+
+
+def _prefixed(s: Stream, line: bytes) -> bytes:
+    """One console line: torch's excepthook already prefixes a worker's traceback with "[rankN]: "
+    (init_process_group installs it); that prefix becomes ours (`[host rankN]: ` across nodes),
+    so it is never said twice."""
+    if s.torch_prefix and line.startswith(s.torch_prefix):
+        return s.prefix + line[len(s.torch_prefix) :]
+    return line if line.startswith(s.prefix) else s.prefix + line
 
 
 # ---------------------------------------------------------------------------- routing policy

@@ -267,6 +267,12 @@ def parse_choice(value: str, flag: str, choices: tuple[str, ...]) -> str:
     return text
 
 
+def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
+    """`--preload` and `--preload_modules a,b.c` → the user's extra modules (None: no preload; modules imply it)."""
+    names = parse_modules(modules)
+    return names if preload or names else None
+
+
 def parse_modules(text: str | None, flag: str = "--preload_modules") -> tuple[str, ...]:
     """`a,b.c` → ("a", "b.c"): dotted module names."""
     names = tuple(m.strip() for m in (text or "").split(",") if m.strip())

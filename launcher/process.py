@@ -124,7 +124,7 @@ def spawn(argv: Sequence[str], env: dict[str, str], capture: bool = True) -> Wor
 
 
 class Starter(Protocol):
-    """The seam that starts a worker: exec'd fresh (`Spawner`) or forked warm (`zygote.Preloaded`)."""
+    """The seam that starts a worker: exec'd fresh (`Spawner`) or forked warm (`zygote.client.Preloaded`)."""
 
     def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
         """Start one worker in its own process group, stdout and stderr on pipes."""

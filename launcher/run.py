@@ -17,11 +17,13 @@ import threading
 from contextlib import ExitStack, nullcontext
 
 from . import process
+from .board import Monitor
 from .config import LaunchConfig
-from .errors import EXIT_OK, LauncherError
+from .errors import EXIT_OK, LauncherError, exit_code_for_signal
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
+from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
 from .supervisor import Supervisor
 
@@ -44,7 +46,7 @@ def run(config: LaunchConfig) -> int:
     try:
         logs_plugin = _logs_plugin(config)
         watchdog = _watchdog()
-        rendezvous = create_rendezvous(config)
+        rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
     except LauncherError as e:
         if watchdog:
             watchdog.close()
@@ -52,6 +54,13 @@ def run(config: LaunchConfig) -> int:
         guard.stop()
         log.error(f"error: {e}")
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C while it connects to the store: one line, not click's empty one
+        starter.close()
+        guard.stop()
+        log.error(
+            f"got SIGINT while connecting to the {config.rdzv_backend} rendezvous; stopped (no worker was started)"
+        )
+        return exit_code_for_signal(signal.SIGINT)
     run_dir, temporary = make_run_dir(config)
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
     prewarm.daemon = True
@@ -76,6 +85,9 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
+        monitor = Monitor(
+            rendezvous.shared_store(), config.run_id, Judge(config.straggler_threshold, config.straggler_period)
+        )
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -87,6 +99,7 @@ def run(config: LaunchConfig) -> int:
             sinks=sinks,
             periodic=[notifier.tick, starter.check],
             console=console,
+            monitor=monitor,
             logs_plugin=logs_plugin,
             watchdog=watchdog,
         )
@@ -104,6 +117,7 @@ def run(config: LaunchConfig) -> int:
                 starter.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        monitor.stop()  # this node's last report, before the store may go with the rendezvous
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
@@ -123,7 +137,7 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
     if config.preload_modules is None:
         return process.Spawner()
     from .env import zygote_env
-    from .zygote import Preloaded
+    from .zygote.client import Preloaded
 
     return Preloaded(
         config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)

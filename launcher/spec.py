@@ -136,7 +136,7 @@ class Failure:
 class Verdict:
     """The job's root cause as one node published it to the others when it closed the job.
 
-    Small and bounded (the protocol writes and checks it: `rendezvous.protocol.encode_verdict`);
+    Small and bounded (the protocol writes and checks it: `rendezvous.records.encode_verdict`);
     `log` is a path on `host`, `node` the agent that wrote it.
     """
 

@@ -44,7 +44,8 @@ def copy_root_cause(result: RunResult, dest: str | None) -> str:
         with open(dest, "w") as f:
             json.dump(data, f)
     except (OSError, ValueError, AttributeError) as e:
-        return f"cannot copy the root cause's error file to TORCHELASTIC_ERROR_FILE={dest}: {getattr(e, 'strerror', None) or e}"
+        why = getattr(e, "strerror", None) or e
+        return f"cannot copy the root cause's error file to TORCHELASTIC_ERROR_FILE={dest}: {why}"
     return ""
 
 
@@ -72,9 +73,8 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     if result.message:
         lines.append(f"reason: {result.message}")
     if root:
-        lines.append(
-            f"{'also failed here' if v else 'root cause'}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})"
-        )
+        what = "also failed here" if v else "root cause"
+        lines.append(f"{what}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")
         message, trace = read_error_file(root.error_file)
         if message:
             lines.append(f"  error: {message}")

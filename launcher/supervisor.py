@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import net, process
+from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
 from .env import PROGRESS_VAR, worker_argv, worker_env, workers_of
@@ -32,9 +33,11 @@ from .filetimer import FILE_VAR, FileTimer
 from .logs import Console, LogRouter, Stream, prefix_for
 from .logs_specs import PluginLogs, default_placement
 from .oom import oom_kills, oom_reason
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, Stragglers
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler
+from .reports import NodeReport, WorkerReport
 from .signals import SignalReceived, capture_signals
 from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
+from .stragglers import Flagged
 from .summary import read_error_file
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
@@ -115,6 +118,7 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        monitor: Monitor | None = None,
         logs_plugin: PluginLogs | None = None,
         watchdog: FileTimer | None = None,
     ):
@@ -131,6 +135,7 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.monitor = monitor  # the job board: this node's reports, and the straggler judge
         self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
         self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
@@ -218,7 +223,7 @@ class Supervisor:
             self._set_state(GroupState.FAILED)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
-        elif isinstance(event, Stragglers):
+        elif isinstance(event, Flagged):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
@@ -228,7 +233,8 @@ class Supervisor:
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
+            why = "closed" if event.closed else None  # the job ends: no new round will come
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP, reason=why)
 
     # ------------------------------------------------------------------ verbs
 
@@ -254,13 +260,16 @@ class Supervisor:
         previous, self.round, self.waiting = self.round, rnd, ""
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
+            n = self.config.nproc_per_node
             log.info(
                 f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
-                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}"
+                f"starting {n} worker{'' if n == 1 else 's'}, world size {rnd.world_size}"
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
-        self.rendezvous.watch(rnd, self.post, self.report)
+        self.rendezvous.watch(rnd, self.post)
+        if self.monitor is not None:
+            self.monitor.begin(rnd, self.report, self.post)
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         if self.watchdog:
@@ -310,7 +319,8 @@ class Supervisor:
                 # torch duplicates the tee'd streams' matching lines only
                 teed = self.config.tee.has(worker.local_rank, name)
                 out = self.console.stream(name) if console else None
-                streams.append(self.logs.add(pipe, prefix, out, path, filtered[name] if teed else None, filters[name]))
+                dup = filtered[name] if teed else None
+                streams.append(self.logs.add(pipe, prefix, out, path, worker.rank, dup, filters[name]))
                 files += [path] if path else []
             self.members.append(
                 Member(
@@ -374,16 +384,21 @@ class Supervisor:
                 (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
             )
             log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
+            # The rendezvous still hears of the failure (it closes the job with its root cause), but
+            # with the budget spent the events file says the stop ends the job, not that it restarts.
+            spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
+            why = Then.FAIL.value if spent else None
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART, reason=why)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
-        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds.
+        `reason` is the events file's word for the stop when it is not `then`'s (the job ends)."""
         self.stop = _Stop(then, self.clock() + grace, signum)
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=reason or then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -414,7 +429,7 @@ class Supervisor:
         else:
             self._set_state(GroupState.FAILED)
 
-    def flag_stragglers(self, event: Stragglers) -> None:
+    def flag_stragglers(self, event: Flagged) -> None:
         """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
         c = self.config
         for m in self.members:
@@ -494,6 +509,11 @@ class Supervisor:
         if first:
             self.exit_signal = signum
         if self.state is GroupState.RENDEZVOUS:
+            if first:
+                name = signal.Signals(signum).name
+                log.info(
+                    f"got {name} while waiting for the rendezvous to form a round; stopped (no worker was running)"
+                )
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
             log.info(
@@ -531,8 +551,8 @@ class Supervisor:
             waiting=waiting,
         )
 
-    def report(self) -> dict | None:
-        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+    def report(self) -> NodeReport | None:
+        """This node as `launcher status` shows it (published by the job board's monitor every few
         seconds, from its thread): the group, and each worker's state, progress and step rate.
         None while the round's workers are still being started."""
         if self.state is GroupState.RENDEZVOUS:
@@ -543,26 +563,26 @@ class Supervisor:
         for m in list(self.members):
             step, rate = self._step_rate(m)
             workers.append(
-                {
-                    "rank": m.worker.rank,
-                    "local_rank": m.worker.local_rank,
-                    "pid": m.proc.pid,
-                    "state": m.state.value,
-                    "restarts": restarts,
-                    "progress_age": round(self._idle(m), 1),
-                    "step": step,
-                    "rate": rate,
-                    "straggler": m.straggler,
-                }
+                WorkerReport(
+                    rank=m.worker.rank,
+                    local_rank=m.worker.local_rank,
+                    pid=m.proc.pid,
+                    state=m.state.value,
+                    restarts=restarts,
+                    progress_age=round(self._idle(m), 1),
+                    step=step,
+                    rate=rate,
+                    straggler=m.straggler,
+                )
             )
-        return {
-            "host": self.host,
-            "state": self.state.value,
-            "round": rnd.round if rnd else 0,
-            "restarts": restarts,
-            "max_restarts": self.config.max_restarts,
-            "workers": workers,
-        }
+        return NodeReport(
+            host=self.host,
+            state=self.state.value,
+            round=rnd.round if rnd else 0,
+            restarts=restarts,
+            max_restarts=self.config.max_restarts,
+            workers=tuple(workers),
+        )
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0

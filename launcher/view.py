@@ -151,23 +151,25 @@ def _age(seconds: object) -> str:
     return "" if not isinstance(seconds, (int, float)) else f"{seconds:.0f} s"
 
 
+def _known(count: object) -> str:
+    return "?" if count is None else str(count)
+
+
 def render_status(job: dict) -> Table:
     """`launcher status` as one table: a row per rank under its node's row (pure: tests render it)."""
-    budget = (
-        f"{job.get('restarts', 0)} of {job['max_restarts']}"
-        if job.get("max_restarts") is not None
-        else str(job.get("restarts", 0))
-    )
+    used = "?" if job.get("restarts", 0) is None else job.get("restarts", 0)  # None: the counter holds no number
+    budget = f"{used} of {job['max_restarts']}" if job.get("max_restarts") is not None else str(used)
     title = f"job {job['run_id']} · {job['state']} · round {job.get('round', '-')} · restarts {budget}"
     if job.get("forming"):
-        title += f" · round {job['forming']['round']} forming, {job['forming']['joined']} joined"
+        title += f" · round {job['forming']['round']} forming, {_known(job['forming']['joined'])} joined"
     caption = []
     if job.get("closed"):
         caption.append(f"closed: {job['closed']}")
     v = job.get("verdict")
     if v:
         caption.append(
-            f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, exit {v['returncode']}: {v['error']}"
+            f"root cause: rank {v['rank']} (local rank {v['local_rank']}) on {v['host']}, "
+            f"exit {v['returncode']}: {v['error']}"
         )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
@@ -209,7 +211,7 @@ def render_status(job: dict) -> Table:
         table.add_row(
             "",
             "",
-            "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+            _no_nodes(job),
             "",
             "",
             "",
@@ -218,6 +220,18 @@ def render_status(job: dict) -> Table:
             "",
         )
     return table
+
+
+def _no_nodes(job: dict) -> str:
+    """The status table's one row when no node's snapshot is there yet: what the job is waiting for."""
+    if job["state"] == "absent":
+        return "no such job in this store"
+    if job.get("forming"):
+        f = job["forming"]
+        return f"round {f['round']} is forming ({f['joined']} joined); nodes show once it runs"
+    if job["state"] == "running":
+        return f"round {job.get('round', '-')} just formed: waiting for its nodes to start their workers and report"
+    return "no node reported in the last round"
 
 
 def show_status(job: dict) -> None:

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SERVERS = {
     "torch-libuv (worker rank 0, today)": "import torch.distributed as d\n"
     "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, use_libuv=True)\nport = s.port\n",
-    "launcher StoreServer (agent)": "from launcher.rendezvous.tcpstore import StoreServer\n"
+    "launcher StoreServer (agent)": "from launcher.tcpstore import StoreServer\n"
     "s = StoreServer('127.0.0.1', 0)\nport = s.port\n",
 }
 SERVER_TAIL = "import sys, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)\nprint(port, flush=True)\nsys.stdin.read()\n"
@@ -37,7 +37,7 @@ SERVER_TAIL = "import sys, resource\nresource.setrlimit(resource.RLIMIT_NOFILE, 
 CLIENT = r"""
 import sys, threading, time, resource
 resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
-from launcher.rendezvous.tcpstore import StoreClient
+from launcher.tcpstore import StoreClient
 port, world, first, count, pattern = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 ends, errors = [], []
 def rank(r):

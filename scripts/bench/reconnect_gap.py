@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from launcher.rendezvous.tcpstore import StoreServer
+from launcher.tcpstore import StoreServer
 
 AGENT = """
 import sys, threading, time

@@ -12,7 +12,7 @@ The tools alternate inside each repetition (order rotated) so drift hits both; r
 
 torchrun imports torch in its agent for c10d (the TCPStore), which costs seconds on this 2-core VM
 when K interpreters import it at once; the launcher's agent speaks the TCPStore protocol itself
-(launcher/rendezvous/tcpstore.py) and imports no torch. Extra figures, in the rotation with the tools:
+(launcher/tcpstore/) and imports no torch. Extra figures, in the rotation with the tools:
 - floor: K bare `python -c "import launcher.run, launcher.rendezvous.c10d"` started together,
   until the last has imported them: what a launcher c10d agent pays before it can do anything;
 - torch floor: K bare `python -c "import torch.distributed"` likewise (then os._exit: torch's

@@ -1,0 +1,29 @@
+"""torch's TCPStore wire protocol in pure Python: a client and a one-thread server, standard library only.
+
+Wire-compatible with `torch.distributed.TCPStore` (checked against torch 2.13, both its libuv and
+its legacy server): torch's client works against `StoreServer`, and `StoreClient` against torch's
+server. It lets the agent meet the other nodes, and serve its workers' bootstrap store, without
+importing torch. `wire` holds the ops, frames and limits; `client` and `server` one side each.
+"""
+
+from .client import PROBES, StoreClient, StoreError, StoreRestarted, StoreTimeout
+from .server import GRACE, StoreServer
+from .wire import CHANGED, GONE, MAGIC, MAX_FRAME, MAX_KEY, MAX_KEYS, MAX_VALUE, SESSION
+
+__all__ = [
+    "CHANGED",
+    "GONE",
+    "GRACE",
+    "MAGIC",
+    "MAX_FRAME",
+    "MAX_KEY",
+    "MAX_KEYS",
+    "MAX_VALUE",
+    "PROBES",
+    "SESSION",
+    "StoreClient",
+    "StoreError",
+    "StoreRestarted",
+    "StoreServer",
+    "StoreTimeout",
+]
