@@ -122,7 +122,7 @@ class TorchHandlerRendezvous:
         addr, port = store.get("launcher/master").decode().rsplit(" ", 1)
         return addr, int(port)
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None):
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
         self._stop = stop = threading.Event()
 
         def watching() -> None:
@@ -140,6 +140,10 @@ class TorchHandlerRendezvous:
                     return
 
         threading.Thread(target=watching, name="launcher-torch-rdzv-watch", daemon=True).start()
+
+    def shared_store(self) -> None:
+        """None: the handler's store is torch's (a different interface), so no job board on it."""
+        return None
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """As torchrun's agent: close the rendezvous when this node gives up, then shut the handler down."""
