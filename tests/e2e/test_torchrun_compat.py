@@ -269,11 +269,12 @@ def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
     torchrun's workers see with the same backend."""
     (here / "env_dump.py").write_text(ENV_DUMP)
 
-    def job(tool: str) -> set[str]:
+    def job(tool: str, **extra: str) -> set[str]:
         port = free_port()
         cmd = [sys.executable, "-m", "launcher"] if tool == "launcher" else [str(TORCHRUN)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
         env["PYTHONPATH"] = os.pathsep.join([str(handler_plugin), str(ROOT)])
+        env.update(extra)
         nodes = [
             subprocess.Popen(
                 [
@@ -306,3 +307,5 @@ def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
 
     ours, theirs = job("launcher"), job("torchrun")
     assert len(ours) == 4 and ours == theirs, (ours, theirs)
+    # the same ranks from the group rank alone, without the store round trip (as torch's agent)
+    assert job("launcher", TORCH_ELASTIC_WORKER_IDENTICAL="1") == theirs
