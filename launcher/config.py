@@ -23,6 +23,7 @@ from types import MappingProxyType
 from . import plugins
 from .errors import ConfigError
 from .parsers import (
+    parse_endpoint,
     parse_filters,
     parse_flag,
     parse_fraction,
@@ -41,7 +42,7 @@ from .parsers import (
 )
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.etcd.settings import ETCD_KEYS
-from .rendezvous.settings import RDZV_KEYS, LocalSettings
+from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
 from .spec import Std
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -278,6 +279,13 @@ def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags, notes: 
     return backend, run_id or "none", BACKENDS[backend].parse(flags)
 
 
+def _free_port_store(backend: str, endpoint: str) -> bool:
+    """`--rdzv_backend c10d --rdzv_endpoint HOST:0`: torchrun hosts the store on an ephemeral port."""
+    if backend.strip().lower() != "c10d" or not str(endpoint).strip():
+        return False
+    return parse_endpoint(endpoint, C10D_PORT)[1] == 0
+
+
 def _logs_specs(name: str | None) -> str | None:
     """`--logs_specs default` is the launcher's own layout (torch's DefaultLogsSpecs' layout); another name
     must be on the `torchrun.logs_specs` entry point (found now, loaded when the job starts)."""
@@ -378,6 +386,17 @@ def from_flags(
     if not master_addr or not str(master_addr).strip():
         raise ConfigError("--master_addr is empty; give the address of node rank 0")
     program = _program(training_script, module, no_python)
+    if _free_port_store(str(f["rdzv_backend"]), f["rdzv_endpoint"]):
+        if min_nodes > 1:
+            raise ConfigError(
+                f"--rdzv_endpoint {f['rdzv_endpoint']} puts the store on a free port no other node can find; "
+                "give a fixed port (e.g. :29400)"
+            )
+        notes.append(
+            f"--rdzv_endpoint {f['rdzv_endpoint']}: a store on a free port no other node can find, so one node, "
+            "as --standalone (which torchrun spells c10d on localhost:0)"
+        )
+        standalone, max_nodes, conf = True, 1, {}
     local_addr = f["local_addr"] or None
     flags = Flags(
         endpoint=f["rdzv_endpoint"],

@@ -198,3 +198,13 @@ def test_an_unknown_keys_value_is_never_echoed():
                 "true",
             ]
         )
+
+
+def test_c10d_on_port_0_is_one_node_as_torchrun_hosts_it():
+    """torchrun's --standalone is c10d on localhost:0: a store on a free port, so no other node joins."""
+    args = ["--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=join_timeout=5"]
+    c = build([*args, "--no-python", "true"])
+    assert (c.rdzv_backend, c.min_nodes, c.max_nodes) == ("local", 1, 1)
+    assert len(c.notes) == 1 and "as --standalone" in c.notes[0]
+    with pytest.raises(ConfigError, match="give a fixed port"):
+        build(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--no-python", "true"])
