@@ -145,14 +145,17 @@ class Monitor:
             self._thread.join(10.0)
         try:
             if final and self._store is not None:
-                self.tick(judge=False)
+                # Only over the connection this thread made: when the store is gone (its host
+                # left), a new connection would wait out the whole connect timeout.
+                self.tick(judge=False, connect=False)
         finally:
             if self.board is not None:
                 self.board.close()
                 self.board = None
 
-    def tick(self, judge: bool = True) -> float:
-        """One interval: publish, judge, read and post the stragglers. Returns the seconds until the next."""
+    def tick(self, judge: bool = True, connect: bool = True) -> float:
+        """One interval: publish, judge, read and post the stragglers (`connect`: open the board's
+        connection if it has none yet). Returns the seconds until the next."""
         with self._lock:
             rnd, report, post = self._round, self._report, self._post
         if rnd is None:
@@ -162,7 +165,7 @@ class Monitor:
             if mine is None:  # the node is still starting this round's workers: publish once they run
                 return RETRY_EVERY
             mine = mine.stamped(self.node_id, rnd.group_rank, self.wall())
-            board = self._board()
+            board = self._board() if connect else self.board
             if board is not None:
                 self._forget(board, rnd)
                 board.publish(rnd.round, mine)

@@ -193,6 +193,30 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 )
 @flag("straggler-period", group=SIG, metavar="SEC", help="How long a rank must stay below it to be flagged.")
 @flag(
+    "restart-policy",
+    group=SIG,
+    default="",
+    metavar="K=V,...",
+    help="Restart backoff and when restarting stops: quick, backoff, backoff_max, no_progress (docs/policy.md).",
+)
+@flag(
+    "quarantine",
+    group=SIG,
+    default="",
+    metavar="K=V,...",
+    help="Keep a node out whose workers failed in AFTER of its last WINDOW rounds: after=3,window=5,cooldown=3600.",
+)
+@flag(
+    "health-check",
+    group=SIG,
+    default=None,
+    metavar="CMD",
+    help="Run before this node joins each round; non-zero keeps it out (exit 69). GPU checks too, with NVML.",
+)
+@flag(
+    "health-check-timeout", group=SIG, default="60", metavar="SEC", help="How long --health_check may run (default 60)."
+)
+@flag(
     "signals-to-handle",
     group=SIG,
     metavar="SIGS",

@@ -40,6 +40,7 @@ from .parsers import (
     parse_std,
     parse_whole,
 )
+from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.etcd.settings import ETCD_KEYS
 from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
@@ -47,6 +48,7 @@ from .spec import Std
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
+QUARANTINE_FILE_ENV = "LAUNCHER_QUARANTINE_FILE"  # where a quarantined node appends its name (Slurm scripts)
 
 # Every launch flag's default, as the command line would spell it: `cli.py` declares the flags with
 # these, and `from_flags` fills in what a caller leaves out from here. One place per default.
@@ -88,6 +90,10 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
         "straggler_period": "60",
         "signals_to_handle": DEFAULT_SIGNALS,
         "passthrough_signals": "",
+        "restart_policy": "",  # docs/policy.md
+        "quarantine": "",
+        "health_check": None,
+        "health_check_timeout": "60",
         # logs
         "log_dir": None,
         "redirects": "0",
@@ -148,6 +154,10 @@ class LaunchConfig:
     logs_specs: str | None = None  # a `torchrun.logs_specs` entry point that places the log files (None: ours)
     events_on_console: bool = False  # --event_log_handler console: each event also as a launcher line
     notes: tuple[str, ...] = ()  # what the flags made worth one line at start (logged by the composition root)
+    restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
+    health_check: str | None = None  # --health_check CMD: run before each round this node joins
+    health_check_timeout: float = 60.0
+    quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
 
     @property
     def run_id(self) -> str:
@@ -463,6 +473,12 @@ def from_flags(
         logs_specs=_logs_specs(f["logs_specs"]),
         events_on_console=event_handler == "console",
         notes=tuple(notes),
+        restart_policy=parse_policy(
+            parse_kv(f["restart_policy"], "--restart_policy"), parse_kv(f["quarantine"], "--quarantine")
+        ),
+        health_check=(f["health_check"] or "").strip() or None,
+        health_check_timeout=parse_seconds(f["health_check_timeout"], "--health_check_timeout", minimum=0.1),
+        quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
     )
 
 

@@ -20,6 +20,7 @@ from . import process
 from .board import Monitor
 from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError, exit_code_for_signal
+from .governor import governor_for
 from .logs import Console, LogRouter, configure_console
 from .notify import Notifier
 from .rendezvous import create_rendezvous
@@ -88,6 +89,7 @@ def run(config: LaunchConfig) -> int:
         monitor = Monitor(
             rendezvous.shared_store(), config.run_id, Judge(config.straggler_threshold, config.straggler_period)
         )
+        governor = governor_for(config, rendezvous.shared_store(), agent_id, os.environ)
         supervisor = Supervisor(
             config,
             rendezvous,
@@ -100,6 +102,7 @@ def run(config: LaunchConfig) -> int:
             periodic=[notifier.tick, starter.check],
             console=console,
             monitor=monitor,
+            governor=governor,
             logs_plugin=logs_plugin,
             watchdog=watchdog,
         )
@@ -115,9 +118,14 @@ def run(config: LaunchConfig) -> int:
                 logs.drain([s for m in supervisor.members for s in m.streams], timeout=2.0)
                 logs.close()
                 starter.close()
+                governor.close()
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
+        if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)
+            why = result.message
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
+        if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
+            rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

@@ -130,6 +130,7 @@ class Failure:
     reason: str = ""  # what the launcher knows beyond the exit, e.g. that it hung
     error_file: str | None = None
     log_files: tuple[str, ...] = ()
+    step: int | None = None  # its last launcher.progress(step=) before it ended
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class Verdict:
     round: int
     error: str = ""  # the first line of the error file's message
     log: str = ""  # where the full log (or the error file) is, on `host`
+    code: int = 0  # the job's exit code as the closing node chose it (exitcodes.py); 0: the root cause's own
 
     def describe(self) -> str:
         how = Exit(self.returncode).describe()
@@ -165,6 +167,7 @@ class RunResult:
     signal: int | None = None
     message: str = ""
     verdict: Verdict | None = None  # the job's root cause as another node published it (None: local or unknown)
+    quarantined: tuple[str, ...] = ()  # "host (why)" of each host the job keeps out for now
 
     @property
     def root_cause(self) -> Failure | None:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from .board import Board
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
+from .quarantine import QuarantineBook
 from .rendezvous.keys import Keys
 from .rendezvous.records import decode_verdict, parse_count, printable, sealed_members, token_check, token_refusal
 from .rendezvous.store import Store
@@ -57,6 +58,8 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     job["nodes"] = [_node(g, report) for g, report in reports]
     job["max_restarts"] = max((report.max_restarts for _, report in reports), default=None)
     job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
+    book = QuarantineBook(store, keys.quarantined, keys.quarantine)  # reads only: get and multi_get
+    job["quarantined"] = [asdict(q) for q in book.all() if q.active(time.time())]
     if closed:
         job["state"] = "closed"
         job["closed"] = printable(closed)

@@ -173,6 +173,8 @@ def render_status(job: dict) -> Table:
         )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
+    for q in job.get("quarantined", ()):
+        caption.append(f"quarantined: {q['host']} ({q['why']})")
     table = Table(
         title=title,
         title_justify="left",

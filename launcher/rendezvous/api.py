@@ -72,3 +72,7 @@ class RendezvousHandler(Protocol):
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job: close it for everyone when this node is done or gave up. `why`: what the
         others are told when it leaves a running job (e.g. "stopped by SIGTERM")."""
+
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """End the job for every node, `verdict` (its `code` set) as the job's: the restart policy
+        stopped it (docs/policy.md). Call `shutdown` after."""

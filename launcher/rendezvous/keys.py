@@ -3,6 +3,7 @@
 Keys, under `<run_id>/` (a store adds its own prefix):
     round, closed, restarts, token               job-wide
     verdict  acks  acked<k>                      the job's root cause, written before `closed`; who read it
+    quarantined  quarantine<i>                   hosts kept out of the job for a cooldown (`launcher.quarantine`)
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
@@ -17,7 +18,7 @@ from __future__ import annotations
 class Keys:
     """The keys of job `run_id`: job-wide ones as attributes, a round's as methods of the round."""
 
-    __slots__ = ("run_id", "prefix", "round", "closed", "restarts", "token", "verdict", "acks")
+    __slots__ = ("run_id", "prefix", "round", "closed", "restarts", "token", "verdict", "acks", "quarantined")
 
     def __init__(self, run_id: str):
         self.run_id = run_id
@@ -28,10 +29,15 @@ class Keys:
         self.token = p + "token"  # the join token's check (`records.token_check`)
         self.verdict = p + "verdict"  # the job's root cause (`records.encode_verdict`)
         self.acks = p + "acks"  # how many nodes read the verdict (a counter)
+        self.quarantined = p + "quarantined"  # how many quarantine records there are (a counter)
 
     def acked(self, k: int) -> str:
         """Set by the k-th node that read the closed job's verdict (the store host waits for them)."""
         return f"{self.prefix}acked{k}"
+
+    def quarantine(self, i: int) -> str:
+        """The i-th quarantine record (1-based; `quarantine.encode`): a host kept out, why, until when."""
+        return f"{self.prefix}quarantine{i}"
 
     def of_round(self, r: int) -> str:
         """The prefix of round r's keys."""

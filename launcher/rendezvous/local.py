@@ -73,3 +73,6 @@ class LocalRendezvous:
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Nothing to leave."""
+
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """Nothing shared to close: each node of a static job decides alone."""

@@ -179,6 +179,20 @@ class ElasticRendezvous:
             if self._watcher:
                 self._watcher.join(self.settings.keep_alive_interval + 1.0)
 
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """The restart policy stopped the job here: publish `verdict` as the job's (its code for every
+        node), close the job and end the round, so the others stop too (no restart is charged)."""
+        rnd = self.current
+        if rnd is None:
+            return
+        try:
+            if verdict is not None:
+                self.store.compare_set(self.keys.verdict, b"", encode_verdict(replace(verdict, node=self.node.node_id)))
+            self._set_change(rnd.round, self._close(reason))
+            self._ack()
+        except Exception:  # the exit code and the line still say it here; the others time out
+            log.warning("could not close the job in the rendezvous store", exc_info=True)
+
     # ------------------------------------------------------------------ joining
 
     def _join(self, r: int) -> Round:

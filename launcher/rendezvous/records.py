@@ -137,6 +137,7 @@ VERDICT_FIELDS = {
     "local_rank": integer(0, 1 << 20),
     "returncode": integer(-255, 256),
     "round": integer(0, 1 << 31),
+    "code": integer(0, 256),
 }
 
 

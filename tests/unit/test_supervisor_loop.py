@@ -227,7 +227,8 @@ def test_a_failure_stops_the_group_and_restarts_it(tmp_path):
     ]
 
 
-def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
+def test_spent_budget_asks_for_a_requeue(tmp_path):
+    """Restarts spent on failures the policy did not find deterministic: exit 75, a requeue may pass."""
     rig = Rig(tmp_path, nproc=2, max_restarts=1)
     rig.start()
     rig.spawn.procs[0].exit(3)
@@ -236,12 +237,12 @@ def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
     rig.spawn.procs[3].exit(42)  # the root cause of the last round: rank 1 this time
     rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED once the budget is spent")
     result = rig.sup.result()
-    assert result.exit_code == 42 and result.restarts == 1
+    assert result.exit_code == 75 and result.restarts == 1
     assert "no restarts left" in result.message
     root = result.root_cause
     assert (root.worker.rank, root.exit.returncode, root.round) == (1, 42, 1)
     lines = summary_lines(result)
-    assert lines[0] == "job failed (exit code 42) after 1 restart(s)"
+    assert lines[0] == "job failed (exit code 75: requeue) after 1 restart(s)"
     assert lines[1] == "reason: no restarts left (--max_restarts 1)"
     assert lines[2].startswith(
         "root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)"
