@@ -145,8 +145,9 @@ class Monitor:
             self._thread.join(10.0)
         try:
             if final and self._store is not None:
-                # Only over the connection this thread made: when the store is gone (its host
-                # left), a new connection would wait out the whole connect timeout.
+                # Over a connection already open (the board's, else the rendezvous' own, which this
+                # thread may use now that the rounds are over): with the store's host gone, a new
+                # connection would wait out the whole connect timeout.
                 self.tick(judge=False, connect=False)
         finally:
             if self.board is not None:
@@ -165,7 +166,7 @@ class Monitor:
             if mine is None:  # the node is still starting this round's workers: publish once they run
                 return RETRY_EVERY
             mine = mine.stamped(self.node_id, rnd.group_rank, self.wall())
-            board = self._board() if connect else self.board
+            board = self._board() if connect else self.board or Board(self._store, self.run_id)
             if board is not None:
                 self._forget(board, rnd)
                 board.publish(rnd.round, mine)

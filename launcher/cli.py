@@ -287,7 +287,12 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     metavar="NAME",
     help="null (default), or console: each launcher event also as a line (--events_file for JSON).",
 )
-@flag("numa-binding", group=NODES, hidden=True)
+@flag(
+    "numa-binding",
+    group=NODES,
+    metavar="MODE",
+    help="Run each worker on the CPUs near its GPU: node, socket, exclusive or core-complex.",
+)
 @click.version_option(__version__, "--version", prog_name="launcher", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False, default="")
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from . import plugins
 from .errors import ConfigError
+from .numa import NumaMode, parse_numa_binding
 from .parsers import (
     parse_endpoint,
     parse_filters,
@@ -148,6 +149,7 @@ class LaunchConfig:
     straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
+    numa_binding: NumaMode | None = None  # bind each worker to the CPUs near its GPU (see numa)
     module: bool = False  # the program is `-m MODULE`, not a script path
     stdout_filters: tuple[str, ...] = ()  # tee'd stdout lines holding one go to attempt_N/filtered_stdout.log too
     stderr_filters: tuple[str, ...] = ()  # the same for stderr
@@ -343,8 +345,6 @@ def from_flags(
         raise ConfigError(f"--{unknown[0]} is not a launcher option")
     f = {**DEFAULTS, **given}
     notes = _env_notes(environ)
-    if f["numa_binding"] not in (None, ""):
-        raise ConfigError("--numa_binding is not supported yet; bind with numactl inside the script")
     start_method = str(f["start_method"]).strip()
     if start_method not in START_METHODS:  # valid but moot: scripts always run as processes
         raise ConfigError(f"--start_method {start_method!r} is not one of {', '.join(START_METHODS)}")
@@ -467,6 +467,7 @@ def from_flags(
         straggler_threshold=parse_fraction(f["straggler_threshold"], "--straggler_threshold"),
         straggler_period=parse_seconds(f["straggler_period"], "--straggler_period", minimum=1.0),
         preload_modules=preload if not no_python else None,
+        numa_binding=parse_numa_binding(f["numa_binding"]),
         module=module,
         stdout_filters=parse_filters(f["duplicate_stdout_filters"]),
         stderr_filters=parse_filters(f["duplicate_stderr_filters"]),

@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import stat
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+from .spec import WorkerState
 
 ENABLE_VAR, FILE_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE"
 log = logging.getLogger(__name__)
@@ -99,6 +102,25 @@ class FileTimer:
             self._timers.pop(key, None)
         else:
             self._timers[key] = (at, sig)
+
+
+def end_expired(watchdog: FileTimer, members: Iterable, emit: Callable[..., None]) -> None:
+    """Give each running worker (a `members.Member`) whose timer ran out the signal it asked for (SIGKILL
+    by default); marked `expired`, its end is then a failure that names the timer's scope."""
+    members = list(members)
+    for e in watchdog.poll():
+        m = next((m for m in members if m.proc.pid == e.pid and m.state is WorkerState.RUNNING), None)
+        if m is None or m.signalled:
+            log.debug("timer %r of pid %d expired, but that is no running worker of this round", e.scope, e.pid)
+            continue
+        m.expired = e.scope
+        try:
+            name = signal.Signals(e.signal).name
+        except ValueError:
+            name = f"signal {e.signal}"
+        log.info(f"rank {m.worker.rank}'s watchdog timer {e.scope!r} expired; ending it with {name}")
+        emit("timer_expired", rank=m.worker.rank, pid=e.pid, scope=e.scope, signal=name)
+        m.proc.send(e.signal)
 
 
 def from_environ(environ: Mapping[str, str]) -> FileTimer | None:

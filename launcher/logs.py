@@ -18,9 +18,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Std
+    from .spec import Worker
 
 CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -309,30 +313,40 @@ def _prefixed(s: Stream, line: bytes) -> bytes:
 # ---------------------------------------------------------------------------- routing policy
 
 
-def destinations(config, local_rank: int, stream: str) -> tuple[bool, bool]:
-    """Where one worker stream goes: (whether to the console, whether to its file).
+@dataclass(frozen=True)
+class Routing:
+    """Where worker streams go and how their lines are prefixed: --redirects, --tee,
+    --local_ranks_filter, --log_dir, --role, and whether the job spans nodes."""
 
-    `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
-    hides ranks from the console but never from their files; `--log_dir` keeps every file.
-    """
-    redirected = config.redirects.has(local_rank, stream)
-    teed = config.tee.has(local_rank, stream)
-    hidden = config.local_ranks_filter is not None and local_rank not in config.local_ranks_filter
-    console = not hidden and (teed or not redirected)
-    to_file = bool(config.log_dir) or redirected or teed or hidden
-    return console, to_file
+    redirects: Std
+    tee: Std
+    local_ranks_filter: frozenset[int] | None = None
+    log_dir: str | None = None
+    role: str = "default"
+    multi_node: bool = False
 
+    def destinations(self, local_rank: int, stream: str) -> tuple[bool, bool]:
+        """Where one worker stream goes: (whether to the console, whether to its file).
 
-def prefix_for(config, worker, host: str, environ) -> str:
-    """`[rank3]: `, with the host in multi-node jobs; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is used as
-    given, as torchrun uses it (`${role_name}`, `${rank}`, `${local_rank}`, and our `${host}`)."""
-    template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    if template:
-        from string import Template
+        `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
+        hides ranks from the console but never from their files; `--log_dir` keeps every file.
+        """
+        redirected = self.redirects.has(local_rank, stream)
+        teed = self.tee.has(local_rank, stream)
+        hidden = self.local_ranks_filter is not None and local_rank not in self.local_ranks_filter
+        console = not hidden and (teed or not redirected)
+        to_file = bool(self.log_dir) or redirected or teed or hidden
+        return console, to_file
 
-        return Template(template).safe_substitute(
-            role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
-        )
-    if config.multi_node:
-        return f"[{host} rank{worker.rank}]: "
-    return f"[rank{worker.rank}]: "
+    def prefix(self, worker: Worker, host: str, environ: Mapping[str, str]) -> str:
+        """`[rank3]: `, with the host in multi-node jobs; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is used as
+        given, as torchrun uses it (`${role_name}`, `${rank}`, `${local_rank}`, and our `${host}`)."""
+        template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+        if template:
+            from string import Template
+
+            fields = {"role_name": self.role, "local_rank": worker.local_rank, "rank": worker.rank, "host": host}
+            return Template(template).safe_substitute(fields)
+        if self.multi_node:
+            return f"[{host} rank{worker.rank}]: "
+        return f"[rank{worker.rank}]: "

@@ -79,15 +79,13 @@ class PluginLogs:
         return Placement(out, *filtered)
 
 
-def default_placement(config, attempt: str, envs: Mapping[int, dict[str, str]]) -> Placement:
+def default_placement(routing, attempt: str, envs: Mapping[int, dict[str, str]]) -> Placement:
     """The launcher's layout: `attempt/<local_rank>/{stdout,stderr}.log` where a stream goes to a file
-    (see `logs.destinations`), `attempt/<local_rank>/error.json`, `attempt/filtered_std*.log`."""
-    from .logs import destinations
-
+    (`logs.Routing.destinations`), `attempt/<local_rank>/error.json`, `attempt/filtered_std*.log`."""
     ranks = {}
     for r, env in envs.items():
         folder = os.path.join(attempt, str(r))
-        (out_console, out_file), (err_console, err_file) = (destinations(config, r, s) for s in ("stdout", "stderr"))
+        (out_console, out_file), (err_console, err_file) = (routing.destinations(r, s) for s in ("stdout", "stderr"))
         ranks[r] = RankLogs(
             stdout=os.path.join(folder, "stdout.log") if out_file else None,
             stderr=os.path.join(folder, "stderr.log") if err_file else None,

@@ -17,7 +17,7 @@ from .logs import Console, LogRouter, Stream
 from .logs_specs import RankLogs
 from .oom import oom_reason
 from .reports import WorkerReport
-from .spec import Exit, Failure, Round, Verdict, Worker, WorkerState
+from .spec import Exit, Failure, Round, Verdict, Worker, WorkerRow, WorkerState
 from .summary import read_error_file
 
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
@@ -92,17 +92,12 @@ class Member:
             step=last_step(self.progress_file),
         )
 
-    def view(self) -> dict:
+    def view(self) -> WorkerRow:
         """Its row in the live view."""
-        return {
-            "rank": self.worker.rank,
-            "local_rank": self.worker.local_rank,
-            "pid": self.proc.pid,
-            "state": self.state.value,
-            "started": self.started,
-            "last_line": self.last_line,
-            "straggler": self.straggler,
-        }
+        w = self.worker
+        return WorkerRow(
+            w.rank, w.local_rank, self.proc.pid, self.state.value, self.started, self.last_line, self.straggler
+        )
 
     def report(self, restarts: int, now: float) -> WorkerReport:
         """Its row in `launcher status`, on the job board."""

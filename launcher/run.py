@@ -26,7 +26,7 @@ from .notify import Notifier
 from .rendezvous import create_rendezvous
 from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
-from .supervisor import Supervisor
+from .supervisor import Supervisor, routing_of
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +141,25 @@ def run(config: LaunchConfig) -> int:
 
 
 def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
-    """Workers spawned fresh, or (--preload) forked from a zygote started now."""
-    if config.preload_modules is None:
-        return process.Spawner()
-    from .env import zygote_env
-    from .zygote.client import Preloaded
+    """Workers spawned fresh, or (--preload) forked from a zygote started now; bound to CPUs by --numa_binding."""
+    starter: process.Starter = process.Spawner()
+    if config.preload_modules is not None:
+        from .env import zygote_env
+        from .zygote.client import Preloaded
 
-    return Preloaded(
-        config.program, config.module, config.preload_modules, zygote_env(config, os.environ, agent_id=agent_id)
-    )
+        starter = Preloaded(
+            config.program,
+            config.module,
+            config.preload_modules,
+            zygote_env(config.nproc_per_node, os.environ, agent_id=agent_id),
+        )
+    if config.numa_binding is not None:
+        from .numa import Binding, NumaBound
+
+        binding = Binding.create(config.numa_binding, os.environ, config.gpus)
+        if binding is not None:
+            starter = NumaBound(starter, binding)
+    return starter
 
 
 def _logs_plugin(config: LaunchConfig):
@@ -252,9 +262,8 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
 
 def _writes_files(config: LaunchConfig) -> bool:
     """Whether --redirects, --tee or --local_ranks_filter send some worker stream to a file."""
-    from .logs import destinations
-
-    return any(destinations(config, r, s)[1] for r in range(config.nproc_per_node) for s in ("stdout", "stderr"))
+    routing = routing_of(config)
+    return any(routing.destinations(r, s)[1] for r in range(config.nproc_per_node) for s in ("stdout", "stderr"))
 
 
 def _has_logs(run_dir: str) -> bool:

@@ -179,6 +179,19 @@ class RunResult:
         return min((f for f in causes if f.round == last), key=lambda f: f.at)
 
 
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker in the live view."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    state: str
+    started: float  # on the supervisor's clock
+    last_line: str = ""
+    straggler: bool = False
+
+
 @dataclass
 class Snapshot:
     """A read-only picture of the group for views and notifiers."""
@@ -186,6 +199,6 @@ class Snapshot:
     state: GroupState
     round: int = 0
     restarts: int = 0
-    workers: list[dict] = field(default_factory=list)
+    workers: list[WorkerRow] = field(default_factory=list)
     signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is
     waiting: str = ""  # while a round forms: what it waits for

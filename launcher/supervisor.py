@@ -26,12 +26,12 @@ from . import net, process
 from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import PROGRESS_VAR, worker_argv, worker_env, workers_of
+from .env import PROGRESS_VAR, WorkerSpec, worker_argv, worker_env, workers_of
 from .errors import RendezvousClosedError, RendezvousError
 from .exitcodes import ExitCode, for_signal, passed_through
-from .filetimer import FILE_VAR, FileTimer
+from .filetimer import FILE_VAR, FileTimer, end_expired
 from .governor import Governor
-from .logs import Console, LogRouter, prefix_for
+from .logs import Console, LogRouter, Routing
 from .logs_specs import PluginLogs, default_placement
 from .members import Member, ended_round, route, verdict_of
 from .oom import oom_kills
@@ -134,6 +134,8 @@ class Supervisor:
         self._peer_failed = False  # the round ends for a worker that failed on another node
         self._delay = 0.0  # the backoff before the next round's workers start
         self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
+        self.spec = worker_spec(config)
+        self.routing = routing_of(config)
         self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
         self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
@@ -210,7 +212,8 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
-        self.check_timers()
+        if self.watchdog:
+            end_expired(self.watchdog, self.members, self.emit)
         for check in self.periodic:
             check()
 
@@ -318,7 +321,7 @@ class Supervisor:
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
             envs[worker.local_rank] = worker_env(
-                self.config,
+                self.spec,
                 rnd,
                 worker,
                 self.environ,
@@ -326,7 +329,7 @@ class Supervisor:
                 agent_id=self.agent_id,
                 progress_file=os.path.join(folder, "progress"),
             )
-        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.config, attempt, envs)
+        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.routing, attempt, envs)
         filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
         filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
         for worker in workers:
@@ -334,7 +337,7 @@ class Supervisor:
             if self.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
                 env[FILE_VAR] = self.watchdog.path
             error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
-            argv = worker_argv(self.config, worker)
+            argv = worker_argv(self.spec, worker)
             try:
                 proc = self.starter.start(argv, env)
             except OSError as e:  # e.g. a --no_python command removed since the last round
@@ -343,7 +346,7 @@ class Supervisor:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            prefix = prefix_for(self.config, worker, self.host, self.environ)
+            prefix = self.routing.prefix(worker, self.host, self.environ)
             # torch duplicates the tee'd streams' matching lines only
             duplicate = {
                 name: (filtered[name] if self.config.tee.has(worker.local_rank, name) else None, filters[name])
@@ -502,22 +505,6 @@ class Supervisor:
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))
                 m.proc.send(signal.SIGABRT)
 
-    def check_timers(self) -> None:
-        """The file-timer watchdog: a worker whose armed timer ran out gets the signal it asked for (SIGKILL
-        by default); its end is then a failure that names the timer's scope, like any other failure."""
-        if not self.watchdog:
-            return
-        for e in self.watchdog.poll():
-            m = next((m for m in self.members if m.proc.pid == e.pid and m.state is WorkerState.RUNNING), None)
-            if m is None or m.signalled:
-                log.debug("timer %r of pid %d expired, but that is no running worker of this round", e.scope, e.pid)
-                continue
-            m.expired = e.scope
-            name = _signal_name(e.signal)
-            log.info(f"rank {m.worker.rank}'s watchdog timer {e.scope!r} expired; ending it with {name}")
-            self.emit("timer_expired", rank=m.worker.rank, pid=e.pid, scope=e.scope, signal=name)
-            m.proc.send(e.signal)
-
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
         leftovers = process.descendants(self._not_mine())
@@ -582,7 +569,8 @@ class Supervisor:
             return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
-        workers = [m.report(restarts, self.clock()) for m in list(self.members)]
+        now = self.clock()
+        workers = [m.report(restarts, now) for m in list(self.members)]
         return NodeReport(
             host=self.host,
             state=self.state.value,
@@ -649,11 +637,26 @@ class Supervisor:
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+def worker_spec(config: LaunchConfig) -> WorkerSpec:
+    """What this agent's workers share, from the config."""
+    c = config
+    return WorkerSpec(
+        c.program,
+        c.script_args,
+        c.local_rank_arg,
+        c.role,
+        c.max_restarts,
+        c.signals_to_handle,
+        c.gpus,
+        c.virtual_local_rank,
+        c.hang_timeout,
+    )
+
+
+def routing_of(config: LaunchConfig) -> Routing:
+    """Where the workers' streams go, from the config."""
+    c = config
+    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
 
 
 def _pgid(pid: int) -> int:

@@ -44,11 +44,11 @@ class ProcessStats:
             return None, None
 
 
-def _worker_state(w: dict) -> Text:
+def _worker_state(state: str, straggler: bool | None) -> Text:
     """A worker's state, marked when --straggler_threshold flagged it."""
-    if w.get("straggler"):
-        return Text(f"{w['state']} · straggler", style="bold yellow")
-    return Text(w["state"], style=STATE_STYLE.get(w["state"], ""))
+    if straggler:
+        return Text(f"{state} · straggler", style="bold yellow")
+    return Text(state, style=STATE_STYLE.get(state, ""))
 
 
 def _duration(seconds: float) -> str:
@@ -87,16 +87,16 @@ def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None
     ):
         table.add_column(name, **kw)
     for w in snap.workers:
-        cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
+        cpu, rss = stats(w.pid) if w.state == "running" else (None, None)
         table.add_row(
-            str(w["rank"]),
-            str(w["pid"]),
-            _worker_state(w),
+            str(w.rank),
+            str(w.pid),
+            _worker_state(w.state, w.straggler),
             "" if cpu is None else f"{cpu:.0f}",
             "" if rss is None else f"{rss / 2**20:.0f} MiB",
             str(snap.restarts),
-            _duration(now - w["started"]) if w["state"] == "running" else "",
-            Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
+            _duration(now - w.started) if w.state == "running" else "",
+            Text(w.last_line, overflow="ellipsis", no_wrap=True),
         )
     return table
 
@@ -201,7 +201,7 @@ def render_status(job: dict) -> Table:
             table.add_row(
                 f"  rank {w['rank']}",
                 "",
-                _worker_state(w),
+                _worker_state(w["state"], w.get("straggler")),
                 "",
                 str(w["pid"]),
                 str(w["restarts"]),

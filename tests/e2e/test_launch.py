@@ -28,7 +28,7 @@ BAD_INPUT = [
     (["--signals_to_handle", "SIGFOO", "x.py"], "SIGFOO"),
     (["--rdzv_backend", "zookeeper", "x.py"], "--rdzv_backend"),
     (["--rdzv_conf", "novalue", "x.py"], "--rdzv_conf"),
-    (["--numa_binding", "node", "x.py"], "--numa_binding"),
+    (["--numa_binding", "cores", "x.py"], "--numa_binding"),
     (["-m", "--no_python", "x"], "-m and --no_python"),
     (["--shutdown_timeout", "soon", "x.py"], "--shutdown_timeout"),
     (["--no-such-flag", "x.py"], "no-such-flag"),

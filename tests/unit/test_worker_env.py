@@ -11,6 +11,7 @@ import pytest
 from launcher.config import JOIN_TOKEN_ENV, LaunchConfig
 from launcher.env import AGENT_ID_VAR, PROGRESS_VAR, worker_argv, worker_env, workers_of, zygote_env
 from launcher.spec import Round, Worker
+from launcher.supervisor import worker_spec
 
 ROUND = Round(
     run_id="job",
@@ -37,7 +38,9 @@ def config(**kw) -> LaunchConfig:
 
 def env_of(cfg: LaunchConfig | None = None, local_rank: int = 1, base: dict | None = None, **kw) -> dict[str, str]:
     worker = workers_of(ROUND, 4)[local_rank]
-    return worker_env(cfg or config(), ROUND, worker, base or {}, error_file="/tmp/err.json", agent_id="a1", **kw)
+    return worker_env(
+        worker_spec(cfg or config()), ROUND, worker, base or {}, error_file="/tmp/err.json", agent_id="a1", **kw
+    )
 
 
 def test_workers_of_a_round_take_the_nodes_offset():
@@ -83,7 +86,7 @@ def test_the_agents_secrets_and_systemd_stay_with_the_agent():
     env = env_of(base=base)
     assert env["PATH"] == "/bin"
     assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", JOIN_TOKEN_ENV} & env.keys()
-    zygote = zygote_env(config(), base, agent_id="a1")
+    zygote = zygote_env(config().nproc_per_node, base, agent_id="a1")
     assert not {"NOTIFY_SOCKET", JOIN_TOKEN_ENV} & zygote.keys() and zygote[AGENT_ID_VAR] == "a1"
 
 
@@ -91,9 +94,11 @@ def test_omp_threads_default_to_one_with_several_workers_and_the_users_value_win
     assert env_of()["OMP_NUM_THREADS"] == "1"
     assert env_of(base={"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "8"
     assert "OMP_NUM_THREADS" not in worker_env(
-        config(), ROUND, Worker(0, 0, 1, 1), {}, error_file="e", agent_id="a"
+        worker_spec(config()), ROUND, Worker(0, 0, 1, 1), {}, error_file="e", agent_id="a"
     )  # one worker: torch's own default
-    assert zygote_env(config(), {}, agent_id="a")["OMP_NUM_THREADS"] == "1"  # what a forked worker inherits
+    assert (
+        zygote_env(config().nproc_per_node, {}, agent_id="a")["OMP_NUM_THREADS"] == "1"
+    )  # what a forked worker inherits
 
 
 def test_the_users_nccl_setting_passes_through():
@@ -129,12 +134,12 @@ def test_gloo_binds_the_interface_the_peers_are_reached_through(base, ifname, no
     from dataclasses import replace
 
     rnd = replace(ROUND, ifname=ifname, group_world_size=nodes, group_rank=0)
-    env = worker_env(config(), rnd, Worker(0, 0, 4, 8), base, error_file="e", agent_id="a")
+    env = worker_env(worker_spec(config()), rnd, Worker(0, 0, 4, 8), base, error_file="e", agent_id="a")
     assert env.get("GLOO_SOCKET_IFNAME") == expect
 
 
 def test_argv_with_the_legacy_local_rank_argument():
     w = Worker(local_rank=2, rank=6, local_world_size=4, world_size=8)
-    assert worker_argv(config(script_args=("--lr", "1")), w) == ["python", "-u", "train.py", "--lr", "1"]
+    assert worker_argv(worker_spec(config(script_args=("--lr", "1"))), w) == ["python", "-u", "train.py", "--lr", "1"]
     legacy = config(script_args=("--lr", "1"), local_rank_arg="--local-rank")
-    assert worker_argv(legacy, w) == ["python", "-u", "train.py", "--local-rank=2", "--lr", "1"]
+    assert worker_argv(worker_spec(legacy), w) == ["python", "-u", "train.py", "--local-rank=2", "--lr", "1"]
