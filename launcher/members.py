@@ -8,12 +8,13 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import process
 from .governor import Ended
 from .logs import Console, LogRouter, Stream
+from .logs_specs import RankLogs
 from .oom import oom_reason
 from .reports import WorkerReport
 from .spec import Exit, Failure, Round, Verdict, Worker, WorkerRow, WorkerState
@@ -34,6 +35,7 @@ class Member:
     started: float = 0.0
     progress_file: str | None = None
     hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
+    expired: str = ""  # the scope of its file-timer watchdog that ran out (TORCHELASTIC_ENABLE_FILE_TIMER)
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
     steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
@@ -70,6 +72,8 @@ class Member:
         """What its exit `ex` was, with what the launcher knows beyond it (hung, killed by the OOM killer)."""
         if self.hung:
             reason = f"hung: no progress for {hang:g} s; stacks in its stderr"
+        elif self.expired:
+            reason = f"was ended by its watchdog: timer {self.expired!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER)"
         elif ex.signal == signal.SIGKILL and not self.signalled:
             reason = oom_reason(self.proc.pid, ooms, self.started)
         else:
@@ -116,19 +120,22 @@ def route(
     logs: LogRouter,
     console: Console,
     prefix: str,
-    folder: str,
-    where: Callable[[str], tuple[bool, bool]],
+    dest: RankLogs,
     rank: int,
+    duplicate: Mapping[str, tuple[str | None, tuple[str, ...]]] | None = None,
 ) -> tuple[list[Stream], tuple[str, ...]]:
-    """Hand the worker's pipes (global `rank`) to the log pump: to the console and/or
-    `folder/<stream>.log`, as `where(stream)` says (logs.destinations). Returns the streams and the log files."""
+    """Hand the worker's pipes (global `rank`) to the log pump: to the console and/or the files `dest`
+    names (logs_specs: ours or a --logs_specs plugin's); `duplicate[stream]` is (filtered file, needles)
+    for --duplicate_std*_filters. Returns the streams and the log files."""
     streams, files = [], []
     for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
         if pipe is None:
             continue
-        to_console, to_file = where(name)
-        path = os.path.join(folder, f"{name}.log") if to_file else None
-        streams.append(logs.add(pipe, prefix, console.stream(name) if to_console else None, path, rank=rank))
+        to_console = dest.stdout_console if name == "stdout" else dest.stderr_console
+        path = dest.stdout if name == "stdout" else dest.stderr
+        filtered, needles = (duplicate or {}).get(name, (None, ()))
+        out = console.stream(name) if to_console else None
+        streams.append(logs.add(pipe, prefix, out, path, rank=rank, filtered=filtered, needles=needles))
         files += [path] if path else []
     return streams, tuple(files)
 

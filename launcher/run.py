@@ -38,14 +38,21 @@ def run(config: LaunchConfig) -> int:
     tty = process.is_tty(sys.stderr)
     console = Console()
     configure_console(console, config.log_level, quiet=config.quiet, timestamps=not tty)
+    for note in config.notes:  # what the flags made worth a word: one line each
+        log.warning(note)
     agent_id = f"{os.getpid()}-{os.urandom(6).hex()}"
     process.become_subreaper()  # before the guard: the fork inherits ctypes, loaded once
     guard = process.Guard(agent_id).start()  # before any thread exists
     starter = make_starter(config, agent_id)  # a zygote imports torch while the rendezvous runs
     notifier = Notifier()
+    watchdog = None
     try:
+        logs_plugin = _logs_plugin(config)
+        watchdog = _watchdog()
         rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
     except LauncherError as e:
+        if watchdog:
+            watchdog.close()
         starter.close()
         guard.stop()
         log.error(f"error: {e}")
@@ -63,7 +70,11 @@ def run(config: LaunchConfig) -> int:
     prewarm.start()
     with ExitStack() as cleanup:
         cleanup.callback(prewarm.cancel)
+        if watchdog:
+            cleanup.callback(watchdog.close)
         sinks: list = [notifier]
+        if config.events_on_console:  # --event_log_handler console
+            sinks.append(_event_line)
         if config.events_file:
             from .events import EventsFile
 
@@ -105,6 +116,8 @@ def run(config: LaunchConfig) -> int:
             console=console,
             monitor=monitor,
             governor=governor,
+            logs_plugin=logs_plugin,
+            watchdog=watchdog,
         )
         if config.metrics:
             from .metrics import AgentCollector, serve
@@ -171,6 +184,41 @@ def make_starter(config: LaunchConfig, agent_id: str) -> process.Starter:
     return starter
 
 
+def _logs_plugin(config: LaunchConfig):
+    """--logs_specs NAME: the torchrun.logs_specs plugin (imports torch); None for our own layout."""
+    if config.logs_specs is None:
+        return None
+    from .logs_specs import PluginLogs
+
+    log.info(f"log files placed by the torchrun.logs_specs plugin {config.logs_specs!r}")
+    return PluginLogs(
+        config.logs_specs,
+        config.log_dir,
+        config.redirects,
+        config.tee,
+        config.local_ranks_filter,
+        config.nproc_per_node,
+    )
+
+
+def _watchdog():
+    """torch's file-timer watchdog where TORCHELASTIC_ENABLE_FILE_TIMER=1 (None otherwise)."""
+    from .filetimer import FILE_VAR, from_environ
+
+    try:
+        watchdog = from_environ(os.environ)
+    except OSError as e:
+        raise LauncherError(f"{FILE_VAR}: cannot make the watchdog's named pipe: {e.strerror or e}") from None
+    if watchdog:
+        log.info(f"file-timer watchdog on {watchdog.path} (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
+    return watchdog
+
+
+def _event_line(kind: str, fields: dict) -> None:
+    """One launcher line per event (torch's console event handler logs each event the same way)."""
+    log.info("event %s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
 class _live_view:
     """Show the live table while the job runs, with worker lines printed above it."""
 
@@ -212,7 +260,7 @@ def make_run_dir(config: LaunchConfig) -> tuple[str, bool]:
     logs go to a temporary folder instead, and the launcher says where.
     """
     name = re.sub(r"[^\w.-]", "_", config.run_id)[:64]  # any run id makes a valid folder name
-    if config.log_dir:
+    if config.log_dir and not config.logs_specs:  # a --logs_specs plugin makes its own folders there
         try:
             os.makedirs(config.log_dir, exist_ok=True)
             path = tempfile.mkdtemp(prefix=f"{name}_", dir=config.log_dir)

@@ -6,6 +6,25 @@ import enum
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Std:
+    """Which of stdout/stderr go somewhere, per local rank (torchrun's `-r`/`-t` syntax)."""
+
+    default: int = STD_NONE
+    per_rank: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def for_rank(self, local_rank: int) -> int:
+        return self.per_rank.get(local_rank, self.default)
+
+    def has(self, local_rank: int, stream: str) -> bool:
+        """True if `stream` ("stdout"/"stderr") of `local_rank` is selected."""
+        bit = STD_OUT if stream == "stdout" else STD_ERR
+        return bool(self.for_rank(local_rank) & bit)
 
 
 @dataclass(frozen=True)

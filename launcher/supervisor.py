@@ -12,7 +12,6 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import os
 import queue
@@ -27,11 +26,13 @@ from . import net, process
 from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import WorkerSpec, worker_argv, worker_env, workers_of
+from .env import PROGRESS_VAR, WorkerSpec, worker_argv, worker_env, workers_of
 from .errors import RendezvousClosedError, RendezvousError
 from .exitcodes import ExitCode, for_signal, passed_through
+from .filetimer import FILE_VAR, FileTimer, end_expired
 from .governor import Governor
 from .logs import Console, LogRouter, Routing
+from .logs_specs import PluginLogs, default_placement
 from .members import Member, ended_round, route, verdict_of
 from .oom import oom_kills
 from .policy import Stop, requeue_after
@@ -107,6 +108,8 @@ class Supervisor:
         console: Console | None = None,
         monitor: Monitor | None = None,
         governor: Governor | None = None,
+        logs_plugin: PluginLogs | None = None,
+        watchdog: FileTimer | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -133,6 +136,8 @@ class Supervisor:
         self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
         self.spec = worker_spec(config)
         self.routing = routing_of(config)
+        self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
+        self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -207,6 +212,8 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
+        if self.watchdog:
+            end_expired(self.watchdog, self.members, self.emit)
         for check in self.periodic:
             check()
 
@@ -302,24 +309,34 @@ class Supervisor:
         self._peer_failed = False
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
+        if self.watchdog:
+            self.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
-        for worker in workers_of(rnd, self.config.nproc_per_node):
+        workers = workers_of(rnd, self.config.nproc_per_node)
+        envs = {}
+        for worker in workers:
             folder = os.path.join(attempt, str(worker.local_rank))
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
-            error_file = os.path.join(folder, "error.json")
-            progress_file = os.path.join(folder, "progress")
-            env = worker_env(
+            envs[worker.local_rank] = worker_env(
                 self.spec,
                 rnd,
                 worker,
                 self.environ,
-                error_file=error_file,
+                error_file=os.path.join(folder, "error.json"),
                 agent_id=self.agent_id,
-                progress_file=progress_file,
+                progress_file=os.path.join(folder, "progress"),
             )
+        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.routing, attempt, envs)
+        filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
+        filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
+        for worker in workers:
+            env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
+            if self.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
+                env[FILE_VAR] = self.watchdog.path
+            error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
             argv = worker_argv(self.spec, worker)
             try:
                 proc = self.starter.start(argv, env)
@@ -330,8 +347,12 @@ class Supervisor:
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
             prefix = self.routing.prefix(worker, self.host, self.environ)
-            where = functools.partial(self.routing.destinations, worker.local_rank)
-            streams, files = route(proc, self.logs, self.console, prefix, folder, where, worker.rank)
+            # torch duplicates the tee'd streams' matching lines only
+            duplicate = {
+                name: (filtered[name] if self.config.tee.has(worker.local_rank, name) else None, filters[name])
+                for name in ("stdout", "stderr")
+            }
+            streams, files = route(proc, self.logs, self.console, prefix, dest, worker.rank, duplicate)
             self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
                 "spawn",

@@ -41,11 +41,22 @@ def _etcd(settings, job: JobParams) -> RendezvousHandler:
     return EtcdRendezvous(settings, job)
 
 
+def _torch(settings, job: JobParams) -> RendezvousHandler:
+    from .torch_adapter import TorchHandlerRendezvous
+
+    return TorchHandlerRendezvous(settings, job)
+
+
+def _built_by_config(flags: Flags) -> Settings:
+    raise AssertionError("config builds a torchrun.handlers backend's settings itself")
+
+
 BACKENDS: dict[str, Backend] = {
     "local": Backend(parse_local, _local),
     "static": Backend(parse_static, _local),
     "c10d": Backend(parse_c10d, _c10d),
     "etcd": Backend(parse_etcd, _etcd),
+    "torch": Backend(_built_by_config, _torch),  # a torchrun.handlers plugin (torch_adapter.py)
 }
 
 

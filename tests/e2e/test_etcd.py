@@ -31,7 +31,6 @@ from support.processes import wait_gone
 @pytest.mark.timeout(60)
 def test_config_errors_are_one_line(launch):
     cases = {
-        ("--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "127.0.0.1:2379"): "v2 API",
         ("--rdzv_backend", "etcd"): "needs --rdzv_endpoint",
         (
             "--rdzv_backend",
@@ -41,14 +40,6 @@ def test_config_errors_are_one_line(launch):
             "--rdzv_conf",
             "password=hunter2",
         ): "would show in ps",
-        (
-            "--rdzv_backend",
-            "etcd",
-            "--rdzv_endpoint",
-            "127.0.0.1",
-            "--rdzv_conf",
-            "heartbeat=1",
-        ): "not an etcd rendezvous setting",
         (
             "--rdzv_backend",
             "etcd",

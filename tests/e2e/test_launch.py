@@ -28,7 +28,6 @@ BAD_INPUT = [
     (["--signals_to_handle", "SIGFOO", "x.py"], "SIGFOO"),
     (["--rdzv_backend", "zookeeper", "x.py"], "--rdzv_backend"),
     (["--rdzv_conf", "novalue", "x.py"], "--rdzv_conf"),
-    (["--rdzv_conf", "join_timeout=5", "x.py"], "join_timeout"),
     (["--numa_binding", "cores", "x.py"], "--numa_binding"),
     (["-m", "--no_python", "x"], "-m and --no_python"),
     (["--shutdown_timeout", "soon", "x.py"], "--shutdown_timeout"),

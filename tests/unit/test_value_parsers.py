@@ -8,24 +8,26 @@ import signal
 
 import pytest
 
-from launcher.config import (
-    JOIN_TOKEN_ENV,
-    STD_NONE,
+from launcher.config import JOIN_TOKEN_ENV, read_join_token
+from launcher.errors import ConfigError
+from launcher.parsers import (
+    MAX_SECONDS,
     count_gpus,
+    parse_endpoint,
     parse_fraction,
     parse_gpus,
     parse_kv,
     parse_log_level,
     parse_nnodes,
     parse_nproc,
+    parse_port,
     parse_preload,
     parse_ranks,
+    parse_seconds,
     parse_signals,
     parse_std,
-    read_join_token,
 )
-from launcher.errors import ConfigError
-from launcher.parsers import MAX_SECONDS, parse_endpoint, parse_port, parse_seconds
+from launcher.spec import STD_NONE
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
@@ -146,7 +148,7 @@ def test_nproc_is_a_number_or_counted():
     "text, env, needle",
     [
         ("0", {}, "must be at least 1"),
-        ("two", {}, "is not a number, cpu, gpu or auto"),
+        ("two", {}, "is not a number, cpu, gpu, xpu or auto"),
         ("gpu", {"CUDA_VISIBLE_DEVICES": ""}, "no GPU found; pass a number, cpu or auto"),
     ],
 )
