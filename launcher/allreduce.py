@@ -4,7 +4,8 @@
     python -m launcher --nproc_per_node 2 -m launcher.allreduce -b 1K -e 16M -f 4   # the same
 
 Sizes go from -b to -e (bytes; 8, 1K, 64M, 1G: K/M/G are powers of 1024), times -f each step
-(or plus -i when -f is 1); with neither -f nor -i, times 2 (nccl-tests would add 1M, one row for -b 1K -e 1M). For each size and each placement (out-of-place: separate send and
+(or plus -i when -f is 1); with neither -f nor -i, times 2 (nccl-tests would add 1M, one row for -b 1K
+-e 1M). For each size and each placement (out-of-place: separate send and
 receive buffers; in-place: one buffer) it runs -w untimed iterations, a barrier, then -n timed
 iterations back to back; time = wall time / n, averaged over the ranks (nccl-tests' `-a 1`).
   algbw = size / time   (GB/s, 1 GB = 1e9 bytes)

@@ -66,7 +66,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import _is_helper, _parent, free_port, procs_with_token  # noqa: E402  (the tests' process helpers)
+from support.ports import free_port  # noqa: E402  (the tests' helpers)
+from support.processes import is_helper, parent_pid, procs_with_token  # noqa: E402
 
 IS_ROOT = os.geteuid() == 0
 SUBNET = "10.117.0"  # the episode's hosts; these addresses exist only inside its namespaces
@@ -165,7 +166,7 @@ class Proc:
         return [
             p
             for p in procs_with_token(self.token)
-            if p != self.popen.pid and not _is_helper(p) and _parent(p) == self.popen.pid
+            if p != self.popen.pid and not is_helper(p) and parent_pid(p) == self.popen.pid
         ]
 
     def starts(self) -> list[dict]:
@@ -741,7 +742,8 @@ def main() -> int:
     else:
         sweep_namespaces()
     print(
-        f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); replay one: --seed S --episodes 1"
+        f"chaos: seed {seed}, {args.episodes} episode(s) per backend ({args.backend}); "
+        "replay one: --seed S --episodes 1"
         + (f"; skipped (needs root, mount, ip netns): {', '.join(sorted(f.value for f in skip))}" if skip else ""),
         flush=True,
     )
@@ -755,8 +757,8 @@ def main() -> int:
             ep = run_episode(plan(backend, seed + i, skip), args.bound, args.keep, args.verbose, netns)
             status = "ok" if not ep.violations else "VIOLATION"
             print(
-                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): {'; '.join(ep.done) or 'no fault landed'}"
-                + (f" (kept in {ep.kept})" if ep.kept else ""),
+                f"chaos: {backend} seed {ep.seed}: {status} ({ep.seconds:.0f} s): "
+                f"{'; '.join(ep.done) or 'no fault landed'}" + (f" (kept in {ep.kept})" if ep.kept else ""),
                 flush=True,
             )
             for line in ep.violations:

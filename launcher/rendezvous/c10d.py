@@ -24,13 +24,14 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 
-from ..errors import RendezvousConnectionError
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..net import free_port, is_local_address
-from ..stragglers import Judge
 from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 from .api import JobParams
-from .protocol import Capability, Change, ElasticRendezvous, Node
+from .protocol import ElasticRendezvous
+from .records import Node, printable
 from .settings import C10dSettings
+from .store import Capability, Change
 
 PREFIX = "launcher/"
 
@@ -92,7 +93,33 @@ class TCPStoreAdapter:
             raise RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {e}") from None
 
     def add(self, key: str, amount: int) -> int:
-        return self._call("add", PREFIX + key, amount)
+        try:
+            return self.client.add(PREFIX + key, amount)
+        except StoreRestarted:
+            raise RendezvousConnectionError(self._restarted()) from None
+        except StoreError as e:
+            raise self._add_failed(key, e) from None
+
+    def _add_failed(self, key: str, e: StoreError) -> RendezvousError:
+        """A store hangs up on an ADD to a value that is no number (as torch's does): tell that from a
+        lost store by reading the value back on a second connection (this one is given up)."""
+        lost = RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {e}")
+        try:
+            reader = self.clone()
+        except RendezvousError:
+            return lost
+        try:
+            held = reader.get(key)
+        except RendezvousError:
+            return lost
+        finally:
+            reader.close()
+        if held is None or held.strip().lstrip(b"+-").isdigit():
+            return lost
+        return RendezvousError(
+            f"the rendezvous store's counter {key} holds {printable(held, 40)!r}, not a number: "
+            "something other than this job's nodes writes under its prefix"
+        )
 
     def get(self, key: str) -> bytes | None:
         k = PREFIX + key
@@ -182,7 +209,6 @@ class C10dRendezvous(ElasticRendezvous):
             s,
             port_picker=free_port,
             is_host=self.server is not None,
-            judge=Judge(job.straggler_threshold, job.straggler_period),
         )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:

@@ -3,7 +3,7 @@
 `config.from_flags` calls a backend's parser (through the table in `rendezvous/__init__`) and keeps
 the frozen result in `LaunchConfig.rendezvous`; the backend uses it as is. The elastic timing
 settings (`RendezvousSettings`) are shared by the dynamic backends (c10d and etcd). The etcd
-backend's own settings are in `etcd_settings`.
+backend's own settings are in `etcd.settings`.
 """
 
 from __future__ import annotations

@@ -243,8 +243,8 @@ ENGINE = "gateway"  # --engine
 
 def agent_imports() -> str:
     """What an etcd agent imports beyond the interpreter: the launcher, the backend, its engine."""
-    engine = "launcher.rendezvous.etcd_grpc" if ENGINE == "grpc" else "launcher.rendezvous.etcd_gateway"
-    return f"launcher.run, launcher.rendezvous.etcd, {engine}"
+    engine = "launcher.rendezvous.etcd.grpc_engine" if ENGINE == "grpc" else "launcher.rendezvous.etcd.gateway"
+    return f"launcher.run, launcher.rendezvous.etcd.backend, {engine}"
 
 
 def import_floor(k: int) -> float:
@@ -286,8 +286,11 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     """Nodes lo..hi-1 as threads (or greenlets: BENCH_HARNESS=green, gateway engine only); print
     "ready" once all are built, start on a line from stdin."""
     from launcher.rendezvous.api import Cause
-    from launcher.rendezvous.etcd import EtcdOptions, EtcdStore, Lease, _Client
-    from launcher.rendezvous.protocol import ElasticRendezvous, Node
+    from launcher.rendezvous.etcd.lease import Lease
+    from launcher.rendezvous.etcd.settings import EtcdOptions
+    from launcher.rendezvous.etcd.store import EtcdStore, _Client
+    from launcher.rendezvous.protocol import ElasticRendezvous
+    from launcher.rendezvous.records import Node
     from launcher.rendezvous.settings import RendezvousSettings
 
     host, port = endpoint.split(":")
@@ -301,9 +304,9 @@ def runner(endpoint: str, n: int, lo: int, hi: int, clients: int, cap: float, ru
     if green:
         from greenhub import release_green
 
-        import launcher.rendezvous.etcd as etcd_mod
-        import launcher.rendezvous.etcd_gateway as gateway_mod
-        import launcher.rendezvous.http1 as http1_mod
+        import launcher.rendezvous.etcd.gateway as gateway_mod
+        import launcher.rendezvous.etcd.http1 as http1_mod
+        import launcher.rendezvous.etcd.store as etcd_mod
 
     def keep_alive(hub, finished):
         """The leases' refreshers as hub tasks (Lease.start's thread would block the hub's thread)."""

@@ -63,7 +63,8 @@ def make(tool: str, i: int, n: int, port: int, cap: float, counts: collections.C
     if tool == "launcher":
         from launcher.rendezvous.api import Cause
         from launcher.rendezvous.c10d import TCPStoreAdapter
-        from launcher.rendezvous.protocol import ElasticRendezvous, Node
+        from launcher.rendezvous.protocol import ElasticRendezvous
+        from launcher.rendezvous.records import Node
         from launcher.rendezvous.settings import RendezvousSettings
 
         store = Counting(TCPStoreAdapter("127.0.0.1", port, timeout=60, connect_timeout=60), counts)

@@ -1,4 +1,5 @@
-"""Rank $FAIL_RANK raises RuntimeError inside a `launcher.record` main after $FAIL_AFTER s; the others sleep $SLEEP s."""
+"""Rank $FAIL_RANK raises RuntimeError inside a `launcher.record` main after $FAIL_AFTER s;
+the others sleep $SLEEP s."""
 
 import os
 import time

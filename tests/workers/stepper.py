@@ -1,4 +1,5 @@
-"""Steps forever (or $STEPS), calling launcher.progress(step=) after each $STEP_TIME s sleep; rank $SLOW_RANK sleeps $SLOW_TIME instead."""
+"""Steps forever (or $STEPS), calling launcher.progress(step=) after each $STEP_TIME s sleep;
+rank $SLOW_RANK sleeps $SLOW_TIME instead."""
 
 import os
 import time

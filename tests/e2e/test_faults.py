@@ -1,0 +1,645 @@
+"""Fault injection on real multi-node jobs: several launcher agents (on loopback, or in network
+namespaces as separate hosts), one fault at a time, and what must follow: a restart, a new round,
+or a clean failure with the right exit code, in bounded time; nothing left running; logs and
+checkpoints intact. docs/faults.md has the table of faults, outcomes and the tests below.
+
+Every agent gets its own TEST_TOKEN, so one agent's processes can be told from another's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.launcher_runs import Agent, Cluster, assert_one_story
+from support.launcher_runs import c10d as shared_c10d
+from support.netns import network_hosts
+from support.paths import worker
+from support.ports import free_port
+from support.processes import sh, wait_for, wait_gone
+from support.relay import Relay
+
+ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def cluster(workers_from):
+    c = Cluster(preload=workers_from == "preload")
+    yield c
+    c.cleanup()
+
+
+c10d = functools.partial(shared_c10d, run_id="faults")
+
+
+def starts(agent: Agent) -> list[dict]:
+    """Every "start" line of the steps worker, parsed."""
+    return [dict(re.findall(r"(\w+)=(\S+)", l)) for l in agent.out if " start rank=" in l]
+
+
+def checkpoint(ckpt_dir: Path) -> dict:
+    """The checkpoint, which must always be whole JSON (written by rename)."""
+    return json.loads((ckpt_dir / "ckpt.json").read_text())
+
+
+def steps_env(ckpt_dir: Path, steps: int = 30, step_time: float = 0.1, **more: str) -> dict:
+    return {"CKPT_DIR": str(ckpt_dir), "STEPS": str(steps), "STEP_TIME": str(step_time), **more}
+
+
+STEPS = worker("steps.py")
+
+
+def wait_checkpoint(ckpt_dir: Path, step: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if checkpoint(ckpt_dir)["step"] >= step:
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"no checkpoint of step {step} within {timeout} s")
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
+    port = free_port()
+    env = steps_env(tmp_path, steps=30)
+    agents = [cluster.start(*c10d(port, "2", "--max_restarts", "2", nproc=2), STEPS, env=env) for _ in range(2)]
+    agents[1].wait_for(r"step rank=\d n=5\b")
+    victim = agents[1].workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    rcs = [a.wait(90) for a in agents]
+    assert rcs == [0, 0], [a.stderr[-2000:] for a in agents]
+    for a in agents:  # one restart, charged once for the whole job, seen alike on both nodes
+        assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
+        assert int(starts(a)[-1]["from"]) > 0  # the second attempt resumed from the checkpoint
+    assert f"pid {victim}" in agents[1].stderr or "killed by SIGKILL" in agents[1].stderr, agents[1].stderr
+    # the other node says which rank failed where, not that the membership changed
+    agents[0].wait_for(
+        rf"launcher: a worker failed on another node: rank \d \(local rank [01]\) on \S+ killed by SIGKILL "
+        rf"\(attempt 0\), node \S+:{agents[1].pid}; restarting the group",
+        stream="err",
+        timeout=1,
+    )
+    assert checkpoint(tmp_path)["step"] == 30
+    assert cluster.leftovers() == {}
+
+
+def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path):
+    port, logs = free_port(), tmp_path / "logs"
+    env = steps_env(tmp_path, steps=60, HANG="1:5")  # rank 1 goes silent at step 5 of attempt 0
+    agents = [
+        cluster.start(
+            *c10d(port, "2", "--max_restarts", "1", "--hang_timeout", "2", "--log_dir", str(logs), nproc=2),
+            STEPS,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    t0 = time.monotonic()
+    rcs = [a.wait(120) for a in agents]
+    assert rcs == [0, 0], [a.stderr[-3000:] for a in agents]
+    hung = next(a for a in agents if re.search(r" rank1\]: start", a.stdout))
+    assert "rank 1 made no progress for" in hung.stderr and "(--hang_timeout); dumping its stacks" in hung.stderr, (
+        hung.stderr
+    )
+    assert re.search(r"rank1\]: .*in stuck_in_collective", hung.stderr), hung.stderr  # faulthandler's dump, prefixed
+    for a in agents:
+        assert [s["restart"] for s in starts(a)] == ["0", "0", "1", "1"], a.stdout
+    dumps = [p for p in logs.glob("*/attempt_0/1/stderr.log") if "in stuck_in_collective" in p.read_text()]
+    assert len(dumps) == 1, list(logs.rglob("*"))  # the stacks are in the hung rank's log file too
+    assert checkpoint(tmp_path)["step"] == 60
+    assert time.monotonic() - t0 < 60
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-second-node", "on-the-store-host"])
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_rank):
+    port = free_port()
+    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
+    agents = [cluster.start(*c10d(port, "2", nproc=2), worker("raise_rank.py"), env=env) for _ in range(2)]
+    assert [a.wait(60) for a in agents] == [1, 1], [a.stderr[-3000:] for a in agents]
+    assert_one_story([a.stderr for a in agents], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}")
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_node_that_never_comes_is_waited_for_out_loud(cluster):
+    alone = cluster.start(*c10d(free_port(), "2", conf="join_timeout=30"), worker("node_info.py"))
+    t0 = time.monotonic()
+    alone.wait_for(
+        r"launcher: waiting for nodes in round 0: 1 joined \(min 2, max 2\); join timeout in 2\d s",
+        stream="err",
+        timeout=20,
+    )
+    assert time.monotonic() - t0 < 15  # the first line comes after 5 s (with the start and the interpreter's import)
+    alone.signal(signal.SIGTERM)
+    assert alone.wait(20) == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stopped", ["client", "host"])
+def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
+    """A client node leaves: the other says who left and why, then names it as missing while it waits.
+    The store-hosting node leaves: it closes the job saying so, and the other ends with that reason."""
+    port = free_port()
+    host, client = (
+        cluster.start(
+            *c10d(port, "2", conf=f"join_timeout=30,is_host={h}"), worker("node_info.py"), env={"SLEEP": "60"}
+        )
+        for h in ("true", "false")
+    )
+    for a in (host, client):
+        a.wait_for(r" info rank=")
+    gone, stays = (client, host) if stopped == "client" else (host, client)
+    gone.signal(signal.SIGTERM)
+    assert gone.wait(30) == 128 + signal.SIGTERM
+    node = rf"\S+:{gone.pid}"
+    if stopped == "client":
+        stays.wait_for(
+            rf"launcher: membership changed \({node} left: stopped by SIGTERM\); re-forming the job",
+            stream="err",
+            timeout=15,
+        )
+        stays.wait_for(
+            rf"waiting for nodes in round 1: 1 joined \(min 2, max 2\), 1 expected back from round 0; missing: {node}; "
+            r"join timeout in 2\d s",
+            stream="err",
+            timeout=15,
+        )
+        stays.signal(signal.SIGTERM)
+        assert stays.wait(30) == 128 + signal.SIGTERM
+    else:
+        assert stays.wait(30) == 75  # a node lost: requeue (docs/policy.md)
+        why = rf"the node hosting the store \({node} left: stopped by SIGTERM\); closed by node {node}"
+        stays.wait_for(rf"launcher: the job was closed \({why}\); stopping the workers", stream="err", timeout=5)
+        stays.wait_for(rf"launcher: reason: the job was closed: {why}$", stream="err", timeout=5)
+        assert "closed the connection" not in stays.stderr and "lost the rendezvous store" not in stays.stderr, (
+            stays.stderr
+        )
+
+
+# ---------------------------------------------------------------------------- agents
+
+
+def rounds_of(agents: list[Agent]) -> dict[str, list[dict]]:
+    """round number -> the "start" lines of every worker in it, across agents."""
+    by_round: dict[str, list[dict]] = {}
+    for a in agents:
+        for s in starts(a):
+            by_round.setdefault(s["round"], []).append(s)
+    return by_round
+
+
+def assert_rounds_consistent(agents: list[Agent]) -> None:
+    """In every round each global rank ran exactly once and everyone agreed on the world size."""
+    for rnd, seen in rounds_of(agents).items():
+        worlds = {s["world"] for s in seen}
+        assert len(worlds) == 1, (rnd, seen)
+        ranks = sorted(int(s["rank"]) for s in seen)
+        assert ranks == list(range(int(worlds.pop()))), (rnd, seen)
+
+
+def first_line_after(agents: list[Agent], pattern: str, t0: float, timeout: float = 20) -> float:
+    """Seconds from t0 until any of `agents` printed a stderr line matching `pattern` (polled every 5 ms)."""
+    rx, deadline = re.compile(pattern), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(rx.search(line) for a in agents for line in list(a.err)):
+            return time.monotonic() - t0
+        time.sleep(0.005)
+    pytest.fail(
+        f"no stderr line matching {pattern!r} within {timeout} s\n" + "\n".join(a.stderr[-2000:] for a in agents)
+    )
+
+
+def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp_path):
+    """A SIGKILLed agent's store connections close at once: its neighbour's WAIT_CHANGE on the
+    agent's held `alive` key wakes, and the survivors re-form without waiting for the heartbeats."""
+    port = free_port()
+    env = steps_env(tmp_path, steps=80)
+    host = cluster.start(
+        *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host"
+    )
+    others = [
+        cluster.start(
+            *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env, name=f"node{i}"
+        )
+        for i in (1, 2)
+    ]
+    for a in (host, *others):  # both workers of each: a line still in a killed agent's pipe is lost with it,
+        a.wait_for(r"start rank=\d world=6", count=2)  # and the survivors' are stopped within milliseconds
+    victim = others[1]
+    victim_workers = victim.workers()
+    assert len(victim_workers) == 2
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    noticed = first_line_after([host, others[0]], r"membership changed \(node with group rank \d died", t0)
+    print(f"\nSIGKILLed agent noticed by a survivor after {noticed:.3f} s")
+    assert noticed < 1.5  # connection speed (benchmark: tens of ms), not the 2 s liveness timeout
+    assert victim.wait(10) == -signal.SIGKILL
+    assert wait_gone(victim.token, timeout=5) == []  # its guard killed its workers
+    host.wait_for(r"start rank=\d world=4 restart=0", timeout=20)
+    assert time.monotonic() - t0 < 8
+    for a in (host, others[0]):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert "died (its connections to the store closed)" in a.stderr, a.stderr
+        assert {s["restart"] for s in starts(a)} == {"0"}  # membership changes are free: --max_restarts 0 held
+    assert_rounds_consistent([host, *others])
+    assert checkpoint(tmp_path)["step"] == 80 and checkpoint(tmp_path)["world"] == 4
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["cont", "kill"])
+def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(cluster, tmp_path, then):
+    port = free_port()
+    env = steps_env(tmp_path, steps=120)
+    host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=true"), STEPS, env=env, name="host")
+    others = [
+        cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=false"), STEPS, env=env, name=f"node{i}")
+        for i in (1, 2)
+    ]
+    for a in others:
+        a.wait_for(r"start rank=\d world=3")
+    victim = next(a for a in others if starts(a)[-1]["rank"] != "0")  # a stale rank 0 would write checkpoints
+    survivor = next(a for a in others if a is not victim)
+    frozen = [victim.pid, *victim.workers()]  # the whole node stops: agent and workers (not the guard)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    noticed = first_line_after(
+        [host, survivor], r"membership changed \(node with group rank \d stopped heartbeating", t0
+    )
+    assert noticed > 1.4, (
+        noticed
+    )  # a frozen agent's connections stay open: only the heartbeats tell (2 s - one 0.5 s beat)
+    for a in (host, survivor):
+        a.wait_for(r"start rank=\d world=2 restart=0", timeout=20)
+    assert time.monotonic() - t0 < 8, "survivors took longer than the liveness timeout (2 s) + re-forming"
+    wait_for(lambda: checkpoint(tmp_path)["world"] == 2, what="the survivors to train on without the frozen node")
+    if then == "cont":
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        victim.wait_for(r"start rank=\d world=3", timeout=30)  # it notices the change, rejoins: a new round
+        assert victim.wait(90) == 0, victim.stderr[-3000:]
+    else:
+        victim.signal(signal.SIGKILL)
+        assert wait_gone(victim.token, timeout=5) == []  # the guard kills the frozen workers
+    for a in (host, survivor):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert {s["restart"] for s in starts(a)} == {"0"}
+    assert_rounds_consistent([host, survivor, victim])
+    ck = checkpoint(tmp_path)
+    assert ck["step"] == 120 and ck["world"] == (3 if then == "cont" else 2), ck
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- the network
+
+
+@pytest.fixture
+def two_hosts():
+    """Hosts a (10.78.0.1) and b (10.78.0.2); yields (a, b, b's link) so a test can cut b off."""
+    if not ROOTED:
+        pytest.skip("needs root and iproute2 for network namespaces")
+    with network_hosts("10.78.0") as hosts:
+        yield hosts
+
+
+def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, two_hosts):
+    a, b, b_link = two_hosts
+    port = 29400
+    env = steps_env(tmp_path, steps=100)
+    cluster.store("10.78.0.1", port, netns=a)
+    conf = "is_host=false,read_timeout=3"
+    node_a = cluster.start(
+        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=a, name="a"
+    )
+    node_b = cluster.start(
+        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=b, name="b"
+    )
+    for n in (node_a, node_b):
+        n.wait_for(r"start rank=\d world=2")
+    sh("ip", "-n", b, "link", "set", b_link, "down")
+    t0 = time.monotonic()
+    node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # re-formed alone (elastic 1:2)
+    assert time.monotonic() - t0 < 8
+    rc_b = node_b.wait(60)
+    assert rc_b == 1, node_b.stderr[-3000:]
+    assert time.monotonic() - t0 < 40  # bounded by read_timeout, not by TCP's minutes of retries
+    assert "rendezvous store" in node_b.stderr and "Traceback" not in node_b.stderr, node_b.stderr
+    assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
+    assert node_a.wait(60) == 0, node_a.stderr[-3000:]
+    assert checkpoint(tmp_path)["step"] == 100
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-other-host", "on-the-store-host"])
+def test_a_remote_ranks_exception_is_the_root_cause_on_every_host(cluster, two_hosts, fail_rank):
+    a, b, _ = two_hosts
+    run = c10d(29400, "2", nproc=2, host="10.78.0.1")
+    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
+    node_a = cluster.start(*run, worker("raise_rank.py"), env=env, netns=a, name="a")  # hosts the store: its address
+    node_b = cluster.start(*run, worker("raise_rank.py"), env=env, netns=b, name="b")
+    assert [n.wait(60) for n in (node_a, node_b)] == [1, 1], [n.stderr[-3000:] for n in (node_a, node_b)]
+    assert_one_story(
+        [node_a.stderr, node_b.stderr], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}"
+    )
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- the rendezvous store
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+def test_store_lost_every_node_fails_cleanly_then_a_rerun_resumes(cluster, tmp_path, fault):
+    """c10d has no second copy of the store: losing it ends the job on every node, promptly, with a
+    clear message and exit 1, workers stopped; a rerun on a restarted store resumes from the checkpoint."""
+    port, steps = free_port(), 60 if fault == "kill" else 200  # a frozen store is noticed after 2 + 5 s
+    env = steps_env(tmp_path, steps=steps)
+    store = cluster.store("127.0.0.1", port)
+    args = c10d(port, "2", "--max_restarts", "3", conf="is_host=false,read_timeout=2")
+    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
+    wait_checkpoint(tmp_path, 5)
+    t0 = time.monotonic()
+    store.signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    for a in agents:
+        assert a.wait(60) == 1, a.stderr[-3000:]
+        assert "reason: rendezvous store at 127.0.0.1:" in a.stderr and "Traceback" not in a.stderr, a.stderr
+    assert time.monotonic() - t0 < (10 if fault == "kill" else 35)  # read_timeout 2 s + 5 s per exchange
+    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
+    step = checkpoint(tmp_path)["step"]
+    assert 0 < step < steps
+    if fault == "kill":
+        store.wait(10)
+        store = cluster.store("127.0.0.1", port)  # a fresh, empty store on the same port
+    else:
+        store.signal(signal.SIGCONT)  # the same store, with the dead run's keys still in it
+    env["STEP_TIME"] = "0.02"
+    again = [cluster.start(*args, STEPS, env=env, name=f"again{i}") for i in range(2)]
+    for a in again:
+        assert a.wait(90) == 0, a.stderr[-3000:]
+    assert min(int(s["from"]) for a in again for s in starts(a)) >= step
+    assert checkpoint(tmp_path)["step"] == steps
+
+
+@pytest.fixture
+def relayed_store(cluster):
+    """A standalone store behind a relay whose connections a test cuts -> (store agent, store port, relay)."""
+    port = free_port()
+    store = cluster.store("127.0.0.1", port)
+    relay = Relay(("127.0.0.1", port))
+    yield store, port, relay
+    relay.close()
+
+
+def test_store_connections_cut_again_and_again_the_job_rides_it_out(cluster, tmp_path, relayed_store):
+    """Every agent's store connections are cut (FIN, then RST, in turn) every 0.25 s from the
+    rendezvous to the end, watchers in WAIT_CHANGE included: each agent reconnects in its session,
+    so no node is declared dead (a fixed-size job would close), no restart is charged, every
+    worker finishes."""
+    _, _, relay = relayed_store
+    env = steps_env(tmp_path, steps=50, step_time=0.05)
+    args = c10d(relay.port, "3", "--max_restarts", "0", conf="is_host=false")
+    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(3)]
+    cuts, deadline = 0, time.monotonic() + 60
+    while any(a.popen.poll() is None for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        cuts += relay.cut(rst=cuts % 2 == 1) > 0
+    for a in agents:
+        assert a.wait(10) == 0, a.stderr[-3000:]
+        assert not re.search(r"died|stopped heartbeating|membership changed|lost the rendezvous store", a.stderr), (
+            a.stderr
+        )
+        assert {s["restart"] for s in starts(a)} == {"0"} and {s["round"] for s in starts(a)} == {"0"}, starts(a)
+    said = sum(a.stderr.count("reconnected to the store at") for a in agents)
+    print(f"\n{cuts} cuts, {relay.accepted} connections through the relay, {said} reconnects logged")
+    assert cuts >= 8 and said >= cuts, (cuts, said)
+    assert_rounds_consistent(agents)
+    assert checkpoint(tmp_path)["step"] == 50
+    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
+
+
+@pytest.mark.timeout(90)
+def test_a_restarted_store_ends_the_job_with_a_clear_line(cluster, tmp_path, relayed_store):
+    """The store killed and started again on its port while the agents reconnect (through a relay,
+    as a socket-activated service would queue them): the new, empty store is not the one the job
+    began on, and every node ends saying so, its workers stopped."""
+    store, port, relay = relayed_store
+    env = steps_env(tmp_path, steps=200)
+    args = c10d(relay.port, "2", "--max_restarts", "3", conf="is_host=false")
+    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
+    wait_checkpoint(tmp_path, 3)
+    store.signal(signal.SIGKILL)
+    store.wait(10)
+    t0 = time.monotonic()
+    cluster.store("127.0.0.1", port)
+    for a in agents:
+        assert a.wait(30) == 1, a.stderr[-3000:]
+        assert "the rendezvous store restarted and lost the job's state" in a.stderr, a.stderr
+        assert "Traceback" not in a.stderr, a.stderr
+    assert time.monotonic() - t0 < 15
+    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
+
+
+# ---------------------------------------------------------------------------- the disk of --log_dir
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs (root only); unmounted (with anything stacked on it) at the end."""
+    if not ROOTED:
+        pytest.skip("needs root to mount a tmpfs")
+    path = tmp_path / "disk"
+    path.mkdir()
+    try:
+        sh("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path))
+    except (subprocess.CalledProcessError, OSError) as e:
+        pytest.skip(f"cannot mount a tmpfs here: {e}")
+    try:
+        yield path
+    finally:
+        for _ in range(3):  # a read-only bind on top, then the tmpfs
+            if subprocess.run(["umount", "-l", str(path)], capture_output=True).returncode:
+                break
+
+
+def test_log_dir_disk_full_job_goes_on_and_says_so(cluster, tmp_path, small_disk):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    env = steps_env(ckpt, steps=20, SPAM="40", FAIL_AT="1:5")  # 2 x 40 KiB of output on a 64 KiB disk
+    a = cluster.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(small_disk), STEPS, env=env)
+    assert a.wait(60) == 0, a.stderr[-3000:]
+    assert "No space left on device" in a.stderr and "the job goes on" in a.stderr, a.stderr
+    assert "Traceback" not in a.stderr
+    assert [s["restart"] for s in starts(a) if s["rank"] == "0"] == ["0", "1"]  # the restart happened on a full disk
+    assert checkpoint(ckpt)["step"] == 20
+    written = 0
+    for rank in (0, 1):  # the console has everything; each file holds a prefix of it, never garbage
+        printed = "".join(
+            l.split("]: ", 1)[1] + "\n" for l in a.out if l.startswith(f"[rank{rank}]: ") and "restart=1" not in l
+        )
+        for log in small_disk.glob(f"*/attempt_0/{rank}/stdout.log"):
+            text = log.read_text()
+            assert printed.startswith(text), (rank, len(text))
+            written += len(text)
+    assert written > 16 << 10  # the disk did take what fitted
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.parametrize("when", ["at start", "between attempts"])
+def test_log_dir_read_only_job_goes_on_and_says_so(cluster, tmp_path, small_disk, when):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    read_only = ["mount", "--bind", "-o", "ro", str(small_disk), str(small_disk)]
+    if when == "at start":
+        sh(*read_only)
+    env = steps_env(ckpt, steps=30, FAIL_AT="1:10", TMPDIR=str(tmp_path))
+    a = cluster.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(small_disk), STEPS, env=env)
+    if when == "between attempts":
+        a.wait_for(r"step rank=1 n=3")
+        sh(*read_only)  # attempt 0's files stay open below; attempt 1 finds the folder read-only
+    assert a.wait(60) == 0, a.stderr[-3000:]
+    assert "Read-only file system" in a.stderr and "Traceback" not in a.stderr, a.stderr
+    assert [s["restart"] for s in starts(a) if s["rank"] == "0"] == ["0", "1"]
+    assert checkpoint(ckpt)["step"] == 30
+    if when == "between attempts":
+        logs = list(small_disk.glob("*/attempt_0/1/stdout.log"))
+        assert len(logs) == 1 and "step rank=1 n=9" in logs[0].read_text()  # attempt 0's log is whole
+    else:  # the logs went to a temporary folder, which the launcher named
+        logs = list(tmp_path.glob("launcher-*/attempt_1/1/stdout.log"))
+        assert len(logs) == 1 and "done rank=1" in logs[0].read_text() and str(logs[0].parents[2]) in a.stderr
+    assert cluster.leftovers() == {}
+
+
+# ---------------------------------------------------------------------------- ports
+
+
+class Squatter:
+    """Another program on a port: `silent` accepts and never answers; `chatty` answers HTTP and hangs up."""
+
+    def __init__(self, port: int, kind: str):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
+        self.kind, self.conns = kind, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            if self.kind == "chatty":
+                try:
+                    conn.recv(100)
+                    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+                except OSError:
+                    pass
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def squat():
+    made = []
+    yield lambda port, kind="silent": made.append(Squatter(port, kind)) or made[-1]
+    for s in made:
+        s.close()
+
+
+def one_line_error(text: str) -> None:
+    assert "Traceback" not in text and "frame #" not in text, text  # no Python or C++ stack for the user
+
+
+def test_static_master_port_taken_is_a_clear_error(cluster, tmp_path, squat):
+    port = free_port()
+    squat(port)
+    t0 = time.monotonic()
+    a = cluster.start(
+        "--nnodes", "1", "--master_port", str(port), "--nproc_per_node", "2", STEPS, env=steps_env(tmp_path)
+    )
+    assert a.wait(30) == 1, a.stderr
+    assert time.monotonic() - t0 < 15
+    assert f"--master_port {port} is already in use on this host" in a.stderr, a.stderr
+    one_line_error(a.stderr)
+    assert not (tmp_path / "ckpt.json").exists()  # no worker ran
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.parametrize("kind, conf", [("silent", ""), ("chatty", ""), ("silent", "is_host=true")])
+def test_c10d_endpoint_taken_by_another_program_is_a_clear_error(cluster, tmp_path, squat, kind, conf):
+    port = free_port()
+    squat(port, kind)
+    t0 = time.monotonic()
+    a = cluster.start(
+        *c10d(port, "2", conf=",".join(filter(None, ["join_timeout=3,read_timeout=2", conf]))),
+        STEPS,
+        env=steps_env(tmp_path),
+    )
+    assert a.wait(60) == 1, a.stderr
+    assert time.monotonic() - t0 < 30  # join_timeout + read_timeout + 5 s at most
+    expected = {
+        "": f"rendezvous store at 127.0.0.1:{port}",
+        "is_host=true": f"cannot host the rendezvous store on 127.0.0.1:{port}: port taken",
+    }
+    assert expected[conf] in a.stderr and ("another program on that port" in a.stderr or conf), a.stderr
+    one_line_error(a.stderr)
+    assert cluster.leftovers() == {}
+
+
+def test_standalone_store_port_taken_is_a_usage_error(cluster, squat):
+    port = free_port()
+    squat(port)
+    a = cluster.start("store", "--host", "127.0.0.1", "--port", str(port))
+    assert a.wait(30) == 2
+    assert a.err == [f"launcher store: error: cannot serve on 127.0.0.1:{port}: Address already in use"], a.err
+
+
+# ---------------------------------------------------------------------------- a slow node
+
+
+def test_slow_joining_node_gets_a_new_round_not_charged_to_the_budget(cluster, tmp_path):
+    port = free_port()
+    env = steps_env(tmp_path, steps=70)
+    args = c10d(port, "2:3", "--max_restarts", "0")
+    early = [cluster.start(*args, STEPS, env=env, name=f"early{i}") for i in range(2)]
+    for a in early:
+        a.wait_for(r"start rank=\d world=2")  # formed without the third, after the 1 s last call
+    wait_checkpoint(tmp_path, 10)
+    late = cluster.start(*args, STEPS, env=env, name="late")
+    for a in (*early, late):
+        a.wait_for(r"start rank=\d world=3 restart=0", timeout=30)
+    for a in (*early, late):
+        assert a.wait(90) == 0, a.stderr[-3000:]
+        assert {s["restart"] for s in starts(a)} == {"0"}
+    assert "wants to join" in early[0].stderr
+    assert_rounds_consistent([*early, late])
+    ck = checkpoint(tmp_path)
+    assert ck["step"] == 70 and ck["world"] == 3
+    assert int(starts(late)[0]["from"]) >= 10  # the new round resumed from the checkpoint
+    assert cluster.leftovers() == {}

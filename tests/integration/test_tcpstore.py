@@ -1,0 +1,682 @@
+"""The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's:
+op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
+client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
+binding, many connections, and the c10d rendezvous that imports no torch (launcher runs on either
+store: tests/e2e/test_c10d_store_agents.py).
+
+torch runs only in subprocesses: its client's list_keys/queue_len keep the GIL while they block,
+which would starve a server thread in the same interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from support.paths import ROOT
+from support.ports import free_port
+from support.processes import wait_for
+from support.tcpstore import torch_store_server, waiting_on
+
+from launcher.tcpstore import (
+    CHANGED,
+    GONE,
+    MAGIC,
+    MAX_KEY,
+    MAX_VALUE,
+    StoreClient,
+    StoreError,
+    StoreServer,
+    StoreTimeout,
+)
+
+pytestmark = pytest.mark.timeout(120)
+QUIET = {**os.environ, "TORCH_CPP_LOG_LEVEL": "FATAL", "PYTHONPATH": str(ROOT)}
+
+
+def u64(n: int) -> bytes:
+    return struct.pack("<Q", n)
+
+
+def s(b: bytes) -> bytes:
+    return u64(len(b)) + b
+
+
+def keys(*ks: bytes) -> bytes:
+    return u64(len(ks)) + b"".join(s(k) for k in ks)
+
+
+HELLO = b"\x00" + struct.pack("<I", MAGIC)
+
+
+@pytest.fixture
+def ours():
+    server = StoreServer("127.0.0.1", 0)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module", params=["libuv", "legacy"])
+def torch_server(request):
+    """torch's own TCPStore server in a subprocess -> (kind, port); a module's tests share it: unique keys."""
+    yield from torch_store_server(request.param)
+
+
+@pytest.fixture(scope="module")
+def torch_libuv():
+    """torch's default server, the reference for frame-by-frame answers."""
+    yield from torch_store_server("libuv")
+
+
+def fresh() -> str:
+    return uuid.uuid4().hex[:8] + "/"
+
+
+# ---------------------------------------------------------------------------------- op by op, our client
+
+
+def check_ops(port: int) -> None:
+    """Every op our client has, against whichever server listens on `port`."""
+    k = fresh()
+    c = StoreClient("127.0.0.1", port, timeout=5)
+    other = StoreClient("127.0.0.1", port, timeout=5)
+    try:
+        before = c.num_keys()
+        c.set(k + "a", b"1")
+        assert c.get(k + "a") == b"1" and other.get(k + "a", wait=False) == b"1"
+        assert c.add(k + "n", 5) == 5 and c.add(k + "n", -7) == -2 and c.add(k + "n", 0) == -2
+        assert c.get(k + "n") == b"-2"  # ADD keeps decimal text
+        assert c.check([k + "a", k + "n"]) and not c.check([k + "a", k + "missing"])
+        assert c.compare_set(k + "c", b"", b"first") == b"first"  # absent, expected empty: created
+        assert c.compare_set(k + "c", b"wrong", b"x") == b"first"  # mismatch: the value now
+        assert c.compare_set(k + "c", b"first", b"second") == b"second"
+        assert c.compare_set(k + "d", b"gone", b"x") == b"gone" and not c.check([k + "d"])  # absent, expected set
+        c.multi_set([k + "m1", k + "m2"], [b"v1", b""])
+        assert c.multi_get([k + "m1", k + "m2"]) == [b"v1", b""]
+        c.append(k + "ap", b"ab")
+        c.append(k + "ap", b"cd")
+        assert c.get(k + "ap") == b"abcd"
+        assert c.num_keys() == before + 6  # a n c m1 m2 ap
+        assert c.delete_key(k + "m1") and not c.delete_key(k + "m1") and not c.check([k + "m1"])
+        t = time.monotonic()
+        assert c.wait([k + "late"], 0.2) is False and time.monotonic() - t < 2  # a timeout is an answer
+        with pytest.raises(StoreTimeout):
+            StoreClient("127.0.0.1", port, timeout=0.2).get(k + "never")
+        threading.Timer(0.3, other.set, args=(k + "late", b"here")).start()
+        assert c.wait([k + "late", k + "a"], 5) is True and c.get(k + "late") == b"here"
+        assert c.get(k + "a") == b"1"  # the connection stayed in step through the cancel
+    finally:
+        c.close()
+        other.close()
+
+
+def test_ops_ours_to_ours(ours):
+    check_ops(ours.port)
+
+
+def test_ops_our_client_to_torch_server(torch_server):
+    check_ops(torch_server[1])
+
+
+# ---------------------------------------------------------------------------------- held keys (our extension)
+
+
+def test_a_held_key_lives_while_any_connection_of_its_session_does(ours):
+    k = fresh()
+    first, second = (StoreClient("127.0.0.1", ours.port, timeout=5, session=7) for _ in range(2))
+    watcher = StoreClient("127.0.0.1", ours.port, timeout=5, session=8)
+    assert first.extended and second.extended and watcher.extended
+    first.hold(k + "alive", b"1")
+    assert watcher.wait_change(k + "change", k + "alive", 0.1) is None  # a timeout: the cancel keeps it in step
+    first.close()  # one connection of the session goes (a watcher's, a reconnect): no death
+    assert watcher.wait_change(k + "change", k + "alive", 0.3) is None and watcher.get(k + "alive", wait=False) == b"1"
+    again = StoreClient("127.0.0.1", ours.port, timeout=5, session=7)  # reconnected, same session
+    second.close()
+    assert watcher.wait_change(k + "change", k + "alive", 0.3) is None
+    threading.Timer(0.2, again.close).start()  # the session's last connection: the key goes with it
+    t = time.monotonic()
+    assert watcher.wait_change(k + "change", k + "alive", 5) == GONE and time.monotonic() - t < 1
+    assert not watcher.check([k + "alive"])
+    threading.Timer(0.2, watcher.set, args=(k + "change", b"x")).start()  # blocking on the change alone
+    other = StoreClient("127.0.0.1", ours.port, timeout=5, session=9)
+    assert other.wait_change(k + "change", None, 5) == CHANGED
+    assert watcher.wait_change(k + "change", k + "alive", 5) == CHANGED  # the change wins over the absence
+    with pytest.raises(StoreError, match="use heartbeats"):  # a connection without a session
+        StoreClient("127.0.0.1", ours.port, timeout=5).hold(k + "x", b"1")
+    other.close()
+    watcher.close()
+
+
+def test_a_killed_holder_is_gone_at_connection_speed(ours):
+    """A process that holds a key and is SIGKILLed: its neighbour's WAIT_CHANGE answers GONE once
+    the server's grace for a reconnect is over (issue 17: within 0.5 s)."""
+    k = fresh()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
+import sys, time
+from launcher.tcpstore import StoreClient
+a, b = (StoreClient("127.0.0.1", {ours.port}, timeout=5, session=99) for _ in range(2))
+a.hold("{k}alive", b"1")
+print(a.extended and b.extended, flush=True)
+time.sleep(60)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=QUIET,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        watcher = StoreClient("127.0.0.1", ours.port, timeout=5, session=1)
+        got = []
+        t = threading.Thread(
+            target=lambda: got.append((watcher.wait_change(k + "change", k + "alive", 10), time.monotonic()))
+        )
+        t.start()
+        wait_for(lambda: waiting_on(ours, k + "alive"), what="the watcher's wait to arrive")
+        t0 = time.monotonic()
+        holder.kill()
+        t.join(10)
+        assert got and got[0][0] == GONE, got
+        print(f"\nthe SIGKILLed holder's key went after {got[0][1] - t0:.3f} s")
+        assert got[0][1] - t0 < 0.5, got[0][1] - t0  # the server's grace (0.1 s) and milliseconds
+        watcher.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_torch_servers_answer_the_probe_by_hanging_up_and_the_client_goes_plain(torch_server):
+    from launcher.rendezvous.c10d import TCPStoreAdapter
+    from launcher.rendezvous.store import Capability
+
+    k = fresh()
+    c = StoreClient("127.0.0.1", torch_server[1], timeout=5, session=3)
+    assert not c.extended
+    c.set(k + "a", b"1")
+    assert c.get(k + "a") == b"1" and c.add(k + "n", 2) == 2  # the plain connection that replaced it works
+    with pytest.raises(StoreError, match="use heartbeats"):
+        c.hold(k + "alive", b"1")
+    c.close()
+    adapter = TCPStoreAdapter("127.0.0.1", torch_server[1], 5)
+    assert adapter.capabilities == frozenset({Capability.DELETE})  # no CRASH: heartbeats alone
+    adapter.close()
+
+
+def test_our_adapter_on_our_server_declares_crash():
+    from launcher.rendezvous.c10d import TCPStoreAdapter, serve
+    from launcher.rendezvous.store import Capability, Change
+
+    server = serve("127.0.0.1", 0)
+    try:
+        a = TCPStoreAdapter("127.0.0.1", server.port, 5)
+        b = a.clone()
+        assert (
+            a.capabilities == b.capabilities == frozenset({Capability.DELETE, Capability.CRASH})
+            and b.session == a.session
+        )
+        a.hold("r0/alive1")
+        b.close()  # the watcher's connection of each round closes: the agent is still alive
+        w = TCPStoreAdapter("127.0.0.1", server.port, 5)
+        assert w.wait_change("r0/change", "r0/alive1", 0.2) is None
+        a.close()
+        assert w.wait_change("r0/change", "r0/alive1", 5) is Change.GONE
+        w.close()
+    finally:
+        server.close()
+
+
+# ---------------------------------------------------------------------------------- torch's client
+
+TORCH_CLIENT = r"""
+import datetime, json, sys
+import torch.distributed as dist
+port, k = int(sys.argv[1]), sys.argv[2]
+if port == 0:  # torch's own server, for reference
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = server.port
+td = datetime.timedelta
+a = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td(seconds=5))
+b = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td(seconds=5))
+out = []
+def do(name, f):
+    try:
+        r = f()
+        if isinstance(r, bytes):
+            r = r.decode("latin-1")
+        elif isinstance(r, list) and r and isinstance(r[0], bytes):
+            r = [x.decode("latin-1") for x in r]
+        out.append([name, r])
+    except Exception as e:
+        out.append([name, "error " + type(e).__name__ + ": " + str(e).splitlines()[0][:80]])
+do("set", lambda: a.set(k + "a", "1"))
+do("get", lambda: b.get(k + "a"))
+do("add", lambda: a.add(k + "n", 5))
+do("add-again", lambda: b.add(k + "n", -2))
+do("get-n", lambda: a.get(k + "n"))
+do("check", lambda: a.check([k + "a", k + "n"]))
+do("check-missing", lambda: a.check([k + "a", k + "zz"]))
+do("cas-create", lambda: a.compare_set(k + "c", "", "first"))
+do("cas-mismatch", lambda: a.compare_set(k + "c", "nope", "x"))
+do("cas-match", lambda: b.compare_set(k + "c", "first", "second"))
+do("cas-absent-expected", lambda: a.compare_set(k + "d", "gone", "x"))
+do("cas-absent-stays-absent", lambda: a.check([k + "d"]))
+do("multi-set", lambda: a.multi_set([k + "m1", k + "m2"], ["v1", ""]))
+do("multi-get", lambda: b.multi_get([k + "m1", k + "m2"]))
+do("append", lambda: [a.append(k + "ap", "ab"), a.append(k + "ap", "cd")] and None)
+do("get-append", lambda: a.get(k + "ap"))  # a: writes without an answer are ordered per connection only
+do("num-keys", lambda: a.num_keys())
+do("delete", lambda: a.delete_key(k + "m1"))
+do("delete-again", lambda: a.delete_key(k + "m1"))
+do("wait-present", lambda: a.wait([k + "a", k + "c"], td(seconds=1)))
+do("wait-timeout", lambda: a.wait([k + "late"], td(milliseconds=200)))
+do("after-timeout", lambda: a.get(k + "a"))
+short = lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td(milliseconds=200))
+do("get-timeout", lambda: short().get(k + "never"))
+do("big", lambda: a.set(k + "big", bytes(range(256)) * 4096))
+do("big-get", lambda: len(b.get(k + "big")))
+do("queue-push", lambda: [a.queue_push(k + "q", "1"), a.queue_push(k + "q", "2")] and None)
+do("queue-len", lambda: a.queue_len(k + "q"))
+do("queue-pop", lambda: a.queue_pop(k + "q"))
+do("queue-pop-2", lambda: a.queue_pop(k + "q", False))
+do("queue-pop-empty", lambda: a.queue_pop(k + "q", False))
+do("barrier-1", lambda: a.barrier(k + "b1", 1))
+do("barrier-timeout", lambda: a.barrier(k + "b2", 2, td(milliseconds=200)))
+do("barrier-second", lambda: b.barrier(k + "b2", 2, td(seconds=2)))
+do("list-keys", lambda: sorted(x for x in a.list_keys() if x.startswith(k)))
+do("still-ok", lambda: a.add(k + "n", 0))
+print(json.dumps(out))
+"""
+
+
+def torch_client(port: int, k: str) -> list:
+    r = subprocess.run(
+        [sys.executable, "-c", TORCH_CLIENT, str(port), k], capture_output=True, text=True, env=QUIET, timeout=90
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_torch_client_gets_from_our_server_what_torch_server_gives(ours):
+    pytest.importorskip("torch")
+    k = fresh()
+    theirs, mine = torch_client(0, k), torch_client(ours.port, k)
+    assert mine == theirs
+    got = dict(mine)
+    assert got["get"] == "1" and got["get-n"] == "3" and got["cas-create"] == "first" and got["cas-match"] == "second"
+    assert (
+        got["cas-mismatch"] == "first"
+        and got["cas-absent-expected"] == "gone"
+        and got["cas-absent-stays-absent"] is False
+    )
+    assert (
+        got["multi-get"] == ["v1", ""]
+        and got["get-append"] == "abcd"
+        and got["delete"] is True
+        and got["delete-again"] is False
+    )
+    assert got["wait-timeout"].startswith("error DistStoreError: wait timeout") and got["after-timeout"] == "1"
+    assert got["big-get"] == 1 << 20 and got["queue-len"] == 2 and got["queue-pop"] == "1" and got["queue-pop-2"] == "2"
+    assert got["queue-pop-empty"].startswith("error") and got["barrier-1"] is None and got["barrier-second"] is None
+    assert got["barrier-timeout"].startswith("error") and got["still-ok"] == 3
+    assert got["list-keys"] == sorted(f"{k}{x}" for x in ("a", "n", "c", "m2", "ap", "big", "b1", "b2"))
+
+
+# ---------------------------------------------------------------------------------- frame by frame
+
+
+class Raw:
+    """A bare connection that sends frames and reads exactly what the server answers to them."""
+
+    def __init__(self, port: int, hello: bool = True):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.nonce = 0
+        if hello:
+            self.sock.sendall(HELLO)
+
+    def ask(self, frames: bytes) -> bytes | str:
+        """The bytes answered to `frames` (a PING after them marks the end), or "closed"."""
+        self.nonce += 1
+        mark = struct.pack("<I", 0x5EED0000 + self.nonce)
+        self.sock.sendall(frames + b"\x0d" + mark)
+        got = b""
+        while not got.endswith(mark):
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                return "closed"
+            got += chunk
+        return got[:-4]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def frames(k: bytes) -> dict[str, bytes]:
+    def i64(n: int) -> bytes:
+        return struct.pack("<q", n)
+
+    return {
+        "set": b"\x01" + s(k + b"a") + s(b"1"),
+        "get": b"\x03" + s(k + b"a"),
+        "get-missing": b"\x03" + s(k + b"missing"),  # libuv: empty; torch's client waits first
+        "cas-absent-empty": b"\x02" + s(k + b"c") + s(b"") + s(b"D"),
+        "cas-absent-expected": b"\x02" + s(k + b"c2") + s(b"X") + s(b"D"),
+        "cas-match": b"\x02" + s(k + b"c") + s(b"D") + s(b"E"),
+        "cas-mismatch": b"\x02" + s(k + b"c") + s(b"Z") + s(b"F"),
+        "cas-present-empty-expected": b"\x02" + s(k + b"c") + s(b"") + s(b"G"),
+        "cas-empty-value": b"\x01" + s(k + b"e") + s(b"") + b"\x02" + s(k + b"e") + s(b"") + s(b"H"),
+        "check": b"\x05" + keys(k + b"a", k + b"c") + b"\x05" + keys(k + b"a", k + b"c2"),
+        "check-none": b"\x05" + keys(),
+        "wait-present": b"\x06" + keys(k + b"a", k + b"a"),
+        "wait-then-cancel": b"\x06" + keys(k + b"w") + b"\x0c",
+        "cancel-alone": b"\x0c",
+        "add": b"\x04" + s(k + b"n") + i64(5) + b"\x04" + s(k + b"n") + i64(-9),
+        "add-stoll": b"\x01" + s(k + b"g") + s(b" \t-12abc") + b"\x04" + s(k + b"g") + i64(1) + b"\x03" + s(k + b"g"),
+        "add-wraps": b"\x04" + s(k + b"mx") + i64(2**63 - 1) + b"\x04" + s(k + b"mx") + i64(1),
+        "add-not-a-number": b"\x01" + s(k + b"x") + s(b"x1") + b"\x04" + s(k + b"x") + i64(1),
+        "add-past-int64": b"\x01" + s(k + b"y") + s(b"9" * 30) + b"\x04" + s(k + b"y") + i64(1),
+        "multi-get": b"\x0a" + keys(k + b"a", k + b"missing", k + b"c"),
+        "multi-set": b"\x0b" + u64(2) + s(k + b"m1") + s(b"1") + s(k + b"m2") + s(b"22") + b"\x03" + s(k + b"m2"),
+        "append": b"\x09" + s(k + b"ap") + s(b"ab") + b"\x09" + s(k + b"ap") + s(b"cd") + b"\x03" + s(k + b"ap"),
+        "delete": b"\x08" + s(k + b"a") + b"\x08" + s(k + b"a"),
+        "queue": b"\x0e"
+        + s(k + b"q")
+        + s(b"1")
+        + b"\x10"
+        + s(k + b"q")
+        + b"\x0f"
+        + s(k + b"q")
+        + b"\x0f"
+        + s(k + b"q"),
+        "barrier": b"\x12" + s(k + b"b") + i64(1) + b"\x12" + s(k + b"b") + i64(3) + b"\x0c" + b"\x03" + s(k + b"b"),
+        "key-at-limit": b"\x01" + s(k + b"K" * (MAX_KEY - len(k))) + s(b"v"),
+        "key-over-limit": b"\x01" + s(k + b"K" * (MAX_KEY + 1 - len(k))) + s(b"v"),
+        "value-over-limit": b"\x01" + s(k + b"v") + u64(MAX_VALUE + 1),
+        "unknown-op": b"\x63",
+    }
+
+
+def test_every_frame_answers_as_torch_libuv_server_does(ours, torch_libuv):
+    """The same bytes to both servers, case by case on fresh connections: the same answers, the
+    same closed connections (compare_set's edge cases, ADD's number parsing, limits, ...)."""
+    port = torch_libuv[1]
+    k = fresh().encode()
+    answers = {}
+    for name, frame in frames(k).items():
+        a, b = Raw(ours.port), Raw(port)
+        answers[name] = (a.ask(frame), b.ask(frame))
+        a.close()
+        b.close()
+    assert {n: x for n, (x, y) in answers.items() if x != y} == {}, {n: v for n, v in answers.items() if v[0] != v[1]}
+    got = {n: x for n, (x, _) in answers.items()}
+    assert got["get-missing"] == u64(0) and got["cas-absent-expected"] == s(b"X")
+    assert got["add-stoll"] == struct.pack("<q", -11) + s(b"-11") and got["add-wraps"][-8:] == struct.pack(
+        "<q", -(2**63)
+    )
+    assert (
+        got["add-not-a-number"] == got["add-past-int64"] == got["key-over-limit"] == got["value-over-limit"] == "closed"
+    )
+    assert got["wait-then-cancel"] == b"\x01" and got["unknown-op"] == "closed"
+
+
+def test_a_value_at_the_limit_round_trips(ours, torch_server):
+    big = os.urandom(MAX_VALUE)
+    for port in (ours.port, torch_server[1]):
+        k = fresh()
+        c = StoreClient("127.0.0.1", port, timeout=10)
+        c.set(k + "big", big)
+        c.multi_set([f"{k}{i}" for i in range(2000)], [str(i).encode() * 50 for i in range(2000)])
+        assert c.get(k + "big") == big
+        assert c.multi_get([f"{k}{i}" for i in range(2000)]) == [str(i).encode() * 50 for i in range(2000)]
+        c.close()
+
+
+# ---------------------------------------------------------------------------------- waits
+
+
+def test_many_waiters_wake_together_time_out_alone(ours):
+    k = fresh()
+    results: dict[str, list] = {"go": [], "both": [], "never": []}
+
+    def waiter(kind: str, ks: list[str], timeout: float) -> None:
+        c = StoreClient("127.0.0.1", ours.port, timeout=5)
+        t = time.monotonic()
+        ok = c.wait(ks, timeout)
+        results[kind].append((ok, time.monotonic() - t, c.add(k + "after", 1) > 0))  # still in step
+        c.close()
+
+    plan = [("go", [k + "go"], 10)] * 8 + [("both", [k + "a", k + "b"], 10)] * 4 + [("never", [k + "never"], 0.3)] * 4
+    threads = [threading.Thread(target=waiter, args=p, daemon=True) for p in plan]
+    for t in threads:
+        t.start()
+    setter = StoreClient("127.0.0.1", ours.port, timeout=5)
+    wait_for(lambda: len(results["never"]) == 4, timeout=10, what="the 0.3 s waits to time out")
+    assert results["go"] == [] and results["both"] == []  # every waiter is waiting: none woke early
+    assert [r[0] for r in results["never"]] == [False] * 4
+    setter.set(k + "go", b"")
+    setter.compare_set(k + "a", b"", b"1")  # a key made by compare_set wakes waiters too
+    wait_for(lambda: len(results["go"]) == 8, timeout=10, what="the waiters on 'go' to wake")
+    assert results["both"] == []  # "b" is still missing
+    setter.add(k + "b", 1)
+    for t in threads:
+        t.join(10)
+    assert all(ok and after for ok, _, after in results["go"] + results["both"]) and len(results["both"]) == 4
+    assert all(0.2 < secs < 2 for _, secs, _ in results["never"])
+
+
+class FakeStore:
+    """A server that answers the handshake, then only what `script` says: {op byte: reply bytes}."""
+
+    def __init__(self, script: dict[int, bytes]):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port, self.script, self.conns = self.listener.getsockname()[1], script, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.conns.append(conn)
+        hello = b""
+        while len(hello) < 10:
+            hello += conn.recv(10 - len(hello))
+        conn.sendall(hello[6:10])  # the nonce
+        while True:
+            try:
+                data = conn.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            reply = self.script.get(data[0])
+            if reply:
+                conn.sendall(reply)
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_keys_that_arrive_as_the_wait_is_cancelled_count_as_arrived():
+    fake = FakeStore({12: b"\x00\x01", 5: b"\x00"})  # CANCEL_WAIT -> STOP_WAITING then WAIT_CANCELED; CHECK -> READY
+    try:
+        c = StoreClient("127.0.0.1", fake.port, timeout=2)
+        assert c.wait(["k"], 0.1) is True  # torch's client calls this a timeout; the keys are there
+        assert c.check(["k"]) is True  # and the stream is still in step
+    finally:
+        fake.close()
+
+
+def test_a_store_that_stops_answering_is_an_error_within_the_answer_timeout():
+    fake = FakeStore({})  # a frozen store: never answers after the handshake
+    try:
+        c = StoreClient("127.0.0.1", fake.port, timeout=0.5)
+        t = time.monotonic()
+        with pytest.raises(StoreError, match="no answer within 0.5 s"):
+            c.wait(["k"], 0.2)  # the wait runs out, the cancel is never answered
+        assert time.monotonic() - t < 2
+        with pytest.raises(StoreError):
+            c.check(["k"])  # the connection is closed for good
+    finally:
+        fake.close()
+
+
+def test_a_store_that_dies_during_a_wait_is_an_error_not_a_timeout():
+    server = StoreServer("127.0.0.1", 0)
+    c = StoreClient("127.0.0.1", server.port, timeout=5)
+    threading.Timer(0.3, server.close).start()
+    t = time.monotonic()
+    with pytest.raises(StoreError, match="closed the connection"):
+        c.wait(["never"], 10)
+    assert time.monotonic() - t < 3
+
+
+def test_connecting_to_nothing_retries_then_fails(ours):
+    port = ours.port
+    ours.close()
+    t = time.monotonic()
+    with pytest.raises(StoreError, match="Connection refused, retried for 0.6 s"):
+        StoreClient("127.0.0.1", port, timeout=1, connect_timeout=0.6)
+    assert 0.5 < time.monotonic() - t < 3
+    holder: list = []
+    late = threading.Timer(0.5, lambda: holder.append(StoreServer("127.0.0.1", port)))
+    late.start()
+    try:
+        assert StoreClient("127.0.0.1", port, timeout=1, connect_timeout=10).add("x", 1) == 1  # waits for the store
+    finally:
+        late.join()
+        for srv in holder:
+            srv.close()
+
+
+def test_another_program_on_the_port_is_named():
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never answers
+    try:
+        t = time.monotonic()
+        with pytest.raises(StoreError, match="never answered within 0.5 s .another program on that port"):
+            StoreClient("127.0.0.1", silent.getsockname()[1], timeout=0.5, connect_timeout=5)
+        assert time.monotonic() - t < 3
+    finally:
+        silent.close()
+
+
+# ---------------------------------------------------------------------------------- hostile clients
+
+
+def test_a_malformed_client_loses_only_its_own_connection(ours):
+    good = StoreClient("127.0.0.1", ours.port, timeout=5)
+    stalled = Raw(ours.port)
+    stalled.sock.sendall(b"\x01" + s(b"half") + u64(1000) + b"x" * 10)  # half a frame, then nothing
+    reader = Raw(ours.port)  # sends many requests and never reads the answers
+    good.set("fat", b"f" * (1 << 20))
+    reader.sock.sendall((b"\x03" + s(b"/fat")) * 200)  # 200 MiB of answers it will never read
+    hostile = {
+        "no-validate": b"\x0d" + b"\0" * 4,
+        "wrong-magic": b"\x00" + b"\xde\xad\xbe\xef",
+        "unknown-op": HELLO + b"\xff",
+        "huge-key": HELLO + b"\x01" + u64(1 << 62),
+        "huge-count": HELLO + b"\x0a" + u64(1 << 40),
+        "huge-value": HELLO + b"\x01" + s(b"k") + u64(MAX_VALUE + 1),
+        "add-on-text": HELLO + b"\x01" + s(b"/t") + s(b"text") + b"\x04" + s(b"/t") + struct.pack("<q", 1),
+        "random": HELLO + os.urandom(4096),
+    }
+    for name, data in hostile.items():
+        bad = Raw(ours.port, hello=False)
+        bad.sock.sendall(data)
+        bad.sock.settimeout(5)
+        try:
+            while bad.sock.recv(1 << 16):  # answers to what was valid, then the end
+                pass
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            pytest.fail(f"{name}: the server kept the connection")
+        bad.close()
+        t = time.monotonic()
+        assert good.add("count", 1) >= 1 and good.get("fat") == b"f" * (1 << 20), name
+        assert time.monotonic() - t < 2, name
+    assert good.get("t") == b"text"  # the store itself is fine
+    assert Raw(ours.port).ask(b"\x05" + keys(b"/fat")) == b"\x00"
+    stalled.close()
+    reader.close()
+    good.close()
+
+
+def test_thousands_of_connections(ours):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    n = 2000
+    if hard < 2 * n + 100:
+        pytest.skip(f"needs {2 * n + 100} file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2 * n + 100), hard))
+    clients = []
+    try:
+        clients = [StoreClient("127.0.0.1", ours.port, timeout=20) for _ in range(n)]
+        done: list[int] = []
+        threads = [
+            threading.Thread(target=lambda c=c: done.append(c.add("count", 1)), daemon=True) for c in clients[:200]
+        ]
+        for t in threads:
+            t.start()
+        for c in clients[200:]:
+            c.add("count", 1)
+        for t in threads:
+            t.join(20)
+        assert len(done) == 200 and clients[0].add("count", 0) == n
+    finally:
+        for c in clients:
+            c.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_binds_exactly_the_address_given():
+    a = StoreServer("127.0.0.1", 0)
+    b = StoreServer("127.0.0.2", a.port)  # the same port on another address: possible only without the wildcard
+    try:
+        for server, value in ((a, b"A"), (b, b"B")):
+            StoreClient(server.host, server.port, timeout=5).set("who", value)
+        assert StoreClient("127.0.0.1", a.port, timeout=5).get("who") == b"A"
+        assert StoreClient("127.0.0.2", a.port, timeout=5).get("who") == b"B"
+        with pytest.raises(OSError):
+            StoreServer("127.0.0.1", a.port)  # taken is taken
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.3", a.port), timeout=2)
+
+
+# ---------------------------------------------------------------------------------- the agent
+
+
+def test_c10d_agent_never_imports_torch():
+    code = f"""
+import sys
+from launcher.config import from_flags
+from launcher.rendezvous import create_rendezvous, Cause
+cfg = from_flags(training_script="x", no_python=True, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{free_port()}",
+                 rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
+r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
+rnd = r.next_round(Cause.START)
+hosted = r.server is not None
+r.shutdown(True)
+print(rnd.world_size, hosted, "torch" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.stdout.split() == ["1", "True", "False"], r.stderr

@@ -1,0 +1,491 @@
+"""The supervisor's state machine, driven in-process: fake worker processes (through a `process.Spawner`), a fake
+clock (through `clock=`) and a fake rendezvous. No worker process runs and nothing sleeps; each
+test turns the loop with `step()` and checks the group state, the signals sent and the result."""
+
+from __future__ import annotations
+
+import errno
+import signal
+
+import pytest
+from support.clock import FakeClock
+
+from launcher import process
+from launcher.config import from_flags
+from launcher.errors import RendezvousClosedError, RestartBudgetExhausted
+from launcher.rendezvous.api import Cause, MembershipChanged
+from launcher.signals import SignalReceived
+from launcher.spec import Exit, GroupState, Round, Verdict
+from launcher.summary import summary_lines
+from launcher.supervisor import Supervisor
+
+
+class FakeProc:
+    """A worker that never runs: it ends when the test says so, or when sent a signal it does not ignore."""
+
+    pidfd = None
+    stdout = None
+    stderr = None
+    forked = False
+
+    def __init__(self, pid: int, env: dict, ignore: frozenset[int] = frozenset()):
+        self.pid, self.env, self.ignore = pid, env, ignore
+        self.code: int | None = None
+        self.signals: list[int] = []  # to the group
+        self.sent: list[int] = []  # to the process alone
+        self.closed = False
+
+    @property
+    def rank(self) -> int:
+        return int(self.env["RANK"])
+
+    def exit(self, code: int) -> None:
+        if self.code is None:
+            self.code = code
+
+    def poll(self) -> Exit | None:
+        return None if self.code is None else Exit(self.code)
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGKILL or sig not in self.ignore:
+            self.exit(-sig)
+
+    def send(self, sig: int) -> None:
+        self.sent.append(sig)
+        if sig not in self.ignore and sig not in (signal.SIGUSR1, signal.SIGUSR2):
+            self.exit(-sig)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Spawner:
+    def __init__(self, ignore: frozenset[int] = frozenset()):
+        self.procs: list[FakeProc] = []
+        self.ignore = ignore
+
+    def __call__(self, argv, env) -> FakeProc:
+        p = FakeProc(10_000 + len(self.procs), env, self.ignore)
+        self.procs.append(p)
+        return p
+
+    def live(self) -> list[FakeProc]:
+        return [p for p in self.procs if p.code is None]
+
+
+class FakeRendezvous:
+    """One node alone; charges a job-wide budget on Cause.FAILURE like the protocol does."""
+
+    def __init__(self, max_restarts: int, nproc: int):
+        self.max_restarts, self.nproc = max_restarts, nproc
+        self.round, self.restarts = -1, 0
+        self.causes: list[Cause] = []
+        self.watched: list[int] = []
+        self.verdicts: list = []
+
+    def next_round(self, cause: Cause, verdict=None, waiting=None) -> Round:
+        self.causes.append(cause)
+        self.verdicts.append(verdict)
+        if cause is Cause.FAILURE:
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.max_restarts})")
+        self.round += 1
+        return Round(
+            run_id="unit",
+            round=self.round,
+            restart_count=self.restarts,
+            group_rank=0,
+            group_world_size=1,
+            rank_offset=0,
+            world_size=self.nproc,
+            master_addr="127.0.0.1",
+            master_port=29500,
+        )
+
+    def watch(self, rnd: Round, post) -> None:
+        self.watched.append(rnd.round)
+
+    def shutdown(self, succeeded: bool, why: str = "") -> None:
+        pass
+
+
+class NoLogs:
+    def disk_error(self, path, error) -> None:
+        raise AssertionError(f"disk error {path}: {error}")
+
+
+@pytest.fixture(autouse=True)
+def no_process_sweep(monkeypatch):
+    """The sweep and reaping look at this process's real children (pytest's): none of them are workers."""
+    monkeypatch.setattr(process, "descendants", lambda exclude=(): [])
+    monkeypatch.setattr(process, "reap_adopted", lambda owned: None)
+
+
+class Rig:
+    def __init__(self, tmp_path, nproc: int = 2, max_restarts: int = 0, ignore: frozenset[int] = frozenset(), **flags):
+        self.config = from_flags(
+            training_script="worker",
+            no_python=True,
+            nproc_per_node=str(nproc),
+            max_restarts=max_restarts,
+            environ={},
+            quiet=True,
+            **flags,
+        )
+        self.clock = FakeClock(1000.0)
+        self.spawn = Spawner(ignore)
+        self.rdzv = FakeRendezvous(max_restarts, nproc)
+        self.events: list[tuple[str, dict]] = []
+        self.sup = Supervisor(
+            self.config,
+            self.rdzv,
+            NoLogs(),
+            str(tmp_path),
+            starter=process.Spawner(self.spawn),
+            clock=self.clock,
+            environ={"PATH": "/usr/bin"},
+            agent_id="unit",
+            host="testhost",
+            sinks=[lambda kind, fields: self.events.append((kind, fields))],
+        )
+
+    def turn(self, until, what: str, turns: int = 50) -> None:
+        """Step the loop until `until()`; a round asked of the rendezvous thread wakes the loop at once."""
+        for _ in range(turns):
+            if until():
+                return
+            self.sup.step(timeout=1.0 if self.sup.state is GroupState.RENDEZVOUS else 0)
+        raise AssertionError(f"never reached: {what} (state {self.sup.state.name}, events {self.kinds()})")
+
+    def running(self, count: int) -> None:
+        """Wait for the group to be RUNNING with its `count`-th spawn done."""
+        self.turn(
+            lambda: self.sup.state is GroupState.RUNNING and len(self.spawn.procs) >= count, f"{count} workers spawned"
+        )
+
+    def start(self) -> None:
+        self.sup.begin_round(Cause.START)
+        self.running(self.config.nproc_per_node)
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.events]
+
+
+def test_every_worker_succeeds(tmp_path):
+    rig = Rig(tmp_path, nproc=3)
+    rig.start()
+    assert [p.rank for p in rig.spawn.procs] == [0, 1, 2]
+    assert {p.env["WORLD_SIZE"] for p in rig.spawn.procs} == {"3"}
+    assert rig.rdzv.watched == [0]
+    for p in rig.spawn.procs[:2]:
+        p.exit(0)
+    rig.sup.step(timeout=0)
+    assert rig.sup.state is GroupState.RUNNING  # one still runs
+    rig.spawn.procs[2].exit(0)
+    rig.sup.step(timeout=0)
+    result = rig.sup.result()
+    assert result.state is GroupState.SUCCEEDED and result.exit_code == 0 and result.failures == ()
+    assert all(p.closed and p.signals == [] for p in rig.spawn.procs)
+    assert rig.kinds() == ["rendezvous", "spawn", "spawn", "spawn", "running", "exit", "exit", "exit"]
+    assert summary_lines(result) == []
+
+
+def test_the_round_is_watched_before_its_workers_start(tmp_path):
+    """Starting workers may wait (a zygote still importing): peers must keep seeing this node alive."""
+    rig = Rig(tmp_path, nproc=2)
+    seen: list[list[int]] = []
+    spawn = rig.spawn.__call__
+    rig.sup.starter = process.Spawner(lambda argv, env: seen.append(list(rig.rdzv.watched)) or spawn(argv, env))
+    rig.start()
+    assert seen == [[0], [0]]
+
+
+def test_a_failure_stops_the_group_and_restarts_it(tmp_path):
+    rig = Rig(tmp_path, nproc=2, max_restarts=1)
+    rig.start()
+    first = list(rig.spawn.procs)
+    first[1].exit(7)
+    rig.sup.step(timeout=0)
+    # rank 1 failed: rank 0 is asked to stop (SIGTERM to its group), and the group restarts
+    assert first[0].signals == [signal.SIGTERM]
+    rig.running(4)
+    second = rig.spawn.procs[2:]
+    assert rig.rdzv.causes == [Cause.START, Cause.FAILURE]
+    assert {p.env["TORCHELASTIC_RESTART_COUNT"] for p in second} == {"1"}
+    assert rig.sup.round.round == 1
+    kinds = rig.kinds()
+    assert kinds.index("stopping") < kinds.index("rendezvous", 1) < len(kinds) - 1
+    for p in second:
+        p.exit(0)
+    rig.sup.step(timeout=0)
+    result = rig.sup.result()
+    assert result.exit_code == 0 and result.restarts == 1
+    assert [(f.worker.rank, f.exit.returncode, f.collateral) for f in result.failures] == [
+        (1, 7, False),
+        (0, -15, True),
+    ]
+
+
+def test_spent_budget_asks_for_a_requeue(tmp_path):
+    """Restarts spent on failures the policy did not find deterministic: exit 75, a requeue may pass."""
+    rig = Rig(tmp_path, nproc=2, max_restarts=1)
+    rig.start()
+    rig.spawn.procs[0].exit(3)
+    rig.running(4)
+    rig.clock.now += 5
+    rig.spawn.procs[3].exit(42)  # the root cause of the last round: rank 1 this time
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED once the budget is spent")
+    result = rig.sup.result()
+    assert result.exit_code == 75 and result.restarts == 1
+    assert "no restarts left" in result.message
+    root = result.root_cause
+    assert (root.worker.rank, root.exit.returncode, root.round) == (1, 42, 1)
+    lines = summary_lines(result)
+    assert lines[0] == "job failed (exit code 75: requeue) after 1 restart(s)"
+    assert lines[1] == "reason: no restarts left (--max_restarts 1)"
+    assert lines[2].startswith(
+        "root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)"
+    )
+    assert lines[-1] == "stopped by the launcher: rank 0 (pid 10002)"  # only the last round's collateral
+    told = rig.rdzv.verdicts[-1]  # what the rendezvous publishes as the job's verdict when it closes the job
+    assert (told.host, told.rank, told.local_rank, told.returncode, told.round) == ("testhost", 1, 1, 42, 1)
+
+
+def test_a_job_closed_elsewhere_fails_with_the_remote_root_cause_first(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+    rig.start()
+    verdict = Verdict(
+        host="h2",
+        node="h2:9",
+        rank=3,
+        local_rank=1,
+        returncode=3,
+        round=0,
+        error="RuntimeError: loss is NaN",
+        log="/logs/attempt_0/1/stderr.log",
+    )
+    reason = "restart budget spent (--max_restarts 0); closed by node h2:9"
+
+    def closed(cause, verdict_=None, waiting=None):
+        raise RendezvousClosedError(f"the job was closed: {reason}", verdict)
+
+    rig.rdzv.next_round = closed
+    rig.sup.post(MembershipChanged(reason, closed=True))
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 3 and result.verdict == verdict  # the remote root cause's own code, as on its node
+    assert summary_lines(result) == [
+        "job failed (exit code 3) after 0 restart(s)",
+        "root cause (remote, node h2:9): rank 3 (local rank 1) on h2 exited with code 3 (attempt 0)",
+        "  error: RuntimeError: loss is NaN",
+        "  log: /logs/attempt_0/1/stderr.log (on h2)",
+        f"reason: the job was closed: {reason}",
+    ]
+
+
+def test_a_code_outside_1_to_125_gives_exit_1(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+    rig.start()
+    rig.spawn.procs[0].exit(-signal.SIGSEGV)
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 1
+    assert "killed by SIGSEGV: segmentation fault in native code" in summary_lines(result)[2]
+
+
+def test_collateral_is_never_the_root_cause(tmp_path):
+    """Rank 2 fails first; ranks 0 and 1 are stopped by the launcher, and rank 1 even dies of SIGKILL
+    after the grace period: they are collateral, listed apart, whatever their exit."""
+    rig = Rig(tmp_path, nproc=3, shutdown_timeout="5")
+    rig.start()
+    p0, p1, p2 = rig.spawn.procs
+    p1.ignore = frozenset({signal.SIGTERM})
+    p2.exit(9)
+    rig.sup.step(timeout=0)
+    assert rig.sup.state is GroupState.STOPPING and p0.code == -15 and p1.code is None
+    rig.sup.step(timeout=0)
+    assert p1.signals == [signal.SIGTERM]  # no SIGKILL before the deadline
+    rig.clock.now += 5
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED after the SIGKILL")
+    assert p1.signals == [signal.SIGTERM, signal.SIGKILL]
+    result = rig.sup.result()
+    assert result.exit_code == 9
+    assert result.root_cause.worker.rank == 2
+    assert sorted((f.worker.rank, f.collateral) for f in result.failures) == [(0, True), (1, True), (2, False)]
+    lines = summary_lines(result)
+    assert lines[-1] == "stopped by the launcher: rank 0 (pid 10000), rank 1 (pid 10001)"
+    assert not any(l.startswith("also failed") for l in lines)
+
+
+def test_failures_seen_together_are_both_reported_the_lowest_rank_first(tmp_path):
+    rig = Rig(tmp_path, nproc=2)
+    rig.start()
+    rig.spawn.procs[1].exit(4)
+    rig.spawn.procs[0].exit(5)  # before the loop turns: both are seen in one reap, at one time
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 5 and result.root_cause.worker.rank == 0
+    assert not any(f.collateral for f in result.failures)
+    assert summary_lines(result)[-1] == "also failed: rank 1 (local rank 1) on testhost, pid 10001 exited with code 4"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_gracefully_and_exits_128_plus_n(tmp_path, signum):
+    rig = Rig(tmp_path, nproc=2, max_restarts=3)
+    rig.start()
+    rig.sup.post(SignalReceived(signum))
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED after the signal")
+    assert all(p.signals == [signum] for p in rig.spawn.procs)  # forwarded once, no SIGKILL
+    result = rig.sup.result()
+    assert result.exit_code == 128 + signum and result.signal == signum
+    assert all(f.collateral for f in result.failures) and result.root_cause is None
+    assert rig.rdzv.causes == [Cause.START]  # a signal is never restarted
+    assert ("stopping", {"reason": "signal", "signal": signal.Signals(signum).name, "grace": 30.0}) in rig.events
+
+
+def test_a_second_sigint_kills_at_once(tmp_path):
+    rig = Rig(tmp_path, nproc=2, ignore=frozenset({signal.SIGINT}), shutdown_timeout="60")
+    rig.start()
+    rig.sup.post(SignalReceived(signal.SIGINT))
+    rig.sup.step(timeout=0)
+    rig.sup.step(timeout=0)
+    assert rig.sup.state is GroupState.STOPPING
+    assert all(p.signals == [signal.SIGINT] for p in rig.spawn.procs)  # the grace period runs
+    rig.sup.post(SignalReceived(signal.SIGINT))
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED after the second SIGINT")
+    assert all(p.signals == [signal.SIGINT, signal.SIGKILL] for p in rig.spawn.procs)
+    assert rig.sup.result().exit_code == 130
+
+
+def test_a_signal_during_rendezvous_fails_at_once(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+    rig.sup.post(SignalReceived(signal.SIGTERM))
+    rig.sup.step(timeout=0)
+    assert rig.sup.state is GroupState.FAILED
+    assert rig.sup.result().exit_code == 143 and rig.spawn.procs == []
+
+
+def test_a_passthrough_signal_reaches_the_workers_only(tmp_path):
+    rig = Rig(tmp_path, nproc=2, passthrough_signals="SIGUSR1")
+    rig.start()
+    rig.sup.post(SignalReceived(signal.SIGUSR1))
+    rig.sup.step(timeout=0)
+    assert rig.sup.state is GroupState.RUNNING
+    assert all(p.sent == [signal.SIGUSR1] and p.signals == [] for p in rig.spawn.procs)
+
+
+def test_a_hang_is_a_failure_and_restarts_the_group(tmp_path):
+    rig = Rig(tmp_path, nproc=2, max_restarts=1, hang_timeout="30")
+    rig.start()
+    p0, p1 = rig.spawn.procs
+    p0.exit(0)  # finished its work; only rank 1 is left, silent
+    rig.clock.now += 29
+    rig.sup.step(timeout=0)
+    assert p1.sent == []  # not yet
+    rig.clock.now += 2
+    rig.sup.step(timeout=0)  # idle 31 s > 30 s: SIGABRT (faulthandler dumps the stacks), and it dies of it
+    assert p1.sent == [signal.SIGABRT]
+    assert ("hang", {"rank": 1, "pid": p1.pid, "idle": 31.0}) in rig.events
+    rig.running(4)
+    assert rig.rdzv.causes == [Cause.START, Cause.FAILURE]
+    failure = rig.sup.failures[0]
+    assert failure.worker.rank == 1 and not failure.collateral
+    assert failure.reason == "hung: no progress for 30 s; stacks in its stderr"
+
+
+def test_a_hung_worker_stopped_by_the_launcher_is_still_the_root_cause(tmp_path):
+    """A hung worker that ignores SIGABRT is then stopped with the group: it stays the root cause."""
+    rig = Rig(tmp_path, nproc=1, hang_timeout="10", ignore=frozenset({signal.SIGABRT, signal.SIGTERM}))
+    rig.start()
+    rig.clock.now += 11
+    rig.sup.step(timeout=0)
+    assert rig.spawn.procs[0].sent == [signal.SIGABRT] and rig.sup.state is GroupState.RUNNING
+    rig.sup.post(SignalReceived(signal.SIGTERM))
+    rig.sup.step(timeout=0)
+    rig.clock.now += 31
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 143
+    assert result.root_cause is not None and result.root_cause.reason.startswith("hung:")
+
+
+def test_a_membership_change_re_forms_without_charging_the_budget(tmp_path):
+    rig = Rig(tmp_path, nproc=1, max_restarts=0)
+    rig.start()
+    rig.sup.post(MembershipChanged("a node joined"))
+    rig.running(2)
+    assert rig.rdzv.causes == [Cause.START, Cause.MEMBERSHIP]
+    assert rig.sup.round.restart_count == 0
+    assert rig.sup.failures[0].collateral
+
+
+def test_a_rendezvous_error_fails_with_its_message(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+
+    def broken(cause, verdict=None, waiting=None):
+        raise KeyError("boom")
+
+    rig.rdzv.next_round = broken
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED")
+    result = rig.sup.result()
+    assert result.exit_code == 1 and result.message == "rendezvous failed unexpectedly: KeyError: 'boom'"
+    assert summary_lines(result) == ["job failed (exit code 1) after 0 restart(s)", f"reason: {result.message}"]
+
+
+def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from launcher.view import render
+
+    rig = Rig(tmp_path, nproc=1)
+    release, real = threading.Event(), rig.rdzv.next_round
+    line = "waiting for nodes in round 0: 1 joined (min 2, max 2); join timeout in 55 s"
+
+    def forming(cause, verdict=None, waiting=None):
+        waiting(line)
+        release.wait(10)
+        return real(cause, verdict)
+
+    rig.rdzv.next_round = forming
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.snapshot().waiting == line, "the waiting line in the snapshot")
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(render(rig.sup.snapshot(), lambda pid: (None, None), now=0.0))
+    assert "round 0 · rendezvous" in out.getvalue() and line in out.getvalue(), out.getvalue()
+    release.set()
+    rig.running(1)
+    assert rig.sup.snapshot().waiting == ""
+
+
+def test_a_transient_emfile_at_spawn_is_retried_not_fatal(tmp_path):
+    """A store host out of descriptors for a moment (issue 23 item 1): the spawn is tried again."""
+    rig = Rig(tmp_path, nproc=1)
+    failures = [OSError(errno.EMFILE, "Too many open files")] * 2
+
+    def spawn(argv, env):
+        if failures:
+            raise failures.pop()
+        return rig.spawn(argv, env)
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.start()
+    assert not failures and rig.sup.state is GroupState.RUNNING
+
+
+def test_an_emfile_that_lasts_fails_the_spawn_after_the_retry_window(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+
+    def spawn(argv, env):
+        rig.clock.now += 20.0  # each try costs 20 s of the injected clock: the window closes on the third
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "the group failed")
+    assert "Too many open files" in rig.sup.message
