@@ -74,6 +74,7 @@ class RoundWatch:
         change = k.change(r)
         seen, seen_at = -1, self.clock()
         while not stop.is_set():
+            began = self.clock()
             if beats:
                 st.add(k.hb(r, g), 1)
             if alive is None and beats:
@@ -92,7 +93,12 @@ class RoundWatch:
             if not beats or right == g or st.get(k.done(r, right)):
                 continue
             count = st.add(k.hb(r, right), 0)
+            now = self.clock()
             if count != seen:
-                seen, seen_at = count, self.clock()
-            elif self.clock() - seen_at > self.liveness_timeout:
+                seen, seen_at = count, now
+                continue
+            # A slow store (a flood of clients, a stalled host) delays every node's heartbeat alike:
+            # the time this turn took beyond its own wait is the store's, not the neighbour's silence.
+            seen_at += max(0.0, now - began - self.interval)
+            if now - seen_at > self.liveness_timeout:
                 self.died(st, r, n, right, "stopped heartbeating")
