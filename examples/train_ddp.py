@@ -114,7 +114,12 @@ if os.path.exists(ckpt_path):
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     start_epoch = state["epoch"] + 1
-    log(f"resumed from {ckpt_path} after epoch {state['epoch']}")
+    killed = os.path.join(ckpt_dir, "killed_at")  # written by the --crash-at-epoch hook (the demo)
+    since = ""
+    if attempt > 0 and os.path.exists(killed):
+        with open(killed) as f:
+            since = f"; training again {time.time() - float(f.read()):.1f} s after rank {args.crash_rank} was killed"
+    log(f"resumed from {ckpt_path} after epoch {state['epoch']}{since}")
 else:
     log(f"no checkpoint yet; training from scratch, checkpoints go to {ckpt_path}")
 if start_epoch > args.epochs:
@@ -147,6 +152,8 @@ for epoch in range(start_epoch, args.epochs + 1):
     for step, (x, y) in enumerate(loader):
         if epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0 and step == len(loader) // 2:
             print(f"rank {rank}: test hook, killing myself halfway through epoch {epoch}", flush=True)
+            with open(os.path.join(ckpt_dir, "killed_at"), "w") as f:  # the resumed rank 0 says how long it took
+                f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)

@@ -1,4 +1,14 @@
-from launcher.cli import main
+import sys
+
+try:
+    from launcher.cli import main
+except ModuleNotFoundError as e:  # run with an interpreter that lacks click: one line, as for the others
+    if (e.name or "launcher").partition(".")[0] == "launcher":
+        raise
+    from launcher.deps import problem
+
+    sys.stderr.write(f"launcher: error: {problem([e.name or 'a dependency'])}\n")
+    sys.exit(2)
 
 if __name__ == "__main__":
     main()

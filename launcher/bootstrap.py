@@ -38,7 +38,7 @@ class BootstrapStore:
             return rnd, ""
         if rnd.group_rank == 0:
             try:
-                self.server = _serve(rnd.master_addr, rnd.master_port)
+                self.server = _serve(rnd.master_addr, rnd.master_port, rnd.world_size)
             except OSError as e:
                 return rnd, (
                     f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
@@ -52,11 +52,12 @@ class BootstrapStore:
             self.server = None
 
 
-def _serve(addr: str, port: int) -> StoreServer:
-    """Bind MASTER_ADDR itself where it is an address of this host, else every address (as torch's server)."""
+def _serve(addr: str, port: int, world_size: int) -> StoreServer:
+    """Bind MASTER_ADDR itself where it is an address of this host, else every address (as torch's
+    server); every worker of the job connects (the server raises the descriptor limit for them)."""
     try:
-        return StoreServer(addr, port)
+        return StoreServer(addr, port, expect=world_size)
     except OSError as e:
         if e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) and not isinstance(e, socket.gaierror):
             raise
-    return StoreServer("::" if ":" in addr else "0.0.0.0", port)
+    return StoreServer("::" if ":" in addr else "0.0.0.0", port, expect=world_size)

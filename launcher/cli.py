@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import __version__, slurm
+from . import __version__, deps, slurm
 from . import config as cfg
 from .errors import EXIT_USAGE, ConfigError
 
@@ -75,10 +75,13 @@ class GroupedCommand(click.Command):
 
 
 def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
-    """Declare `--a-b` with its `--a_b` twin (plus short `names`), its PET_ variable (or `envvar`) and its help group."""
+    """Declare `--a-b` with its `--a_b` twin (plus short `names`), its PET_ variable (or `envvar`), its
+    default (from `config.DEFAULTS`) and its help group."""
     dest = name.replace("-", "_")
     spellings = list(names) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
     envvar = kwargs.pop("envvar", f"PET_{dest.upper()}" if env else None)
+    if dest in cfg.DEFAULTS and "default" not in kwargs:  # the one table of defaults
+        kwargs["default"] = cfg.DEFAULTS[dest]
     return click.option(*spellings, dest, cls=GroupedOption, group=group, envvar=envvar, show_envvar=False, **kwargs)
 
 
@@ -94,22 +97,20 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     },
     epilog=EXAMPLES,
 )
-@flag("nproc-per-node", group=NODES, default=None, metavar="N|cpu|gpu|auto", help="Workers on this node.")
-@flag("nnodes", group=NODES, default="1:1", metavar="N|MIN:MAX", help="Nodes in the job.")
-@flag("node-rank", group=NODES, default="0", metavar="R", help="This node's rank (static rendezvous).")
-@flag("master-addr", group=NODES, default="127.0.0.1", metavar="HOST", help="Address of node rank 0 (static).")
+@flag("nproc-per-node", group=NODES, metavar="N|cpu|gpu|xpu|auto", help="Workers on this node.")
+@flag("nnodes", group=NODES, metavar="N|MIN:MAX", help="Nodes in the job.")
+@flag("node-rank", group=NODES, metavar="R", help="This node's rank (static rendezvous).")
+@flag("master-addr", group=NODES, metavar="HOST", help="Address of node rank 0 (static).")
 @flag(
     "master-port",
     group=NODES,
-    default=None,
     metavar="PORT",
     help="Port on node rank 0 (static; default 29500, free port on one node).",
 )
-@flag("local-addr", group=NODES, default=None, metavar="HOST", help="This node's address as the others reach it.")
+@flag("local-addr", group=NODES, metavar="HOST", help="This node's address as the others reach it.")
 @flag(
     "gpus",
     group=NODES,
-    default=None,
     metavar="IDS",
     help="Physical GPUs for this node's workers, e.g. 2,3 (local rank 0 gets GPU 2).",
 )
@@ -119,21 +120,31 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     is_flag=True,
     help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.",
 )
-@flag("rdzv-backend", group=RDZV, default="static", metavar="NAME", help="static (default), c10d or etcd.")
-@flag("rdzv-endpoint", group=RDZV, default="", metavar="HOST:PORT", help="Where the rendezvous store is.")
-@flag("rdzv-id", group=RDZV, default="none", metavar="ID", help="Job id shared by all nodes (TORCHELASTIC_RUN_ID).")
-@flag("rdzv-conf", group=RDZV, default="", metavar="K=V,...", help="Backend settings, e.g. join_timeout=600.")
+@flag(
+    "rdzv-backend",
+    group=RDZV,
+    metavar="NAME",
+    help="static (default), c10d, etcd (etcd-v2: the same), or a torchrun.handlers entry point.",
+)
+@flag("rdzv-endpoint", group=RDZV, metavar="HOST:PORT", help="Where the rendezvous store is.")
+@flag("rdzv-id", group=RDZV, metavar="ID", help="Job id shared by all nodes (TORCHELASTIC_RUN_ID).")
+@flag("rdzv-conf", group=RDZV, metavar="K=V,...", help="Backend settings, e.g. join_timeout=600.")
 @flag("standalone", group=RDZV, is_flag=True, help="One node, no store to set up (the default for one node).")
-@flag("module", "-m", group=RUN, is_flag=True, env=False, help="Run the script as `python -m MODULE`.")
+@flag("module", "-m", group=RUN, is_flag=True, help="Run the script as `python -m MODULE`.")
 @flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
-@flag("run-path", group=RUN, is_flag=True, help="Accepted for torchrun; scripts run as `python SCRIPT` either way.")
+@flag(
+    "run-path",
+    group=RUN,
+    is_flag=True,
+    help="As torchrun: a fresh interpreter runs the script (wins over --no_python and -m).",
+)
 @click.option(
     "--preload/--no-preload",
     " /--no_preload",
     "preload",
     cls=GroupedOption,
     group=RUN,
-    default=False,
+    default=cfg.DEFAULTS["preload"],
     envvar="PET_PRELOAD",
     show_envvar=False,
     help="Fork workers from an interpreter that imported torch once (warm start and restarts).",
@@ -141,11 +152,10 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag(
     "preload-modules",
     group=RUN,
-    default=None,
     metavar="MODS",
     help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).",
 )
-@flag("role", group=RUN, default="default", metavar="NAME", help="Role name (ROLE_NAME).")
+@flag("role", group=RUN, metavar="NAME", help="Role name (ROLE_NAME).")
 @flag(
     "append-local-rank",
     group=RUN,
@@ -155,77 +165,96 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
 @flag(
     "append-local-rank-as",
     group=RUN,
-    default=None,
     metavar="FLAG",
     help="Same, with another spelling, e.g. --local_rank.",
 )
 @flag("use-env", group=RUN, is_flag=True, help="With `python -m launcher.launch`: do not append --local-rank.")
-@flag("start-method", group=RUN, default="spawn", metavar="NAME", help="Accepted for torchrun; moot for scripts.")
-@flag("max-restarts", group=SIG, default="0", metavar="N", help="Restarts of the worker group before giving up.")
+@flag("start-method", group=RUN, metavar="NAME", help="Accepted for torchrun; moot for scripts.")
+@flag("max-restarts", group=SIG, metavar="N", help="Restarts of the worker group before giving up.")
 @flag(
     "monitor-interval",
     group=SIG,
-    default="0.1",
     metavar="SEC",
     help="Upper bound between periodic checks (exits are seen at once).",
 )
-@flag(
-    "shutdown-timeout", group=SIG, default=None, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30)."
-)
+@flag("shutdown-timeout", group=SIG, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
 @flag(
     "hang-timeout",
     group=SIG,
-    default=None,
     metavar="SEC",
-    help="A worker with no output and no launcher.progress() call for SEC is hung: its stacks are dumped, the group restarts.",
+    help="A worker with no output and no launcher.progress() call for SEC is hung: "
+    "its stacks are dumped, the group restarts.",
 )
 @flag(
     "straggler-threshold",
     group=SIG,
-    default="0.5",
     metavar="FRACTION",
     help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).",
 )
+@flag("straggler-period", group=SIG, metavar="SEC", help="How long a rank must stay below it to be flagged.")
 @flag(
-    "straggler-period", group=SIG, default="60", metavar="SEC", help="How long a rank must stay below it to be flagged."
+    "restart-policy",
+    group=SIG,
+    metavar="K=V,...",
+    help="Restart backoff and when restarting stops: quick, backoff, backoff_max, no_progress (docs/policy.md).",
 )
+@flag(
+    "quarantine",
+    group=SIG,
+    metavar="K=V,...",
+    help="Keep a node out whose workers failed in AFTER of its last WINDOW rounds: after=3,window=5,cooldown=3600.",
+)
+@flag(
+    "health-check",
+    group=SIG,
+    metavar="CMD",
+    help="Run before this node joins each round; non-zero keeps it out (exit 69). GPU checks too, with NVML.",
+)
+@flag("health-check-timeout", group=SIG, metavar="SEC", help="How long --health_check may run (default 60).")
 @flag(
     "signals-to-handle",
     group=SIG,
-    default=cfg.DEFAULT_SIGNALS,
     metavar="SIGS",
     help="Signals that stop the job (forwarded first).",
 )
 @flag(
     "passthrough-signals",
     group=SIG,
-    default="",
     metavar="SIGS",
     help="Signals forwarded to workers that go on, e.g. SIGUSR1.",
 )
-@flag("log-dir", group=LOGS, default=None, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
+@flag("log-dir", group=LOGS, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
 @flag(
     "redirects",
     "-r",
     group=LOGS,
-    default="0",
     metavar="0-3|MAP",
     help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.",
 )
-@flag("tee", "-t", group=LOGS, default="0", metavar="0-3|MAP", help="Streams sent to files and the console.")
+@flag("tee", "-t", group=LOGS, metavar="0-3|MAP", help="Streams sent to files and the console.")
 @flag(
     "local-ranks-filter",
     group=LOGS,
-    default=None,
     metavar="RANKS",
     help="Local ranks shown on the console (all still go to files).",
 )
 @flag(
     "events-file",
     group=LOGS,
-    default=None,
     metavar="PATH",
     help="JSON-lines log of rounds, spawns, exits, restarts, signals.",
+)
+@flag(
+    "metrics-port",
+    group=LOGS,
+    metavar="PORT",
+    help="Serve Prometheus metrics (round, restarts, workers, steps, goodput) on PORT; needs launcher[metrics].",
+)
+@flag(
+    "metrics-host",
+    group=LOGS,
+    metavar="HOST",
+    help="Address for --metrics_port (default loopback only; 0.0.0.0 for a scraper on another host).",
 )
 @click.option(
     "--live/--no-live",
@@ -233,7 +262,9 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     "live",
     cls=GroupedOption,
     group=LOGS,
-    default=None,
+    default=cfg.DEFAULTS["live"],
+    envvar="PET_LIVE",
+    show_envvar=False,
     help="The live worker table (default: on when stderr is a terminal).",
 )
 @flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
@@ -241,15 +272,34 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     "log-level",
     group=LOGS,
     envvar="LAUNCHER_LOG_LEVEL",
-    default="info",
     metavar="LEVEL",
     help="The launcher's own messages: debug (also what it recovers from), info, warning or error.",
 )
-@flag("duplicate-stdout-filters", group=LOGS, default=None, hidden=True)
-@flag("duplicate-stderr-filters", group=LOGS, default=None, hidden=True)
-@flag("logs-specs", group=LOGS, default=None, hidden=True)
-@flag("event-log-handler", group=LOGS, default="null", hidden=True)
-@flag("numa-binding", group=NODES, default=None, hidden=True)
+@flag(
+    "duplicate-stdout-filters",
+    group=LOGS,
+    metavar="TEXT,...",
+    help="Tee'd stdout lines holding one of these also go to attempt_N/filtered_stdout.log (,, for a comma).",
+)
+@flag("duplicate-stderr-filters", group=LOGS, metavar="TEXT,...", help="The same for stderr.")
+@flag(
+    "logs-specs",
+    group=LOGS,
+    metavar="NAME",
+    help="A torchrun.logs_specs entry point that places the log files (default: ours, torch's layout).",
+)
+@flag(
+    "event-log-handler",
+    group=LOGS,
+    metavar="NAME",
+    help="null (default), or console: each launcher event also as a line (--events_file for JSON).",
+)
+@flag(
+    "numa-binding",
+    group=NODES,
+    metavar="MODE",
+    help="Run each worker on the CPUs near its GPU: node, socket, exclusive or core-complex.",
+)
 @click.version_option(__version__, "--version", prog_name="launcher", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False, default="")
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
@@ -260,8 +310,13 @@ def command(**flags) -> None:
     also takes its dashed spelling (--nproc-per-node) and a PET_<NAME> environment default.
     """
     config = cfg.from_flags(**flags)
-    if flags.get("no_python"):
+    if flags.get("no_python") and not flags.get("run_path"):
         check_command(flags["training_script"])
+    absent = deps.missing(deps.NEEDED if flags.get("no_python") else deps.NEEDED + deps.WORKERS_NEED)
+    if absent:
+        raise ConfigError(deps.problem(absent))
+    if config.metrics and deps.missing(("prometheus_client",)):
+        raise ConfigError("--metrics_port needs prometheus_client: pip install 'launcher[metrics]'")
     from .run import run  # the machinery loads only once the flags are good
 
     sys.exit(run(config))
@@ -348,7 +403,23 @@ def status(
         sys.exit(0)
 
 
-SUBCOMMANDS = {"store": store, "status": status}
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True), metavar="EVENTS_FILE|DIR...")
+@click.option("-o", "--output", default="launcher-report.html", show_default=True, help="The HTML file to write.")
+def report(paths: tuple[str, ...], output: str) -> None:
+    """One self-contained HTML page from the nodes' --events_file files (or the folders that hold
+    them): a timeline per node, the goodput breakdown and the job's verdict."""
+    from .report import report_main
+
+    try:
+        click.echo(report_main(list(paths), output))
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+SUBCOMMANDS = {"store": store, "status": status, "report": report}
 
 # Subcommands that are launches of a worker-side module (imported by workers only, never here):
 #   launcher check [launcher flags] [-- args]  ==  launcher [launcher flags] -m launcher.preflight [args]
@@ -360,6 +431,7 @@ SUBCOMMAND_HELP = [
     ("bench allreduce", "all_reduce bus bandwidth, as nccl-tests reports it."),
     ("store", "A c10d rendezvous store on its own, off the training nodes."),
     ("status", "A running, failed or forming job, read from its rendezvous store."),
+    ("report", "An HTML page of a job from its events files: timeline, goodput, verdict."),
 ]
 
 
@@ -416,6 +488,26 @@ def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
     return out
 
 
+def closest_first(typed: str, options: list[str]) -> list[str]:
+    """click's suggestions for a mistyped option, most alike first (click lists them alphabetically:
+    `--nproc_pre_node` got `--no_preload` first), one spelling each, the one the user typed in."""
+    import difflib
+
+    dashed = "-" in typed[2:] and "_" not in typed
+    by_name: dict[str, str] = {}
+    for o in options:
+        key = o.replace("_", "-")
+        if key not in by_name or (("-" in o[2:] and "_" not in o) == dashed):
+            by_name[key] = o
+    norm = typed.replace("-", "_")
+
+    def alike(o: str) -> tuple[bool, float]:  # an option the typed text begins comes first (an ambiguous prefix)
+        o = o.replace("-", "_")
+        return o.startswith(norm), difflib.SequenceMatcher(None, norm, o).ratio()
+
+    return sorted(by_name.values(), key=alike, reverse=True)
+
+
 def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
     """Entry point: run the command, turning any usage error into one line and exit 2."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -435,6 +527,9 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         code = cmd.main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
     except (click.ClickException, ConfigError) as e:
         text = e.format_message() if isinstance(e, click.ClickException) else str(e)
+        if isinstance(e, click.NoSuchOption) and e.possibilities:
+            best, *others = closest_first(e.option_name, e.possibilities)
+            text = f"{e.message.rstrip('.')}. Did you mean {best}?" + (f" (or {', '.join(others)})" if others else "")
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())  # one line, whatever a flag held
         sys.stderr.write(f"{prog_name}: error: {text}\n")
         sys.exit(EXIT_USAGE)

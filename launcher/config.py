@@ -1,12 +1,16 @@
-"""The frozen launch configuration and the pure parsers that build it.
+"""The frozen launch configuration, the one table of flag defaults, and `from_flags`, which builds it.
 
-Nothing here imports click: `cli.py` turns flags into keyword arguments and calls
-`from_flags()`, which validates every value and raises `ConfigError` with a one-line
-message that names the fix.
+Nothing here imports click: `cli.py` declares each flag with its default from `DEFAULTS`, turns the
+command line into keyword arguments and calls `from_flags()`, which parses every value once (the
+parsers are in `parsers.py`) and raises `ConfigError` with a one-line message that names the fix.
+What is accepted but worth a word (an unknown `--rdzv_conf` key, a torchrun switch mapped onto
+ours) becomes one line in `LaunchConfig.notes`, which the composition root logs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import enum
 import os
 import re
@@ -16,32 +20,101 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from . import plugins
 from .errors import ConfigError
-from .parsers import parse_port, parse_seconds
+from .numa import NumaMode, parse_numa_binding
+from .parsers import (
+    parse_endpoint,
+    parse_filters,
+    parse_flag,
+    parse_fraction,
+    parse_gpus,
+    parse_kv,
+    parse_log_level,
+    parse_nnodes,
+    parse_nproc,
+    parse_port,
+    parse_preload,
+    parse_ranks,
+    parse_seconds,
+    parse_signals,
+    parse_std,
+    parse_whole,
+)
+from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
-from .rendezvous.settings import LocalSettings
+from .rendezvous.etcd.settings import ETCD_KEYS
+from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
+from .spec import Std
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# Backends named only so their error can say why not.
-LATER_BACKENDS = ("etcd-v2",)
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
-STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+QUARANTINE_FILE_ENV = "LAUNCHER_QUARANTINE_FILE"  # where a quarantined node appends its name (Slurm scripts)
 
-
-@dataclass(frozen=True)
-class Std:
-    """Which of stdout/stderr go somewhere, per local rank (torchrun's `-r`/`-t` syntax)."""
-
-    default: int = STD_NONE
-    per_rank: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
-
-    def for_rank(self, local_rank: int) -> int:
-        return self.per_rank.get(local_rank, self.default)
-
-    def has(self, local_rank: int, stream: str) -> bool:
-        """True if `stream` ("stdout"/"stderr") of `local_rank` is selected."""
-        bit = STD_OUT if stream == "stdout" else STD_ERR
-        return bool(self.for_rank(local_rank) & bit)
+# Every launch flag's default, as the command line would spell it: `cli.py` declares the flags with
+# these, and `from_flags` fills in what a caller leaves out from here. One place per default.
+DEFAULTS: Mapping[str, object] = MappingProxyType(
+    {
+        # workers and nodes
+        "nproc_per_node": None,  # --gpus' count, else 1
+        "nnodes": "1:1",
+        "node_rank": "0",
+        "master_addr": "127.0.0.1",
+        "master_port": None,  # 29500 (static), a free port on one node
+        "local_addr": None,
+        "gpus": None,
+        "virtual_local_rank": False,
+        "numa_binding": None,
+        # rendezvous
+        "rdzv_backend": "static",
+        "rdzv_endpoint": "",
+        "rdzv_id": "none",
+        "rdzv_conf": "",
+        "standalone": False,
+        # what to run
+        "module": False,
+        "no_python": False,
+        "run_path": False,
+        "preload": False,
+        "preload_modules": None,
+        "role": "default",
+        "append_local_rank": False,
+        "append_local_rank_as": None,
+        "use_env": False,
+        "start_method": "spawn",
+        # signals and restarts
+        "max_restarts": "0",
+        "monitor_interval": "0.1",
+        "shutdown_timeout": None,  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30
+        "hang_timeout": None,
+        "straggler_threshold": "0.5",
+        "straggler_period": "60",
+        "signals_to_handle": DEFAULT_SIGNALS,
+        "passthrough_signals": "",
+        "restart_policy": "",  # docs/policy.md
+        "quarantine": "",
+        "health_check": None,
+        "health_check_timeout": "60",
+        # logs
+        "log_dir": None,
+        "redirects": "0",
+        "tee": "0",
+        "local_ranks_filter": None,
+        "events_file": None,
+        "live": None,  # on when stderr is a terminal
+        "quiet": False,
+        "log_level": "info",
+        "duplicate_stdout_filters": None,
+        "duplicate_stderr_filters": None,
+        "logs_specs": None,
+        "event_log_handler": "null",
+        # observing
+        "metrics_port": None,  # docs/goodput.md
+        "metrics_host": "127.0.0.1",  # loopback: the metrics name the job, its hosts and failures, unauthenticated
+    }
+)
+START_METHODS = ("spawn", "fork", "forkserver")
+EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
 
 
 @dataclass(frozen=True)
@@ -79,7 +152,18 @@ class LaunchConfig:
     straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
+    numa_binding: NumaMode | None = None  # bind each worker to the CPUs near its GPU (see numa)
     module: bool = False  # the program is `-m MODULE`, not a script path
+    metrics: tuple[str, int] | None = None  # --metrics_host, --metrics_port: a Prometheus endpoint (None: none)
+    stdout_filters: tuple[str, ...] = ()  # tee'd stdout lines holding one go to attempt_N/filtered_stdout.log too
+    stderr_filters: tuple[str, ...] = ()  # the same for stderr
+    logs_specs: str | None = None  # a `torchrun.logs_specs` entry point that places the log files (None: ours)
+    events_on_console: bool = False  # --event_log_handler console: each event also as a launcher line
+    notes: tuple[str, ...] = ()  # what the flags made worth one line at start (logged by the composition root)
+    restart_policy: RestartPolicy = RestartPolicy()  # --restart_policy and --quarantine (docs/policy.md)
+    health_check: str | None = None  # --health_check CMD: run before each round this node joins
+    health_check_timeout: float = 60.0
+    quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
 
     @property
     def run_id(self) -> str:
@@ -100,81 +184,10 @@ class LaunchConfig:
             self.max_restarts,
             self.local_addr,
             self.join_token,
-            self.straggler_threshold,
-            self.straggler_period,
         )
 
 
-# ---------------------------------------------------------------------------- parsers
-
-
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """`"2"` → (2, 2); `"1:4"` → (1, 4); requires 0 < MIN <= MAX."""
-    parts = str(text).strip().split(":")
-    try:
-        if len(parts) == 1:
-            lo = hi = int(parts[0])
-        elif len(parts) == 2:
-            lo, hi = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"--nnodes {text!r} is not N or MIN:MAX (e.g. --nnodes 2 or --nnodes 1:4)") from None
-    if lo < 1 or hi < lo:
-        raise ConfigError(f"--nnodes {text!r} needs 0 < MIN <= MAX (e.g. --nnodes 1:4)")
-    return lo, hi
-
-
-def count_gpus(environ: Mapping[str, str] = os.environ) -> int:
-    """GPUs visible to workers, from CUDA_VISIBLE_DEVICES or the NVIDIA driver; no torch import."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip()]
-        # CUDA stops at the first invalid id ("-1" hides every device).
-        n = 0
-        for v in ids:
-            if v.strip().startswith("-"):
-                break
-            n += 1
-        return n
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
-def parse_nproc(text: str, environ: Mapping[str, str] = os.environ) -> int:
-    """An int, or `cpu`, `gpu`, `auto` (GPU count where there are GPUs, else CPU count)."""
-    value = str(text).strip().lower()
-    if value == "cpu":
-        return os.cpu_count() or 1
-    if value in ("gpu", "auto"):
-        gpus = count_gpus(environ)
-        if gpus:
-            return gpus
-        if value == "gpu":
-            raise ConfigError("--nproc_per_node gpu: no GPU found; pass a number, cpu or auto")
-        return os.cpu_count() or 1
-    try:
-        n = int(value)
-    except ValueError:
-        raise ConfigError(
-            f"--nproc_per_node {text!r} is not a number, cpu, gpu or auto (e.g. --nproc_per_node 4)"
-        ) from None
-    if n < 1:
-        raise ConfigError(f"--nproc_per_node {text!r} must be at least 1")
-    return n
-
-
-def parse_kv(text: str, flag: str = "--rdzv_conf") -> dict[str, str]:
-    """`"a=1,b=2"` → {"a": "1", "b": "2"} (torchrun syntax: no escaping of commas)."""
-    out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in str(text).split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{flag} item {item!r} is not key=value (e.g. {flag} join_timeout=60)")
-        out[key.strip()] = value.strip()
-    return out
+# ---------------------------------------------------------------------------- building
 
 
 def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | None:
@@ -194,85 +207,7 @@ def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | N
     return token
 
 
-def parse_std(text: str, flag: str) -> Std:
-    """torchrun's redirect syntax: `0`-`3`, or a per-local-rank map `0:1,12:3` (ranks >= 10 allowed)."""
-    text = str(text).strip() or "0"
-    if re.fullmatch(r"[0-3]", text):
-        return Std(int(text))
-    if not re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", text):
-        raise ConfigError(f"{flag} {text!r} is not 0-3 or a map like 0:1,1:3 (1 stdout, 2 stderr, 3 both)")
-    per_rank = {int(k): int(v) for k, v in (p.split(":") for p in text.split(","))}
-    return Std(STD_NONE, MappingProxyType(per_rank))
-
-
-def parse_ranks(text: str | None, flag: str = "--local_ranks_filter") -> frozenset[int] | None:
-    if text is None or not str(text).strip():
-        return None
-    try:
-        ranks = frozenset(int(p) for p in str(text).split(",") if p.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a list of ranks (e.g. {flag} 0,1)") from None
-    if any(r < 0 for r in ranks):
-        raise ConfigError(f"{flag} {text!r} has a negative rank")
-    return ranks
-
-
-def parse_gpus(text: str | None) -> tuple[str, ...]:
-    """`--gpus 2,3` → ("2", "3"): physical ids (or GPU UUIDs), unique."""
-    if text is None or not str(text).strip():
-        return ()
-    ids = tuple(p.strip() for p in str(text).split(","))
-    if any(not i or not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", i) for i in ids):
-        raise ConfigError(f"--gpus {text!r} is not a list of GPU ids (e.g. --gpus 2,3)")
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"--gpus {text!r} names a GPU twice")
-    return ids
-
-
-def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ...]:
-    """`"SIGTERM,USR1,10"` → signal numbers."""
-    out = []
-    for name in filter(None, (s.strip() for s in str(text).split(","))):
-        try:
-            sig = (
-                signal.Signals(int(name))
-                if name.isdigit()
-                else signal.Signals[name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
-            )
-        except (KeyError, ValueError):
-            raise ConfigError(f"{flag}: {name!r} is not a signal name (e.g. SIGTERM,SIGUSR1)") from None
-        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-            raise ConfigError(f"{flag}: {sig.name} cannot be handled; leave it out")
-        out.append(int(sig))
-    return tuple(dict.fromkeys(out))
-
-
-# ---------------------------------------------------------------------------- building
-
-
-# Flags torchrun has that the launcher parses but does not honour (yet): a clear error, never ignored.
-UNSUPPORTED = {
-    "numa_binding": "--numa_binding is not supported yet; bind with numactl inside the script",
-    "logs_specs": "--logs_specs is not supported; use --log_dir, --redirects and --tee",
-    "duplicate_stdout_filters": "--duplicate_stdout_filters is not supported yet; grep the per-rank logs in --log_dir",
-    "duplicate_stderr_filters": "--duplicate_stderr_filters is not supported yet; grep the per-rank logs in --log_dir",
-    "event_log_handler": "--event_log_handler only takes null; other handlers are not supported",
-}
-START_METHODS = ("spawn", "fork", "forkserver")
-
-
-def _reject_unsupported(values: Mapping[str, object]) -> None:
-    for name, value in values.items():
-        if name == "start_method":
-            if value not in START_METHODS:
-                raise ConfigError(f"--start_method {value!r} is not one of {', '.join(START_METHODS)}")
-        elif name not in UNSUPPORTED:
-            raise ConfigError(f"--{name} is not a launcher option")
-        elif value not in (None, (), "", "null"):
-            raise ConfigError(UNSUPPORTED[name])
-
-
-def _program(script: str, module: bool, no_python: bool, run_path: bool) -> tuple[str, ...]:
+def _program(script: str, module: bool, no_python: bool) -> tuple[str, ...]:
     if not script:
         raise ConfigError("missing the training script (e.g. launcher --nproc_per_node 2 train.py)")
     if module and no_python:
@@ -284,19 +219,8 @@ def _program(script: str, module: bool, no_python: bool, run_path: bool) -> tupl
         return (python, "-u", "-m", script)
     if not os.path.exists(script):
         raise ConfigError(f"training script {script!r} does not exist (use -m for a module, --no_python for a command)")
-    del run_path  # runs the script in a fresh interpreter, which is what runpy.run_path would do
+    # --run_path: a fresh interpreter runs the script, which is what runpy.run_path in a spawned worker does
     return (python, "-u", script)
-
-
-def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
-    """`--preload` and `--preload_modules a,b.c` → the user's extra modules (None: no preload)."""
-    names = tuple(m.strip() for m in (modules or "").split(",") if m.strip())
-    for name in names:
-        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
-            raise ConfigError(
-                f"--preload_modules {name!r} is not a module name (e.g. --preload_modules transformers,mypkg.model)"
-            )
-    return names if preload or names else None
 
 
 def _sys_executable() -> str:
@@ -305,38 +229,42 @@ def _sys_executable() -> str:
     return sys.executable
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+# `--rdzv_conf` keys each backend honours; any other key is a note, never an error (torchrun ignores them).
+CONF_KEYS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "local": frozenset({"timeout"}),
+        "static": frozenset({"timeout"}),
+        "c10d": frozenset(RDZV_KEYS),
+        # is_host and password: etcd's parser says why not (no node hosts etcd; ps would show a password)
+        "etcd": frozenset(ETCD_KEYS) | frozenset(RDZV_KEYS) | {"password"},
+    }
+)
+# torch's etcd-v2 spelling of the TLS keys -> ours
+ETCD_V2_KEYS = MappingProxyType({"ssl_cert": "cert", "ssl_cert_key": "key", "ca_cert": "cacert"})
 
 
-def parse_log_level(text: str | None) -> str:
-    level = str(text or "info").strip().lower()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"--log_level {text!r} is not one of {', '.join(LOG_LEVELS)}")
-    return level
+def _known_conf(backend: str, conf: dict[str, str], notes: list[str]) -> dict[str, str]:
+    """`conf` less the keys `backend` does not know, each named in one note with the closest known key."""
+    known = CONF_KEYS.get(backend)
+    if known is None:  # a torchrun.handlers backend reads its own keys
+        return conf
+    kept = {}
+    for key, value in conf.items():
+        if key in known:
+            kept[key] = value
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.0)  # always the nearest one
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        # the key only: an unknown key may hold a secret, and notes go to logs
+        notes.append(f"--rdzv_conf {key} is not a {backend} rendezvous setting; ignored{hint}")
+    return kept
 
 
-def parse_fraction(value: float | str, flag: str) -> float:
-    """A number from 0 to 1 (0: off)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} {value!r} is not a number") from None
-    if not 0 <= x < 1:
-        raise ConfigError(f"{flag} {value!r} must be from 0 (off) to below 1, a fraction of the job's median")
-    return x
-
-
-def parse_whole(value: int | str, flag: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} {value!r} is not a whole number") from None
-
-
-def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags) -> tuple[str, str, Settings]:
+def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags, notes: list[str]) -> tuple[str, str, Settings]:
     """The backend (`local` when one node needs no store), the run id, and the backend's settings."""
     backend = name.strip().lower()
     run_id = "" if rdzv_id == "none" else rdzv_id
+    conf = dict(flags.conf)
     if standalone or (
         backend == "static" and not flags.endpoint and flags.master_port is None and flags.max_nodes == 1
     ):
@@ -344,110 +272,170 @@ def _rendezvous(name: str, rdzv_id: str, standalone: bool, flags: Flags) -> tupl
         if standalone and flags.max_nodes > 1:
             raise ConfigError("--standalone is for one node; drop it or use --nnodes 1")
         backend, run_id = "local", run_id or str(uuid.uuid4())
-    elif backend in LATER_BACKENDS:
-        raise ConfigError(
-            f"--rdzv_backend {backend} is not supported: etcd's v2 API is off since etcd 3.4 and gone in 3.6; use --rdzv_backend etcd (v3 API)"
+    elif backend == "etcd-v2":
+        # torch's etcd-v2 needs etcd's v2 API (off since etcd 3.4, gone in 3.6); ours speaks v3.
+        notes.append(
+            "--rdzv_backend etcd-v2 runs on the launcher's etcd backend (etcd's v3 API, which etcd 3.6 keeps); "
+            "every node of the job must run the launcher"
         )
-    elif backend not in BACKENDS or backend == "local":
-        raise ConfigError(f"--rdzv_backend {name!r} is unknown; use static, c10d or etcd")
+        backend = "etcd"
+        conf = {ETCD_V2_KEYS.get(k, k): v for k, v in conf.items()}
+    elif backend not in BACKENDS or backend in ("local", "torch"):
+        if plugins.find("torchrun.handlers", backend) is None:
+            raise ConfigError(
+                f"--rdzv_backend {name!r} is unknown; use static, c10d or etcd, or install the package that "
+                "registers it on the torchrun.handlers entry point"
+            )
+        from .rendezvous.torch_adapter import IDENTICAL_VAR, TorchHandlerSettings
+
+        identical = flags.environ.get(IDENTICAL_VAR) == "1"
+        settings = TorchHandlerSettings(backend, flags.endpoint, tuple(conf.items()), flags.local_addr, identical)
+        return "torch", run_id or "none", settings
+    flags = dataclasses.replace(flags, conf=_known_conf(backend, conf, notes))
     return backend, run_id or "none", BACKENDS[backend].parse(flags)
+
+
+def _free_port_store(backend: str, endpoint: str) -> bool:
+    """`--rdzv_backend c10d --rdzv_endpoint HOST:0`: torchrun hosts the store on an ephemeral port."""
+    if backend.strip().lower() != "c10d" or not str(endpoint).strip():
+        return False
+    return parse_endpoint(endpoint, C10D_PORT)[1] == 0
+
+
+def _logs_specs(name: str | None) -> str | None:
+    """`--logs_specs default` is the launcher's own layout (torch's DefaultLogsSpecs' layout); another name
+    must be on the `torchrun.logs_specs` entry point (found now, loaded when the job starts)."""
+    if name is None or str(name).strip() in ("", "default"):
+        return None
+    if plugins.find("torchrun.logs_specs", str(name).strip()) is None:
+        raise ConfigError(
+            f"--logs_specs {name!r}: no torchrun.logs_specs entry point has that name; "
+            "install the package that registers it, or drop the flag"
+        )
+    return str(name).strip()
+
+
+# torchrun's environment switches: what each does here, said once at start where it is set.
+ENV_NOTES = {
+    "TORCHELASTIC_HEALTH_CHECK_PORT": "ignored: torch's open-source agent serves nothing on it either "
+    "(its HealthCheckServer is a stub); watch the job with `launcher status` or --events_file",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "not acted on: a worker stuck in D state is not restarted for "
+    "it here; --hang_timeout SEC restarts a worker that makes no progress",
+}
+
+
+def _env_notes(environ: Mapping[str, str]) -> list[str]:
+    return [f"{name}={environ[name]}: {text}" for name, text in ENV_NOTES.items() if _positive(environ.get(name))]
+
+
+def _positive(value: str | None) -> bool:
+    """Set to something that switches it on (torch: a non-positive or unparsable timeout disables it)."""
+    try:
+        return float(value or 0) > 0
+    except ValueError:
+        return bool(value)
 
 
 def from_flags(
     *,
     training_script: str,
     training_script_args: tuple[str, ...] = (),
-    nnodes: str = "1:1",
-    nproc_per_node: str | None = None,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    rdzv_id: str = "none",
-    rdzv_conf: str = "",
-    standalone: bool = False,
-    max_restarts: int | str = 0,
-    monitor_interval: float | str = 0.1,
-    role: str = "default",
-    module: bool = False,
-    no_python: bool = False,
-    run_path: bool = False,
-    log_dir: str | None = None,
-    redirects: str = "0",
-    tee: str = "0",
-    local_ranks_filter: str | None = None,
-    node_rank: int | str = 0,
-    master_addr: str = "127.0.0.1",
-    master_port: int | str | None = None,
-    local_addr: str | None = None,
-    signals_to_handle: str = DEFAULT_SIGNALS,
-    passthrough_signals: str = "",
-    shutdown_timeout: float | str | None = None,
-    virtual_local_rank: bool = False,
-    append_local_rank: bool = False,
-    append_local_rank_as: str | None = None,
-    use_env: bool = False,
-    gpus: str | None = None,
-    events_file: str | None = None,
-    live: bool | None = None,
-    quiet: bool = False,
-    log_level: str | None = "info",
-    hang_timeout: float | str | None = None,
-    straggler_threshold: float | str = 0.5,
-    straggler_period: float | str = 60.0,
-    preload: bool = False,
-    preload_modules: str | None = None,
     environ: Mapping[str, str] = os.environ,
-    **later: object,
+    **given: object,
 ) -> LaunchConfig:
-    """Validate torchrun-style flags and build the frozen config (raises `ConfigError`)."""
-    _reject_unsupported(later)  # start_method is valid but moot: scripts always run as processes
+    """Validate torchrun-style flags (any left out take their `DEFAULTS`) and build the frozen config."""
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"--{unknown[0]} is not a launcher option")
+    f = {**DEFAULTS, **given}
+    notes = _env_notes(environ)
+    start_method = str(f["start_method"]).strip()
+    if start_method not in START_METHODS:  # valid but moot: scripts always run as processes
+        raise ConfigError(f"--start_method {start_method!r} is not one of {', '.join(START_METHODS)}")
+    event_handler = str(f["event_log_handler"] or "null").strip().lower()
+    if event_handler not in EVENT_LOG_HANDLERS:
+        raise ConfigError(f"--event_log_handler {event_handler!r} is not one of {', '.join(EVENT_LOG_HANDLERS)}")
+    if event_handler == "dynamic_rendezvous":
+        notes.append(
+            "--event_log_handler dynamic_rendezvous: torch's rendezvous events have no equivalent here; "
+            "--events_file PATH records the launcher's"
+        )
+    module = parse_flag(f["module"], "PET_MODULE")
+    no_python = parse_flag(f["no_python"], "PET_NO_PYTHON")
+    run_path = parse_flag(f["run_path"], "PET_RUN_PATH")
+    standalone = parse_flag(f["standalone"], "PET_STANDALONE")
+    if run_path:
+        no_python = module = False  # torchrun: --run_path wins over --no_python and -m
 
-    min_nodes, max_nodes = parse_nnodes(nnodes)
-    gpu_ids = parse_gpus(gpus)
-    if nproc_per_node is None:
-        nproc_per_node = str(len(gpu_ids)) if gpu_ids else "1"
-    nproc = parse_nproc(nproc_per_node, environ)
+    min_nodes, max_nodes = parse_nnodes(f["nnodes"])
+    gpu_ids = parse_gpus(f["gpus"])
+    nproc_text = f["nproc_per_node"]
+    if nproc_text is None:
+        nproc_text = str(len(gpu_ids)) if gpu_ids else "1"
+    nproc = parse_nproc(nproc_text, environ)
     if gpu_ids and nproc > len(gpu_ids):
         raise ConfigError(
-            f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); give more GPUs or fewer workers"
+            f"--nproc_per_node {nproc} asks for more workers than --gpus gives ({len(gpu_ids)}); "
+            "give more GPUs or fewer workers"
         )
-    restarts = parse_whole(max_restarts, "--max_restarts")
+    restarts = parse_whole(f["max_restarts"], "--max_restarts")
     if restarts < 0:
-        raise ConfigError(f"--max_restarts {max_restarts!r} must be 0 or more")
-    rank = parse_whole(node_rank, "--node_rank")
-    conf = parse_kv(rdzv_conf)
+        raise ConfigError(f"--max_restarts {f['max_restarts']!r} must be 0 or more")
+    rank = parse_whole(f["node_rank"], "--node_rank")
+    conf = parse_kv(f["rdzv_conf"])
     token = read_join_token(conf, environ)
-    signals = parse_signals(signals_to_handle)
-    passthrough = parse_signals(passthrough_signals, "--passthrough_signals")
+    signals = parse_signals(f["signals_to_handle"])
+    passthrough = parse_signals(f["passthrough_signals"], "--passthrough_signals")
     if set(signals) & set(passthrough):
         both = ",".join(signal.Signals(s).name for s in sorted(set(signals) & set(passthrough)))
         raise ConfigError(f"{both} is in both --signals_to_handle and --passthrough_signals; pick one")
+    shutdown_timeout = f["shutdown_timeout"]
     if shutdown_timeout is None:
         shutdown_timeout = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
     grace = parse_seconds(shutdown_timeout, "--shutdown_timeout")
-    interval = parse_seconds(monitor_interval, "--monitor_interval", minimum=0.001)
+    interval = parse_seconds(f["monitor_interval"], "--monitor_interval", minimum=0.001)
+    master_port = f["master_port"]
     port = parse_port(master_port) if master_port not in (None, "") else None
+    master_addr = f["master_addr"]
     if not master_addr or not str(master_addr).strip():
         raise ConfigError("--master_addr is empty; give the address of node rank 0")
-    program = _program(training_script, module, no_python, run_path)
+    program = _program(training_script, module, no_python)
+    if _free_port_store(str(f["rdzv_backend"]), f["rdzv_endpoint"]):
+        if min_nodes > 1:
+            raise ConfigError(
+                f"--rdzv_endpoint {f['rdzv_endpoint']} puts the store on a free port no other node can find; "
+                "give a fixed port (e.g. :29400)"
+            )
+        notes.append(
+            f"--rdzv_endpoint {f['rdzv_endpoint']}: a store on a free port no other node can find, so one node, "
+            "as --standalone (which torchrun spells c10d on localhost:0)"
+        )
+        standalone, max_nodes, conf = True, 1, {}
+    local_addr = f["local_addr"] or None
     flags = Flags(
-        endpoint=rdzv_endpoint,
+        endpoint=f["rdzv_endpoint"],
         conf=conf,
         environ=environ,
-        nnodes=nnodes,
+        nnodes=f["nnodes"],
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         node_rank=rank,
         master_addr=str(master_addr).strip().strip("[]"),
         master_port=port,
-        local_addr=local_addr or None,
+        local_addr=local_addr,
     )
-    backend, run_id, settings = _rendezvous(str(rdzv_backend), str(rdzv_id), standalone, flags)
+    backend, run_id, settings = _rendezvous(str(f["rdzv_backend"]), str(f["rdzv_id"]), standalone, flags, notes)
 
     local_rank_arg = None
-    if (append_local_rank or append_local_rank_as) and not use_env:
-        local_rank_arg = str(append_local_rank_as or "--local-rank")
+    append_as = f["append_local_rank_as"]
+    if (parse_flag(f["append_local_rank"], "PET_APPEND_LOCAL_RANK") or append_as) and not parse_flag(
+        f["use_env"], "PET_USE_ENV"
+    ):
+        local_rank_arg = str(append_as or "--local-rank")
         if not re.fullmatch(r"--?[A-Za-z][\w-]*", local_rank_arg):
             raise ConfigError(f"--append_local_rank_as {local_rank_arg!r} is not a flag name (e.g. --local_rank)")
+    hang_timeout = f["hang_timeout"]
+    preload = parse_preload(parse_flag(f["preload"], "PET_PRELOAD"), f["preload_modules"])
 
     return LaunchConfig(
         program=program,
@@ -458,33 +446,58 @@ def from_flags(
         rdzv_backend=backend,
         rdzv_id=run_id,
         rendezvous=settings,
-        local_addr=local_addr or None,
+        local_addr=local_addr,
         max_restarts=restarts,
         monitor_interval=interval,
-        role=role,
-        log_dir=log_dir or None,
-        redirects=parse_std(redirects, "--redirects"),
-        tee=parse_std(tee, "--tee"),
-        local_ranks_filter=parse_ranks(local_ranks_filter),
+        role=str(f["role"]),
+        log_dir=f["log_dir"] or None,
+        redirects=parse_std(f["redirects"], "--redirects"),
+        tee=parse_std(f["tee"], "--tee"),
+        local_ranks_filter=parse_ranks(f["local_ranks_filter"]),
         signals_to_handle=signals,
         passthrough_signals=passthrough,
         shutdown_timeout=grace,
-        virtual_local_rank=virtual_local_rank,
+        virtual_local_rank=parse_flag(f["virtual_local_rank"], "PET_VIRTUAL_LOCAL_RANK"),
         local_rank_arg=local_rank_arg,
         join_token=token if backend in ("c10d", "etcd") else None,
         gpus=gpu_ids,
-        events_file=events_file or None,
-        live=live,
-        quiet=quiet,
-        log_level=parse_log_level(log_level),
+        events_file=f["events_file"] or None,
+        live=f["live"],
+        quiet=parse_flag(f["quiet"], "PET_QUIET"),
+        log_level=parse_log_level(f["log_level"]),
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1)
         if hang_timeout not in (None, "")
         else None,
-        straggler_threshold=parse_fraction(straggler_threshold, "--straggler_threshold"),
-        straggler_period=parse_seconds(straggler_period, "--straggler_period", minimum=1.0),
-        preload_modules=parse_preload(preload, preload_modules) if not no_python else None,
+        straggler_threshold=parse_fraction(f["straggler_threshold"], "--straggler_threshold"),
+        straggler_period=parse_seconds(f["straggler_period"], "--straggler_period", minimum=1.0),
+        preload_modules=preload if not no_python else None,
+        numa_binding=parse_numa_binding(f["numa_binding"]),
         module=module,
+        metrics=parse_metrics(f["metrics_host"], f["metrics_port"]),
+        stdout_filters=parse_filters(f["duplicate_stdout_filters"]),
+        stderr_filters=parse_filters(f["duplicate_stderr_filters"]),
+        logs_specs=_logs_specs(f["logs_specs"]),
+        events_on_console=event_handler == "console",
+        notes=tuple(notes),
+        restart_policy=parse_policy(
+            parse_kv(f["restart_policy"], "--restart_policy"), parse_kv(f["quarantine"], "--quarantine")
+        ),
+        health_check=(f["health_check"] or "").strip() or None,
+        health_check_timeout=parse_seconds(f["health_check_timeout"], "--health_check_timeout", minimum=0.1),
+        quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
     )
+
+
+def parse_metrics(host: str | None, port: int | str | None) -> tuple[str, int] | None:
+    """`--metrics_port PORT` (0: any free port, said at start) on `--metrics_host` (loopback by default)."""
+    if port in (None, ""):
+        return None
+    host = str(host or "").strip().strip("[]")
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(
+            f"--metrics_host {host!r} is not an address (e.g. --metrics_host 0.0.0.0 for every interface)"
+        )
+    return host, parse_port(port, "--metrics_port")
 
 
 # ---------------------------------------------------------------------------- launcher status
@@ -523,7 +536,8 @@ def status_from_flags(
     backend = str(rdzv_backend).strip().lower()
     if backend not in ("c10d", "etcd"):
         raise ConfigError(
-            f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; give --rdzv_backend as on the job's nodes"
+            f"launcher status reads a c10d or etcd rendezvous, not {rdzv_backend!r}; "
+            "give --rdzv_backend as on the job's nodes"
         )
     if not rdzv_id or rdzv_id == "none":
         raise ConfigError("launcher status needs --rdzv_id, the job's id")

@@ -1,15 +1,13 @@
-"""Exceptions and the exit-code table, in one place."""
+"""The exceptions the launcher raises on purpose (the exit-code table is `exitcodes.py`)."""
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_WORKERS_FAILED = 1
-EXIT_USAGE = 2
+from .exitcodes import ExitCode
+from .exitcodes import for_signal as exit_code_for_signal  # noqa: F401  (the name older modules import)
 
-
-def exit_code_for_signal(signum: int) -> int:
-    """The code Slurm, systemd and shells expect from a process ended by `signum`."""
-    return 128 + signum
+EXIT_OK = ExitCode.OK
+EXIT_WORKERS_FAILED = ExitCode.FAILED
+EXIT_USAGE = ExitCode.USAGE
 
 
 class LauncherError(Exception):

@@ -18,9 +18,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Std
+    from .spec import Worker
 
 CONSOLE_LOCK = threading.Lock()  # every write to the agent's console goes under it
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -102,6 +106,9 @@ class Stream:
     partial: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
     pipe: IO[bytes] | None = None  # the Popen file object: it owns `fd`, closed once we reach its end
+    filtered: IO[bytes] | None = None  # --duplicate_std*_filters: lines holding a needle also go here
+    needles: tuple[bytes, ...] = ()
+    torch_prefix: bytes = b""  # "[rankN]: ", what torch's excepthook puts on this worker's traceback lines
 
 
 class LogRouter:
@@ -117,23 +124,46 @@ class LogRouter:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closing = False
         self._disk_errors: set[int] = set()  # errnos already reported: one line each, not one per write
+        self._shared: dict[str, IO[bytes]] = {}  # files several streams write (filtered_stdout.log), by path
         self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
         self._thread.start()
 
-    def add(self, pipe: IO[bytes], prefix: str, console: IO[bytes] | None, path: str | None) -> Stream:
-        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional."""
-        file = None
-        if path:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                file = open(path, "ab", buffering=0)
-            except OSError as e:  # read-only or full: the worker runs anyway, its console output too
-                self.disk_error(path, e)
-        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe)
+    def add(
+        self,
+        pipe: IO[bytes],
+        prefix: str,
+        console: IO[bytes] | None,
+        path: str | None,
+        rank: int | None = None,
+        filtered: str | None = None,
+        needles: tuple[str, ...] = (),
+    ) -> Stream:
+        """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional;
+        `rank`'s own "[rankN]: " prefix (torch's, on a traceback) is replaced by ours, not doubled.
+        Lines holding one of `needles` also go, prefixed, to the file at `filtered` (shared by the
+        streams that name it)."""
+        file = self._open(path) if path else None
+        shared = None
+        if filtered and needles:
+            with self._lock:
+                shared = self._shared.get(filtered)
+                if shared is None:
+                    shared = self._shared[filtered] = self._open(filtered)  # type: ignore[assignment]
+        torch_prefix = b"" if rank is None else b"[rank%d]: " % rank
+        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe, torch_prefix=torch_prefix)
+        stream.filtered, stream.needles = shared, tuple(n.encode() for n in needles)
         with self._lock:
             self._pending.append(stream)
         self._wake()
         return stream
+
+    def _open(self, path: str) -> IO[bytes] | None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return open(path, "ab", buffering=0)
+        except OSError as e:  # read-only or full: the worker runs anyway, its console output too
+            self.disk_error(path, e)
+            return None
 
     def disk_error(self, path: str, e: OSError) -> None:
         """Say once per kind of error that log files cannot be written; the job never stops for it."""
@@ -158,6 +188,13 @@ class LogRouter:
         self._closing = True
         self._wake()
         self._thread.join(timeout)
+        with self._lock:
+            shared, self._shared = list(self._shared.values()), {}
+        for f in shared:
+            try:
+                f.close()
+            except OSError as e:
+                log.debug("closing a filtered log: %s", e)
 
     # ------------------------------------------------------------------ the thread
 
@@ -217,11 +254,24 @@ class LogRouter:
             s.partial = b""
         if lines:
             self._emit(s, lines)
+            if s.filtered is not None:
+                self._duplicate(s, lines)
         return True
+
+    def _duplicate(self, s: Stream, lines: list[bytes]) -> None:
+        picked = b"".join(_prefixed(s, line) + b"\n" for line in lines if any(n in line for n in s.needles))
+        if picked:
+            try:
+                s.filtered.write(picked)  # type: ignore[union-attr]
+            except OSError as e:
+                s.filtered = None
+                self.disk_error("a filtered log", e)
 
     def _finish(self, s: Stream) -> None:
         if s.partial:
             self._emit(s, [s.partial])
+            if s.filtered is not None:
+                self._duplicate(s, [s.partial])
             s.partial = b""
         try:
             self._selector.unregister(s.fd)
@@ -242,8 +292,7 @@ class LogRouter:
         s.last_at = time.monotonic()
         if s.console is None:
             return
-        # torch already prefixes its own error lines with "[rankN]:"; do not say it twice
-        out = b"".join((line if line.startswith(s.prefix) else s.prefix + line) + b"\n" for line in lines)
+        out = b"".join(_prefixed(s, line) + b"\n" for line in lines)
         with CONSOLE_LOCK:
             try:
                 s.console.write(out)
@@ -252,35 +301,52 @@ class LogRouter:
                 pass
 
 
+def _prefixed(s: Stream, line: bytes) -> bytes:
+    """One console line: torch's excepthook already prefixes a worker's traceback with "[rankN]: "
+    (init_process_group installs it); that prefix becomes ours (`[host rankN]: ` across nodes),
+    so it is never said twice."""
+    if s.torch_prefix and line.startswith(s.torch_prefix):
+        return s.prefix + line[len(s.torch_prefix) :]
+    return line if line.startswith(s.prefix) else s.prefix + line
+
+
 # ---------------------------------------------------------------------------- routing policy
 
 
-def destinations(config, local_rank: int, stream: str) -> tuple[bool, bool]:
-    """Where one worker stream goes: (whether to the console, whether to its file).
+@dataclass(frozen=True)
+class Routing:
+    """Where worker streams go and how their lines are prefixed: --redirects, --tee,
+    --local_ranks_filter, --log_dir, --role, and whether the job spans nodes."""
 
-    `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
-    hides ranks from the console but never from their files; `--log_dir` keeps every file.
-    """
-    redirected = config.redirects.has(local_rank, stream)
-    teed = config.tee.has(local_rank, stream)
-    hidden = config.local_ranks_filter is not None and local_rank not in config.local_ranks_filter
-    console = not hidden and (teed or not redirected)
-    to_file = bool(config.log_dir) or redirected or teed or hidden
-    return console, to_file
+    redirects: Std
+    tee: Std
+    local_ranks_filter: frozenset[int] | None = None
+    log_dir: str | None = None
+    role: str = "default"
+    multi_node: bool = False
 
+    def destinations(self, local_rank: int, stream: str) -> tuple[bool, bool]:
+        """Where one worker stream goes: (whether to the console, whether to its file).
 
-def prefix_for(config, worker, host: str, environ) -> str:
-    """`[rank3]: `, with the host in multi-node jobs; torchrun's prefix template is honoured."""
-    template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    if template:
-        from string import Template
+        `--redirects` sends a stream to its file only, `--tee` to both; `--local_ranks_filter`
+        hides ranks from the console but never from their files; `--log_dir` keeps every file.
+        """
+        redirected = self.redirects.has(local_rank, stream)
+        teed = self.tee.has(local_rank, stream)
+        hidden = self.local_ranks_filter is not None and local_rank not in self.local_ranks_filter
+        console = not hidden and (teed or not redirected)
+        to_file = bool(self.log_dir) or redirected or teed or hidden
+        return console, to_file
 
-        return (
-            Template(template).safe_substitute(
-                role_name=config.role, local_rank=worker.local_rank, rank=worker.rank, host=host
-            )
-            + ":"
-        )
-    if config.multi_node:
-        return f"[{host} rank{worker.rank}]: "
-    return f"[rank{worker.rank}]: "
+    def prefix(self, worker: Worker, host: str, environ: Mapping[str, str]) -> str:
+        """`[rank3]: `, with the host in multi-node jobs; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is used as
+        given, as torchrun uses it (`${role_name}`, `${rank}`, `${local_rank}`, and our `${host}`)."""
+        template = environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+        if template:
+            from string import Template
+
+            fields = {"role_name": self.role, "local_rank": worker.local_rank, "rank": worker.rank, "host": host}
+            return Template(template).safe_substitute(fields)
+        if self.multi_node:
+            return f"[{host} rank{worker.rank}]: "
+        return f"[rank{worker.rank}]: "

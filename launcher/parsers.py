@@ -1,11 +1,17 @@
-"""Pure parsers of single values (ports, endpoints, seconds), shared by `config` and the rendezvous
-backends' settings; each raises `ConfigError` with a one-line message that names the fix."""
+"""Every value parser of the command line (counts, ranks, streams, signals, ports, endpoints, seconds),
+shared by `config` and the rendezvous backends' settings; each takes the text as given and returns a
+typed value, or raises `ConfigError` with a one-line message that names the fix."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from .errors import ConfigError
+from .spec import STD_NONE, Std
 
 
 def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
@@ -46,3 +52,231 @@ def parse_seconds(value: float | str | None, flag: str, minimum: float = 0.0) ->
     if not seconds <= MAX_SECONDS:  # inf, 1e400: would overflow a timeout later, mid-job
         raise ConfigError(f"{flag} {value!r} must be at most {MAX_SECONDS:g} seconds")
     return seconds
+
+
+# ---------------------------------------------------------------------------- counts and lists
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """`"2"` → (2, 2); `"1:4"` → (1, 4); requires 0 < MIN <= MAX."""
+    parts = str(text).strip().split(":")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is not N or MIN:MAX (e.g. --nnodes 2 or --nnodes 1:4)") from None
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes {text!r} needs 0 < MIN <= MAX (e.g. --nnodes 1:4)")
+    return lo, hi
+
+
+def count_cpus() -> int:
+    """CPUs this process may run on (taskset, cgroups, Slurm's binding), as torch counts them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def count_gpus(environ: Mapping[str, str] = os.environ) -> int:
+    """GPUs visible to workers, from CUDA_VISIBLE_DEVICES or the NVIDIA driver; no torch import."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = 0
+        for v in (v for v in visible.split(",") if v.strip()):
+            # CUDA stops at the first invalid id ("-1" hides every device).
+            if v.strip().startswith("-"):
+                break
+            n += 1
+        return n
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def count_xpus() -> int:
+    """Intel GPUs as torch counts them (torch.xpu); 0 where this torch has no XPU support or none is there.
+    The only count that imports torch: XPUs have no driver file to read, and `xpu` must be named for it."""
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return xpu.device_count() if xpu is not None and xpu.is_available() else 0
+
+
+def parse_nproc(text: str, environ: Mapping[str, str] = os.environ) -> int:
+    """An int, or `cpu`, `gpu`, `xpu`, `auto` (GPU count where there are GPUs, else CPU count)."""
+    value = str(text).strip().lower()
+    if value == "cpu":
+        return count_cpus()
+    if value == "xpu":
+        n = count_xpus()
+        if not n:
+            raise ConfigError("--nproc_per_node xpu: torch sees no XPU here (torch.xpu); pass a number, cpu or auto")
+        return n
+    if value in ("gpu", "auto"):
+        gpus = count_gpus(environ)
+        if gpus:
+            return gpus
+        if value == "gpu":
+            raise ConfigError("--nproc_per_node gpu: no GPU found; pass a number, cpu or auto")
+        return count_cpus()
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"--nproc_per_node {text!r} is not a number, cpu, gpu, xpu or auto (e.g. --nproc_per_node 4)"
+        ) from None
+    if n < 1:
+        raise ConfigError(f"--nproc_per_node {text!r} must be at least 1")
+    return n
+
+
+def unquote(text: str) -> str:
+    """`'a=1,b=2'` → `a=1,b=2`: quotes that reached argv whole (YAML args, subprocess lists) come off."""
+    text = str(text).strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].strip()
+    return text
+
+
+def parse_kv(text: str, flag: str = "--rdzv_conf") -> dict[str, str]:
+    """`"a=1,b=2"` → {"a": "1", "b": "2"} (torchrun syntax: no escaping of commas; outer quotes dropped)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in unquote(text).split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} item {item!r} is not key=value (e.g. {flag} join_timeout=60)")
+        out[key.strip()] = unquote(value)
+    return out
+
+
+def parse_std(text: str, flag: str) -> Std:
+    """torchrun's redirect syntax: `0`-`3`, or a per-local-rank map `0:1,12:3` (ranks >= 10 allowed)."""
+    text = str(text).strip() or "0"
+    if re.fullmatch(r"[0-3]", text):
+        return Std(int(text))
+    if not re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", text):
+        raise ConfigError(f"{flag} {text!r} is not 0-3 or a map like 0:1,1:3 (1 stdout, 2 stderr, 3 both)")
+    per_rank = {int(k): int(v) for k, v in (p.split(":") for p in text.split(","))}
+    return Std(STD_NONE, MappingProxyType(per_rank))
+
+
+def parse_ranks(text: str | None, flag: str = "--local_ranks_filter") -> frozenset[int] | None:
+    """`0,1` → the local ranks shown on the console (None: all)."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        ranks = frozenset(int(p) for p in str(text).split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a list of ranks (e.g. {flag} 0,1)") from None
+    if any(r < 0 for r in ranks):
+        raise ConfigError(f"{flag} {text!r} has a negative rank")
+    return ranks
+
+
+def parse_gpus(text: str | None) -> tuple[str, ...]:
+    """`--gpus 2,3` → ("2", "3"): physical ids (or GPU UUIDs), unique."""
+    if text is None or not str(text).strip():
+        return ()
+    ids = tuple(p.strip() for p in str(text).split(","))
+    if any(not i or not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", i) for i in ids):
+        raise ConfigError(f"--gpus {text!r} is not a list of GPU ids (e.g. --gpus 2,3)")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--gpus {text!r} names a GPU twice")
+    return ids
+
+
+def parse_filters(text: str | None) -> tuple[str, ...]:
+    """torchrun's `--duplicate_std*_filters`: comma-separated substrings, `,,` for a literal comma."""
+    if text is None or not str(text):
+        return ()
+    parts = str(text).replace(",,", "\0").split(",")
+    return tuple(p.replace("\0", ",") for p in parts if p)
+
+
+def parse_signals(text: str, flag: str = "--signals_to_handle") -> tuple[int, ...]:
+    """`"SIGTERM,USR1,10"` → signal numbers."""
+    out = []
+    for name in filter(None, (s.strip() for s in str(text).split(","))):
+        try:
+            sig = (
+                signal.Signals(int(name))
+                if name.isdigit()
+                else signal.Signals[name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
+            )
+        except (KeyError, ValueError):
+            raise ConfigError(f"{flag}: {name!r} is not a signal name (e.g. SIGTERM,SIGUSR1)") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise ConfigError(f"{flag}: {sig.name} cannot be handled; leave it out")
+        out.append(int(sig))
+    return tuple(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------- scalars
+
+
+def parse_flag(value: bool | str | None, flag: str) -> bool:
+    """A switch from the command line (True) or its PET_ variable: `1`/`0` as torchrun reads them."""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{flag} {value!r}: give 1 or 0")
+
+
+def parse_whole(value: int | str, flag: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a whole number") from None
+
+
+def parse_fraction(value: float | str, flag: str) -> float:
+    """A number from 0 to 1 (0: off)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} {value!r} is not a number") from None
+    if not 0 <= x < 1:
+        raise ConfigError(f"{flag} {value!r} must be from 0 (off) to below 1, a fraction of the job's median")
+    return x
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def parse_log_level(text: str | None) -> str:
+    level = str(text or "info").strip().lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log_level {text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def parse_choice(value: str, flag: str, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}")
+    return text
+
+
+def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
+    """`--preload` and `--preload_modules a,b.c` → the user's extra modules (None: no preload; modules imply it)."""
+    names = parse_modules(modules)
+    return names if preload or names else None
+
+
+def parse_modules(text: str | None, flag: str = "--preload_modules") -> tuple[str, ...]:
+    """`a,b.c` → ("a", "b.c"): dotted module names."""
+    names = tuple(m.strip() for m in (text or "").split(",") if m.strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+            raise ConfigError(f"{flag} {name!r} is not a module name (e.g. {flag} transformers,mypkg.model)")
+    return names

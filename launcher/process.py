@@ -11,14 +11,20 @@ Three layers keep orphans away, grandchildren included:
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Protocol
 
 from .spec import Exit
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -123,11 +129,34 @@ def spawn(argv: Sequence[str], env: dict[str, str], capture: bool = True) -> Wor
     return WorkerProcess.of(popen)
 
 
+@contextlib.contextmanager
+def inherited_affinity(cpus: frozenset[int]) -> Iterator[None]:
+    """Bind this thread to `cpus` (when not empty) for the block: a process it starts inherits them.
+
+    The child has its CPUs from its first instruction, before any thread of its own, with no
+    preexec_fn (unsafe in a threaded agent); the agent's thread gets its own set back at once."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        # pid 0 is the calling thread, not the whole agent: its other threads keep running where they were
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:  # e.g. a cgroup changed under the agent: the worker still starts, unbound
+        log.warning("cannot bind a worker to CPUs %s (%s); it runs unbound", sorted(cpus), e.strerror or e)
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class Starter(Protocol):
     """The seam that starts a worker: exec'd fresh (`Spawner`) or forked warm (`zygote.client.Preloaded`)."""
 
-    def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
-        """Start one worker in its own process group, stdout and stderr on pipes."""
+    def start(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] = frozenset()) -> WorkerProcess:
+        """Start one worker in its own process group, stdout and stderr on pipes, on `cpus` (empty: any)."""
 
     def helpers(self) -> tuple[int, ...]:
         """Pids of the starter's own long-lived processes, which worker sweeps must spare."""
@@ -145,8 +174,9 @@ class Spawner:
     def __init__(self, spawn_fn: Callable[[Sequence[str], dict[str, str]], WorkerProcess] = spawn):
         self.spawn_fn = spawn_fn
 
-    def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
-        return self.spawn_fn(argv, env)
+    def start(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] = frozenset()) -> WorkerProcess:
+        with inherited_affinity(cpus):
+            return self.spawn_fn(argv, env)
 
     def helpers(self) -> tuple[int, ...]:
         return ()
@@ -156,6 +186,33 @@ class Spawner:
 
     def close(self) -> None:
         pass
+
+
+# Out of descriptors or processes for a moment (a store host under a burst of connections): a
+# spawn is retried for this long, not taken for a worker that cannot start (issue 23).
+SPAWN_RETRY = 30.0
+TRANSIENT_SPAWN = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
+def start_retrying(
+    starter: Starter, argv: Sequence[str], env: dict[str, str], clock: Callable[[], float] = time.monotonic
+) -> WorkerProcess:
+    """`starter.start`, a transient EMFILE/ENFILE/EAGAIN/ENOMEM retried (said once) for up to SPAWN_RETRY s."""
+    deadline, delay = None, 0.05
+    while True:
+        try:
+            return starter.start(argv, env)
+        except OSError as e:
+            if e.errno not in TRANSIENT_SPAWN:
+                raise
+            now = clock()
+            if deadline is None:
+                deadline = now + SPAWN_RETRY
+                log.warning("cannot start a worker yet (%s): retrying for up to %g s", e.strerror or e, SPAWN_RETRY)
+            if now >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
 
 # ---------------------------------------------------------------------------- sweeping

@@ -6,6 +6,25 @@ import enum
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Std:
+    """Which of stdout/stderr go somewhere, per local rank (torchrun's `-r`/`-t` syntax)."""
+
+    default: int = STD_NONE
+    per_rank: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def for_rank(self, local_rank: int) -> int:
+        return self.per_rank.get(local_rank, self.default)
+
+    def has(self, local_rank: int, stream: str) -> bool:
+        """True if `stream` ("stdout"/"stderr") of `local_rank` is selected."""
+        bit = STD_OUT if stream == "stdout" else STD_ERR
+        return bool(self.for_rank(local_rank) & bit)
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,7 @@ class Failure:
     reason: str = ""  # what the launcher knows beyond the exit, e.g. that it hung
     error_file: str | None = None
     log_files: tuple[str, ...] = ()
+    step: int | None = None  # its last launcher.progress(step=) before it ended
 
 
 @dataclass(frozen=True)
@@ -129,6 +149,7 @@ class Verdict:
     round: int
     error: str = ""  # the first line of the error file's message
     log: str = ""  # where the full log (or the error file) is, on `host`
+    code: int = 0  # the job's exit code as the closing node chose it (exitcodes.py); 0: the root cause's own
 
     def describe(self) -> str:
         how = Exit(self.returncode).describe()
@@ -146,6 +167,7 @@ class RunResult:
     signal: int | None = None
     message: str = ""
     verdict: Verdict | None = None  # the job's root cause as another node published it (None: local or unknown)
+    quarantined: tuple[str, ...] = ()  # "host (why)" of each host the job keeps out for now
 
     @property
     def root_cause(self) -> Failure | None:
@@ -157,6 +179,19 @@ class RunResult:
         return min((f for f in causes if f.round == last), key=lambda f: f.at)
 
 
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker in the live view."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    state: str
+    started: float  # on the supervisor's clock
+    last_line: str = ""
+    straggler: bool = False
+
+
 @dataclass
 class Snapshot:
     """A read-only picture of the group for views and notifiers."""
@@ -164,6 +199,6 @@ class Snapshot:
     state: GroupState
     round: int = 0
     restarts: int = 0
-    workers: list[dict] = field(default_factory=list)
+    workers: list[WorkerRow] = field(default_factory=list)
     signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is
     waiting: str = ""  # while a round forms: what it waits for

@@ -1,7 +1,7 @@
 """`launcher status`: the job as it stands, read from its rendezvous store. Read-only: it never joins
 and never writes a key (a counter is read with `get` first, so a TCPStore `add(key, 0)` never creates
-one). Each running node publishes its snapshot under `r<round>/snap<group rank>` every
-`board.SNAPSHOT_EVERY` seconds; this reads one key per node.
+one). The protocol's keys are named by `rendezvous.keys.Keys`; each running node publishes its
+report on the job board (`board.Board`) every `board.REPORT_EVERY` seconds; this reads one key per node.
 """
 
 from __future__ import annotations
@@ -9,12 +9,29 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
+from .board import Board
 from .config import StatusConfig
 from .errors import ConfigError, RendezvousConnectionError, RendezvousError
+from .goodput import Breakdown, total
+from .quarantine import QuarantineBook
 from .rendezvous.keys import Keys
-from .rendezvous.records import decode_verdict, parse_count, read_snapshot, sealed_members, token_check
+from .rendezvous.records import decode_verdict, load, parse_count, printable, sealed_members, token_check, token_refusal
 from .rendezvous.spares import read_spares
 from .rendezvous.store import Store
+from .reports import NodeReport
+
+
+def spares_of(store: Store, keys: Keys) -> list[dict]:
+    """The job's live spares. Its counter is read with get (a TCPStore keeps its number), or, where the
+    store keeps counters as versions (etcd: an empty value), with add(0) once it exists."""
+    raw = store.get(keys.spares)
+    count = 0 if raw is None else (read_counter(raw) or 0) if raw else store.add(keys.spares, 0)
+    now = time.time()
+    return [
+        {"node": s.node, "host": s.host, "waiting": round(max(0.0, now - s.since), 1)}
+        for s in read_spares(store, keys, count)
+        if s.alive
+    ]
 
 
 def open_store(config: StatusConfig) -> Store:
@@ -31,58 +48,82 @@ def open_store(config: StatusConfig) -> Store:
 
 def read_status(store: Store, config: StatusConfig) -> dict:
     """The job as one dict (the --json output). Raises ConfigError on a wrong or missing token."""
-    k = lambda key: f"{config.rdzv_id}/{key}"  # noqa: E731
-    token = store.get(k("token"))
+    keys, board = Keys(config.rdzv_id), Board(store, config.rdzv_id)
+    token = store.get(keys.token)
     job: dict = {"run_id": config.rdzv_id, "read_at": round(time.time(), 3)}
     if token is None:
         return {**job, "state": "absent", "nodes": []}
     if token != token_check(config.join_token, config.rdzv_id):
-        raise ConfigError(
-            f"wrong join token for job {config.rdzv_id!r}: "
-            "set LAUNCHER_JOIN_TOKEN (or --rdzv_conf join_token_file=PATH) as on its nodes"
-        )
+        raise ConfigError(token_refusal(token, config.join_token, config.rdzv_id))
 
-    def count(key: str) -> int:
-        return 0 if store.get(k(key)) is None else store.add(k(key), 0)  # the key exists: add(0) changes nothing
+    def count(key: str) -> int | None:
+        """A counter as the store holds it; None when it holds no number (a hostile value: an ADD on
+        it would make the store hang up, which would read as an unreachable store)."""
+        return read_counter(store.get(key))
 
-    r = parse_count(store.get(k("round")) or b"0", "round number")
-    closed = store.get(k("closed"))
-    job.update(round=r, restarts=count("restarts"))
-    members, shown = sealed_members(store.get(k(f"r{r}/sealed"))), r
+    r = parse_count(store.get(keys.round) or b"0", "round number")
+    closed = store.get(keys.closed)
+    job.update(round=r, restarts=count(keys.restarts))
+    members, shown = sealed_members(store.get(keys.sealed(r))), r
     if members is None:
-        job["forming"] = {"round": r, "joined": count(f"r{r}/joined")}
+        job["forming"] = {"round": r, "joined": count(keys.joined(r))}
         shown = r - 1
-        members = sealed_members(store.get(k(f"r{shown}/sealed"))) if r > 0 else None
-    nodes = []
-    for g in range(members or 0):
-        snap = read_snapshot(store.get(k(f"r{shown}/snap{g}")))
-        if snap is not None:
-            age = round(max(0.0, time.time() - snap.pop("time")), 1)  # of its last snapshot: clocks may differ by host
-            nodes.append({**snap, "group_rank": g, "heartbeat_age": age})
-    job["nodes"] = nodes
-    now = time.time()
-    job["spares"] = [
-        {"node": s.node, "host": s.host, "waiting": round(max(0.0, now - s.since), 1)}
-        for s in read_spares(store, Keys(config.rdzv_id), count("spares"))
-        if s.alive
-    ]
-    job["max_restarts"] = max((n["max_restarts"] for n in nodes), default=None)
-    job["stragglers"] = [w["rank"] for n in nodes for w in n["workers"] if w.get("straggler")]
+        members = sealed_members(store.get(keys.sealed(shown))) if r > 0 else None
+    reports = [(g, report) for g, report in enumerate(board.reports(shown, members or 0)) if report is not None]
+    job["nodes"] = [_node(g, report) for g, report in reports]
+    job["max_restarts"] = max((report.max_restarts for _, report in reports), default=None)
+    job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
+    job["goodput"] = job_goodput(store, keys, shown, [report for _, report in reports])
+    book = QuarantineBook(store, keys.quarantined, keys.quarantine)  # reads only: get and multi_get
+    job["quarantined"] = [asdict(q) for q in book.all() if q.active(time.time())]
+    job["spares"] = spares_of(store, keys)
     if closed:
         job["state"] = "closed"
-        job["closed"] = closed[:300].decode(errors="replace")
-        raw = store.get(k("verdict"))
+        job["closed"] = printable(closed)
+        raw = store.get(keys.verdict)
         try:
             job["verdict"] = asdict(decode_verdict(raw)) if raw else None
         except RendezvousError:
             job["verdict"] = None
     elif "forming" in job:
         job["state"] = "forming"
-    elif nodes and all(n["state"] == "succeeded" for n in nodes) and len(nodes) == members:
+    elif reports and all(report.state == "succeeded" for _, report in reports) and len(reports) == members:
         job["state"] = "succeeded"
     else:
         job["state"] = "running"
     return job
+
+
+def job_goodput(store: Store, keys: Keys, r: int, reports: list[NodeReport]) -> dict | None:
+    """The job's goodput: the figure the nodes agreed at the end (`accounting.job_breakdown`), or
+    while it runs the total of the nodes' latest reports."""
+    final = Breakdown.from_dict(_json(store.get(f"{keys.of_round(r)}goodput")))
+    if final is not None:
+        return {**final.to_dict(), "final": True}
+    parts = [report.goodput for report in reports if report.goodput is not None]
+    return {**total(parts).to_dict(), "final": False} if parts else None
+
+
+def _json(raw: bytes | None) -> object:
+    try:
+        return load(raw, "goodput") if raw else None
+    except RendezvousError:
+        return None
+
+
+def _node(g: int, report: NodeReport) -> dict:
+    """One node of the --json output: its report, the age of it (clocks may differ by host), no timestamp."""
+    node = asdict(report)
+    node.update(group_rank=g, heartbeat_age=round(max(0.0, time.time() - node.pop("time")), 1))
+    return node
+
+
+def read_counter(raw: bytes | None) -> int | None:
+    """A counter written by ADD (a decimal, maybe signed); 0 when absent; None when it is no number."""
+    if raw is None:
+        return 0
+    text = raw.strip()
+    return int(text) if text.lstrip(b"+-").isdigit() and len(text) <= 20 else None
 
 
 def status_main(config: StatusConfig, show) -> int:

@@ -1,31 +1,36 @@
 """Stragglers: a rank whose step rate stays below a fraction of the job's median for a sustained
-period. Pure: the rendezvous node with group rank 0 feeds it every rate of the job each snapshot
-interval and publishes what it flags; every node shows its own flagged ranks. Flag only: nothing is
-killed or restarted.
+period. Pure, and the job's one judge: the board's monitor on the node with group rank 0 (or on the
+only node, without a store) feeds it every rate of the job each report interval and publishes what
+it flags; every node shows its own flagged ranks. Flag only: nothing is killed or restarted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .reports import NodeReport
 
 
 @dataclass(frozen=True)
 class Flagged:
-    """What the judge decided: the job's median rate and the flagged ranks with their rates."""
+    """What the judge decided: the job's median rate and the flagged ranks with their rates. Also the
+    event the board's monitor posts to the supervisor when the flagged ranks change."""
 
     median: float
     ranks: dict[int, float]
 
 
-def running_rates(snapshots: Iterable[dict | None]) -> dict[int, float]:
-    """rank -> steps/s of every running worker with a known rate, from nodes' snapshots."""
+def running_rates(reports: Iterable[NodeReport | None]) -> dict[int, float]:
+    """rank -> steps/s of every running worker with a known rate, from nodes' reports."""
     return {
-        w["rank"]: float(w["rate"])
-        for snap in snapshots
-        if snap
-        for w in snap.get("workers", [])
-        if w.get("state") == "running" and w.get("rate") is not None
+        w.rank: float(w.rate)
+        for report in reports
+        if report is not None
+        for w in report.workers
+        if w.state == "running" and w.rate is not None
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
+from .exitcodes import MEANING
 from .spec import Failure, RunResult
 
 
@@ -62,7 +63,8 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     if result.exit_code == 0 or (root is None and not result.message and not kept and not result.verdict):
         return []
     how = f"stopped by {signal.Signals(result.signal).name}" if result.signal else "failed"
-    lines = [f"job {how} (exit code {result.exit_code}) after {result.restarts} restart(s)"]
+    meaning = f": {MEANING[result.exit_code]}" if result.exit_code in MEANING else ""  # type: ignore[index]
+    lines = [f"job {how} (exit code {int(result.exit_code)}{meaning}) after {result.restarts} restart(s)"]
     v = result.verdict
     if v:  # the job's root cause, on another node: first, whatever happened here
         lines.append(f"root cause (remote, node {v.node}): {v.describe()}")
@@ -72,6 +74,8 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
             lines.append(f"  log: {v.log} (on {v.host})")
     if result.message:
         lines.append(f"reason: {result.message}")
+    if result.quarantined:
+        lines.append(f"quarantined: {', '.join(result.quarantined)}")
     if root:
         what = "also failed here" if v else "root cause"
         lines.append(f"{what}: {_who(root)} {root.reason or root.exit.describe()} (attempt {root.round})")

@@ -11,7 +11,6 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
-import collections
 import enum
 import logging
 import os
@@ -21,19 +20,27 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from . import net, process
+from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import worker_argv, worker_env, workers_of
-from .errors import EXIT_OK, EXIT_WORKERS_FAILED, RendezvousClosedError, RendezvousError, exit_code_for_signal
-from .logs import Console, LogRouter, Stream, destinations, prefix_for
-from .oom import oom_kills, oom_reason
-from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, Stragglers, WaitKind, WaitReport
+from .env import PROGRESS_VAR, WorkerSpec, worker_argv, worker_env, workers_of
+from .errors import RendezvousClosedError, RendezvousError
+from .exitcodes import ExitCode, for_signal, passed_through
+from .filetimer import FILE_VAR, FileTimer, end_expired
+from .governor import Governor
+from .logs import Console, LogRouter, Routing
+from .logs_specs import PluginLogs, default_placement
+from .members import Member, ended_round, route, verdict_of
+from .oom import oom_kills
+from .policy import Stop, requeue_after
+from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, WaitKind, WaitReport
+from .reports import NodeReport
 from .signals import SignalReceived, capture_signals
-from .spec import TRANSITIONS, Exit, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
-from .summary import read_error_file
+from .spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
+from .stragglers import Flagged
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
@@ -50,32 +57,18 @@ class RoundFailed:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """The governor keeps this node out of the next round (quarantined, or its health check failed)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class Waiting:
     """What the forming round waits for (the rendezvous says so every few seconds)."""
 
     line: str
     kind: WaitKind = WaitKind.NODES
-
-
-@dataclass(eq=False)
-class Member:
-    """A worker of the current round and its live process."""
-
-    worker: Worker
-    proc: process.WorkerProcess
-    streams: list[Stream]
-    error_file: str
-    log_files: tuple[str, ...]
-    started: float = 0.0
-    progress_file: str | None = None
-    hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
-    state: WorkerState = WorkerState.RUNNING
-    signalled: bool = False  # the launcher asked it to stop: its failure is collateral
-    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
-    straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
-
-
-RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 
 
 class Then(enum.Enum):
@@ -92,6 +85,7 @@ class _Stop:
     then: Then
     deadline: float
     signum: int = signal.SIGTERM
+    begun: float = 0.0
 
 
 class Supervisor:
@@ -113,6 +107,10 @@ class Supervisor:
         sinks: Sequence[Sink] = (),
         periodic: Sequence[Callable[[], None]] = (),
         console: Console | None = None,
+        monitor: Monitor | None = None,
+        governor: Governor | None = None,
+        logs_plugin: PluginLogs | None = None,
+        watchdog: FileTimer | None = None,
     ):
         self.config = config
         self.rendezvous = rendezvous
@@ -127,6 +125,20 @@ class Supervisor:
         self.sinks = list(sinks)
         self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
         self.console = console or Console()  # where worker lines shown on the console go
+        self.monitor = monitor  # the job board: this node's reports, and the straggler judge
+        self.governor = governor or Governor(
+            config.restart_policy, self.host, self.agent_id, multi_node=config.multi_node
+        )
+        self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
+        self.closing: Verdict | None = None  # ... and this is the job's verdict, for every node
+        self.requeue = False  # the rendezvous ended the job in a way a requeue may cure
+        self._peer_failed = False  # the round ends for a worker that failed on another node
+        self._delay = 0.0  # the backoff before the next round's workers start
+        self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
+        self.spec = worker_spec(config)
+        self.routing = routing_of(config)
+        self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
+        self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -181,6 +193,8 @@ class Supervisor:
             timeout = self.config.monitor_interval
             if self.stop:
                 timeout = min(timeout, max(0.0, self.stop.deadline - self.clock()))
+            if self._held:
+                timeout = min(timeout, max(0.0, self._held[1] - self.clock()))
         for key, _ in self._selector.select(timeout):
             if key.data is None:
                 try:
@@ -194,9 +208,14 @@ class Supervisor:
             except queue.Empty:
                 break
             self.handle(event)
+        if self._held and self.state is GroupState.RENDEZVOUS and self.clock() >= self._held[1]:
+            rnd, self._held = self._held[0], None
+            self.spawn_workers(rnd, watched=True)
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
+        if self.watchdog:
+            end_expired(self.watchdog, self.members, self.emit)
         for check in self.periodic:
             check()
 
@@ -204,7 +223,7 @@ class Supervisor:
         if isinstance(event, SignalReceived):
             self.handle_signal(event.signum)
         elif isinstance(event, RoundReady) and self.state is GroupState.RENDEZVOUS:
-            self.spawn_workers(event.rnd)
+            self.hold(event.rnd) if self._delay else self.spawn_workers(event.rnd)
         elif isinstance(event, RoundFailed) and self.state is GroupState.RENDEZVOUS:
             closed = event.error if isinstance(event.error, RendezvousClosedError) else None
             if closed is not None and closed.succeeded:  # a spare (or a late node) of a job that finished well
@@ -214,7 +233,13 @@ class Supervisor:
             self.message = str(event.error)
             if closed is not None and isinstance(closed.verdict, Verdict):
                 self.verdict = closed.verdict
+            self.requeue = requeue_after(event.error, self.round is not None, self.config.max_restarts)
             self._set_state(GroupState.FAILED)
+        elif isinstance(event, Refused) and self.state is GroupState.RENDEZVOUS:
+            self.give_up(Stop.QUARANTINE, event.why)
+        elif isinstance(event, MembershipChanged) and self._held and self.state is GroupState.RENDEZVOUS:
+            self._held = None  # the held round ended before its workers started: join the next one
+            self.begin_round(Cause.MEMBERSHIP)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
             if event.kind is not self.wait_kind:  # the events file hears of each new kind of wait once
@@ -222,7 +247,7 @@ class Supervisor:
                 self.emit("waiting", what=event.kind.value, line=event.line)
         elif isinstance(event, SpareLost):
             self.emit("spare_lost", node=event.node)
-        elif isinstance(event, Stragglers):
+        elif isinstance(event, Flagged):
             self.flag_stragglers(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
@@ -232,7 +257,9 @@ class Supervisor:
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
             self.emit("membership", reason=event.reason)
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP)
+            why = "closed" if event.closed else None  # the job ends: no new round will come
+            self._peer_failed = event.failed
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.MEMBERSHIP, reason=why)
 
     # ------------------------------------------------------------------ verbs
 
@@ -240,8 +267,12 @@ class Supervisor:
         """Ask the rendezvous for the next round on a helper thread; the answer comes as an event."""
         self._set_state(GroupState.RENDEZVOUS)
         self.emit("rendezvous", cause=cause.value)
+        previous = [m.proc.pid for m in self.members]
 
         def ask() -> None:
+            refused = self.governor.admit(previous)  # the health gate and the quarantine records
+            if refused:
+                return self.post(Refused(refused))
             try:
                 told: Callable[[WaitReport], None] = lambda w: self.post(Waiting(w.line, w.kind))  # noqa: E731
                 self.post(RoundReady(self.rendezvous.next_round(cause, verdict, told)))
@@ -252,63 +283,90 @@ class Supervisor:
 
         threading.Thread(target=ask, name="launcher-rendezvous", daemon=True).start()
 
-    def spawn_workers(self, rnd: Round) -> None:
+    def hold(self, rnd: Round) -> None:
+        """Backoff: take the formed round (heartbeating), start its workers `_delay` s from now."""
+        delay, self._delay = self._delay, 0.0
+        self._watch(rnd)
+        self._held = (rnd, self.clock() + delay)
+        self.waiting = f"backoff: restarting in {delay:g} s"
+        streak = self.governor.history.quick_streak
+        log.info(f"restarting in {delay:g} s: {streak} quick failures in a row (--restart_policy backoff)")
+        self.emit("backoff", delay=delay, quick_failures=streak)
+
+    def give_up(self, why: Stop, line: str) -> None:
+        """The restart policy stops the job on this node: one line, one event, FAILED with its code."""
+        self.stopped_by, self.message = why, why.message(self.governor.host, line)
+        log.error(self.message + why.advice)
+        if why is not Stop.QUARANTINE:  # the job ends on every node, with this verdict (run.py)
+            root = self._verdict()
+            self.closing = replace(root, code=why.exit_code) if root else None
+        self.emit("policy_stop", stop=why.value, reason=line, host=self.governor.host)
+        self._set_state(GroupState.FAILED)
+
+    def spawn_workers(self, rnd: Round, watched: bool = False) -> None:
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
         previous, self.round, self.waiting, self.wait_kind = self.round, rnd, "", None
         if previous is not None:
             why = "restart" if rnd.restart_count > previous.restart_count else "membership change"
+            n = self.config.nproc_per_node
             log.info(
                 f"round {rnd.round} ({why}; {rnd.restart_count} of {self.config.max_restarts} restarts used): "
-                f"starting {self.config.nproc_per_node} workers, world size {rnd.world_size}"
+                f"starting {n} worker{'' if n == 1 else 's'}, world size {rnd.world_size}"
             )
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
-        self.rendezvous.watch(rnd, self.post, self.report)
+        if not watched:
+            self._watch(rnd)
+        self._peer_failed = False
         attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
+        if self.watchdog:
+            self.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
-        for worker in workers_of(rnd, self.config.nproc_per_node):
+        workers = workers_of(rnd, self.config.nproc_per_node)
+        envs = {}
+        for worker in workers:
             folder = os.path.join(attempt, str(worker.local_rank))
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
                 self.logs.disk_error(folder, e)
-            error_file = os.path.join(folder, "error.json")
-            progress_file = os.path.join(folder, "progress")
-            env = worker_env(
-                self.config,
+            envs[worker.local_rank] = worker_env(
+                self.spec,
                 rnd,
                 worker,
                 self.environ,
-                error_file=error_file,
+                error_file=os.path.join(folder, "error.json"),
                 agent_id=self.agent_id,
-                progress_file=progress_file,
+                progress_file=os.path.join(folder, "progress"),
             )
-            argv = worker_argv(self.config, worker)
+        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.routing, attempt, envs)
+        filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
+        filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
+        for worker in workers:
+            env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
+            if self.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
+                env[FILE_VAR] = self.watchdog.path
+            error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
+            argv = worker_argv(self.spec, worker)
             try:
-                proc = self.starter.start(argv, env)
+                proc = process.start_retrying(self.starter, argv, env, self.clock)
             except OSError as e:  # e.g. a --no_python command removed since the last round
                 return self._spawn_failed(argv[0], e)
             if self.guard:
                 self.guard.watch(proc.pid)
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            streams, files = [], []
-            prefix = prefix_for(self.config, worker, self.host, self.environ)
-            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                if pipe is None:
-                    continue
-                console, to_file = destinations(self.config, worker.local_rank, name)
-                path = os.path.join(folder, f"{name}.log") if to_file else None
-                streams.append(self.logs.add(pipe, prefix, self.console.stream(name) if console else None, path))
-                files += [path] if path else []
-            self.members.append(
-                Member(
-                    worker, proc, streams, error_file, tuple(files), started=self.clock(), progress_file=progress_file
-                )
-            )
+            prefix = self.routing.prefix(worker, self.host, self.environ)
+            # torch duplicates the tee'd streams' matching lines only
+            duplicate = {
+                name: (filtered[name] if self.config.tee.has(worker.local_rank, name) else None, filters[name])
+                for name in ("stdout", "stderr")
+            }
+            streams, files = route(proc, self.logs, self.console, prefix, dest, worker.rank, duplicate)
+            self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
                 "spawn",
                 rank=worker.rank,
@@ -358,7 +416,8 @@ class Supervisor:
                 m.state = WorkerState.SUCCEEDED
             else:
                 m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
-                self.failures.append(self._failure(m, ex))
+                hang = self.config.hang_timeout
+                self.failures.append(m.failure(ex, self.clock(), self.host, self.round, hang, self._oom_kills))
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
@@ -366,16 +425,21 @@ class Supervisor:
                 (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
             )
             log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
-            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART)
+            # The rendezvous still hears of the failure (it closes the job with its root cause), but
+            # with the budget spent the events file says the stop ends the job, not that it restarts.
+            spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
+            why = Then.FAIL.value if spent else None
+            self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART, reason=why)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 
-    def stop_workers(self, signum: int, grace: float, then: Then) -> None:
-        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds."""
-        self.stop = _Stop(then, self.clock() + grace, signum)
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds.
+        `reason` is the events file's word for the stop when it is not `then`'s (the job ends)."""
+        self.stop = _Stop(then, self.clock() + grace, signum, begun=self.clock())
         self._set_state(GroupState.STOPPING)
-        self.emit("stopping", reason=then.value, signal=signal.Signals(signum).name, grace=grace)
+        self.emit("stopping", reason=reason or then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
@@ -398,7 +462,16 @@ class Supervisor:
             return
         self.sweep(graceful=False)
         self.bootstrap.close()  # before the next round: no worker may meet this round's keys
-        then, self.stop = self.stop.then, None
+        (then, begun), self.stop = (self.stop.then, self.stop.begun), None
+        if then in (Then.RESTART, Then.MEMBERSHIP):
+            rnd = self.round.round if self.round else 0
+            ended = ended_round(self.members, self.failures, rnd, then is Then.RESTART or self._peer_failed, begun)
+            decision = self.governor.round_ended(ended)
+            self._delay = decision.delay
+            if then is Then.RESTART and decision.stop:  # only the node whose worker failed acts on a stop
+                if decision.stop is Stop.QUARANTINE:
+                    self.governor.quarantine(decision.why)
+                return self.give_up(decision.stop, decision.why)
         if then is Then.RESTART:
             self.begin_round(Cause.FAILURE, self._verdict())
         elif then is Then.MEMBERSHIP:
@@ -406,7 +479,7 @@ class Supervisor:
         else:
             self._set_state(GroupState.FAILED)
 
-    def flag_stragglers(self, event: Stragglers) -> None:
+    def flag_stragglers(self, event: Flagged) -> None:
         """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
         c = self.config
         for m in self.members:
@@ -417,8 +490,9 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, below {c.straggler_threshold:g} "
-                    f"of the job's median {event.median:.2f} for {c.straggler_period:g} s (--straggler_threshold)"
+                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, "
+                    f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
+                    f"for {c.straggler_period:g} s (--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
@@ -437,7 +511,7 @@ class Supervisor:
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung:
                 continue
-            idle = self._idle(m)
+            idle = m.idle(self.clock())
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
@@ -469,6 +543,11 @@ class Supervisor:
         if first:
             self.exit_signal = signum
         if self.state is GroupState.RENDEZVOUS:
+            if first:
+                name = signal.Signals(signum).name
+                log.info(
+                    f"got {name} while waiting for the rendezvous to form a round; stopped (no worker was running)"
+                )
             self._set_state(GroupState.FAILED)
         elif self.state is GroupState.RUNNING or (self.state is GroupState.STOPPING and first):
             log.info(
@@ -484,18 +563,7 @@ class Supervisor:
     def snapshot(self) -> Snapshot:
         """A picture of the group for views; safe to call from another thread."""
         rnd = self.round
-        workers = [
-            {
-                "rank": m.worker.rank,
-                "local_rank": m.worker.local_rank,
-                "pid": m.proc.pid,
-                "state": m.state.value,
-                "started": m.started,
-                "last_line": max(m.streams, key=lambda s: s.last_at).last_line if m.streams else "",
-                "straggler": m.straggler,
-            }
-            for m in list(self.members)
-        ]
+        workers = [m.view() for m in list(self.members)]
         waiting = self.waiting if self.state is GroupState.RENDEZVOUS else ""
         return Snapshot(
             self.state,
@@ -506,50 +574,42 @@ class Supervisor:
             waiting=waiting,
         )
 
-    def report(self) -> dict | None:
-        """This node as `launcher status` shows it (published by the rendezvous watcher every few
+    def report(self) -> NodeReport | None:
+        """This node as `launcher status` shows it (published by the job board's monitor every few
         seconds, from its thread): the group, and each worker's state, progress and step rate.
         None while the round's workers are still being started."""
         if self.state is GroupState.RENDEZVOUS:
             return None
         rnd = self.round
         restarts = rnd.restart_count if rnd else 0
-        workers = []
-        for m in list(self.members):
-            step, rate = self._step_rate(m)
-            workers.append(
-                {
-                    "rank": m.worker.rank,
-                    "local_rank": m.worker.local_rank,
-                    "pid": m.proc.pid,
-                    "state": m.state.value,
-                    "restarts": restarts,
-                    "progress_age": round(self._idle(m), 1),
-                    "step": step,
-                    "rate": rate,
-                    "straggler": m.straggler,
-                }
-            )
-        return {
-            "host": self.host,
-            "state": self.state.value,
-            "round": rnd.round if rnd else 0,
-            "restarts": restarts,
-            "max_restarts": self.config.max_restarts,
-            "workers": workers,
-        }
+        now = self.clock()
+        workers = [m.report(restarts, now) for m in list(self.members)]
+        return NodeReport(
+            host=self.host,
+            state=self.state.value,
+            round=rnd.round if rnd else 0,
+            restarts=restarts,
+            max_restarts=self.config.max_restarts,
+            workers=tuple(workers),
+        )
 
     def result(self) -> RunResult:
         restarts = self.round.restart_count if self.round else 0
         if self.state is GroupState.SUCCEEDED:
-            return RunResult(self.state, EXIT_OK, tuple(self.failures), restarts)
+            return RunResult(self.state, ExitCode.OK, tuple(self.failures), restarts)
         if self.exit_signal is not None:
-            code = exit_code_for_signal(self.exit_signal)
+            code = for_signal(self.exit_signal)
+        elif self.stopped_by is not None:
+            code = self.stopped_by.exit_code
+        elif self.verdict is not None and self.verdict.code:  # the policy of the node that closed the job
+            code = self.verdict.code
+        elif self.requeue:
+            code = ExitCode.REQUEUE
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-            returncode = self.verdict.returncode if self.verdict else root.exit.returncode if root else 0
-            code = returncode if 1 <= returncode <= 125 else EXIT_WORKERS_FAILED
-        return RunResult(self.state, code, tuple(self.failures), restarts, self.exit_signal, self.message, self.verdict)
+            code = passed_through(self.verdict.returncode if self.verdict else root.exit.returncode if root else 0)
+        failures, known = tuple(self.failures), self.governor.known
+        return RunResult(self.state, code, failures, restarts, self.exit_signal, self.message, self.verdict, known)
 
     # ------------------------------------------------------------------ helpers
 
@@ -566,63 +626,16 @@ class Supervisor:
             raise RuntimeError(f"group cannot go from {self.state.name} to {new.name}")
         self.state = new
 
-    def _failure(self, m: Member, ex: Exit) -> Failure:
-        return Failure(
-            worker=m.worker,
-            pid=m.proc.pid,
-            exit=ex,
-            at=self.clock(),
-            host=self.host,
-            round=self.round.round if self.round else 0,
-            collateral=m.signalled and not m.hung,
-            reason=f"hung: no progress for {self.config.hang_timeout:g} s; stacks in its stderr"
-            if m.hung
-            else oom_reason(m.proc.pid, self._oom_kills, m.started)
-            if ex.signal == signal.SIGKILL and not m.signalled
-            else "",
-            error_file=m.error_file if os.path.exists(m.error_file) else None,
-            log_files=m.log_files,
-        )
-
-    def _idle(self, m: Member) -> float:
-        """Seconds since the worker last printed a line or called launcher.progress()."""
-        idle = self.clock() - max([m.started] + [s.last_at for s in m.streams if s.last_at])
-        try:
-            idle = min(idle, time.time() - os.stat(m.progress_file).st_mtime)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            pass
-        return max(0.0, idle)
-
-    def _step_rate(self, m: Member) -> tuple[int | None, float | None]:
-        """The worker's last `launcher.progress(step=)` and its steps per second over RATE_WINDOW (None: unknown)."""
-        try:
-            with open(m.progress_file, "rb") as f:  # type: ignore[arg-type]
-                step = int(f.read(64).strip() or b"x")
-        except (OSError, TypeError, ValueError):
-            return None, None
-        now = self.clock()
-        m.steps.append((now, step))
-        while len(m.steps) > 2 and now - m.steps[1][0] >= RATE_WINDOW:
-            m.steps.popleft()
-        then, first = m.steps[0]
-        return step, (round((step - first) / (now - then), 3) if now - then >= 1.0 else None)
-
     def _verdict(self) -> Verdict | None:
         """This node's root cause, as the rendezvous publishes it should it close the job."""
         root = RunResult(self.state, 0, tuple(self.failures)).root_cause
-        if root is None:
-            return None
-        message = root.reason or read_error_file(root.error_file)[0]
-        return Verdict(
-            host=self.host,
-            node="",
-            rank=root.worker.rank,
-            local_rank=root.worker.local_rank,
-            returncode=root.exit.returncode,
-            round=root.round,
-            error=(message.splitlines() or [""])[0],
-            log=next(iter(root.log_files), root.error_file or ""),
-        )
+        return verdict_of(root) if root else None
+
+    def _watch(self, rnd: Round) -> None:
+        """Heartbeat from now on (the rendezvous), and report this node on the job board."""
+        self.rendezvous.watch(rnd, self.post)
+        if self.monitor is not None:
+            self.monitor.begin(rnd, self.report, self.post)
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:
@@ -635,6 +648,28 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.guard.pid] if self.guard and self.guard.pid else []
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
+
+
+def worker_spec(config: LaunchConfig) -> WorkerSpec:
+    """What this agent's workers share, from the config."""
+    c = config
+    return WorkerSpec(
+        c.program,
+        c.script_args,
+        c.local_rank_arg,
+        c.role,
+        c.max_restarts,
+        c.signals_to_handle,
+        c.gpus,
+        c.virtual_local_rank,
+        c.hang_timeout,
+    )
+
+
+def routing_of(config: LaunchConfig) -> Routing:
+    """Where the workers' streams go, from the config."""
+    c = config
+    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
 
 
 def _pgid(pid: int) -> int:

@@ -44,11 +44,11 @@ class ProcessStats:
             return None, None
 
 
-def _worker_state(w: dict) -> Text:
+def _worker_state(state: str, straggler: bool | None) -> Text:
     """A worker's state, marked when --straggler_threshold flagged it."""
-    if w.get("straggler"):
-        return Text(f"{w['state']} · straggler", style="bold yellow")
-    return Text(w["state"], style=STATE_STYLE.get(w["state"], ""))
+    if straggler:
+        return Text(f"{state} · straggler", style="bold yellow")
+    return Text(state, style=STATE_STYLE.get(state, ""))
 
 
 def _duration(seconds: float) -> str:
@@ -87,16 +87,16 @@ def render(snap: Snapshot, stats: Callable[[int], tuple[float | None, int | None
     ):
         table.add_column(name, **kw)
     for w in snap.workers:
-        cpu, rss = stats(w["pid"]) if w["state"] == "running" else (None, None)
+        cpu, rss = stats(w.pid) if w.state == "running" else (None, None)
         table.add_row(
-            str(w["rank"]),
-            str(w["pid"]),
-            _worker_state(w),
+            str(w.rank),
+            str(w.pid),
+            _worker_state(w.state, w.straggler),
             "" if cpu is None else f"{cpu:.0f}",
             "" if rss is None else f"{rss / 2**20:.0f} MiB",
             str(snap.restarts),
-            _duration(now - w["started"]) if w["state"] == "running" else "",
-            Text(w.get("last_line", ""), overflow="ellipsis", no_wrap=True),
+            _duration(now - w.started) if w.state == "running" else "",
+            Text(w.last_line, overflow="ellipsis", no_wrap=True),
         )
     return table
 
@@ -151,16 +151,17 @@ def _age(seconds: object) -> str:
     return "" if not isinstance(seconds, (int, float)) else f"{seconds:.0f} s"
 
 
+def _known(count: object) -> str:
+    return "?" if count is None else str(count)
+
+
 def render_status(job: dict) -> Table:
     """`launcher status` as one table: a row per rank under its node's row (pure: tests render it)."""
-    budget = (
-        f"{job.get('restarts', 0)} of {job['max_restarts']}"
-        if job.get("max_restarts") is not None
-        else str(job.get("restarts", 0))
-    )
+    used = "?" if job.get("restarts", 0) is None else job.get("restarts", 0)  # None: the counter holds no number
+    budget = f"{used} of {job['max_restarts']}" if job.get("max_restarts") is not None else str(used)
     title = f"job {job['run_id']} · {job['state']} · round {job.get('round', '-')} · restarts {budget}"
     if job.get("forming"):
-        title += f" · round {job['forming']['round']} forming, {job['forming']['joined']} joined"
+        title += f" · round {job['forming']['round']} forming, {_known(job['forming']['joined'])} joined"
     caption = []
     if job.get("closed"):
         caption.append(f"closed: {job['closed']}")
@@ -172,6 +173,11 @@ def render_status(job: dict) -> Table:
         )
     if job.get("stragglers"):
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
+    gp = job.get("goodput")
+    if gp:
+        caption.append(f"goodput {100 * gp['goodput']:.1f} % of the machine time ({gp['nodes']} node(s))")
+    for q in job.get("quarantined", ()):
+        caption.append(f"quarantined: {q['host']} ({q['why']})")
     table = Table(
         title=title,
         title_justify="left",
@@ -198,7 +204,7 @@ def render_status(job: dict) -> Table:
             table.add_row(
                 f"  rank {w['rank']}",
                 "",
-                _worker_state(w),
+                _worker_state(w["state"], w.get("straggler")),
                 "",
                 str(w["pid"]),
                 str(w["restarts"]),
@@ -222,7 +228,7 @@ def render_status(job: dict) -> Table:
         table.add_row(
             "",
             "",
-            "no node has published a snapshot" if job["state"] != "absent" else "no such job in this store",
+            _no_nodes(job),
             "",
             "",
             "",
@@ -231,6 +237,18 @@ def render_status(job: dict) -> Table:
             "",
         )
     return table
+
+
+def _no_nodes(job: dict) -> str:
+    """The status table's one row when no node's snapshot is there yet: what the job is waiting for."""
+    if job["state"] == "absent":
+        return "no such job in this store"
+    if job.get("forming"):
+        f = job["forming"]
+        return f"round {f['round']} is forming ({f['joined']} joined); nodes show once it runs"
+    if job["state"] == "running":
+        return f"round {job.get('round', '-')} just formed: waiting for its nodes to start their workers and report"
+    return "no node reported in the last round"
 
 
 def show_status(job: dict) -> None:

@@ -2,8 +2,8 @@
 # Make .venv with everything the launcher and its examples need (idempotent).
 # torch is pinned first (the CPU build, 2.13.0) so pip never pulls the CUDA wheels.
 # With --test, also the test extras and, when root on Debian, the system packages the tests
-# drive for real: etcd, Slurm + munge, OpenSSH (a private sshd), tmux, iproute2. A test whose
-# package is missing is skipped with the reason.
+# drive for real: etcd, Slurm + munge, OpenSSH (a private sshd), tmux, iproute2, chromium (draws
+# `launcher report`'s page headless). A test whose package is missing is skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,18 +13,30 @@ PY=${PYTHON:-python3}
 extras=$([ "${1:-}" = "--test" ] && echo '[test]' || true)
 stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)" $PWD ."
 installed=$(cat .venv/.launcher-installed 2>/dev/null || true)
-if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; then  # [test] covers both
-    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-        .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+# pip says nothing unless it fails: its output (warnings about the host's pip configuration
+# included) is kept in a file and shown only then.
+quietly() {
+    local out; out=$(mktemp)
+    if ! "$@" >"$out" 2>&1; then
+        cat "$out" >&2; rm -f "$out"
+        echo "setup: failed: $*" >&2
+        exit 1
     fi
-    .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
+    rm -f "$out"
+}
+if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; then  # [test] covers both
+    echo "setup: installing the launcher and its dependencies into .venv (once; a few minutes: torch alone is ~200 MB)" >&2
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        quietly .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+    fi
+    quietly .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
     echo "$stamp$extras" > .venv/.launcher-installed
 fi
 [ "${1:-}" = "--test" ] || exit 0
 
 missing=""
 for p in etcd:etcd-server slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge \
-         /usr/sbin/sshd:openssh-server ssh:openssh-client tmux:tmux ip:iproute2; do
+         /usr/sbin/sshd:openssh-server ssh:openssh-client tmux:tmux ip:iproute2 chromium:chromium; do
     command -v "${p%%:*}" >/dev/null 2>&1 || missing="$missing ${p#*:}"
 done
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite; extra arguments go to pytest.
+# Set up (if needed), lint, and run the whole test suite; extra arguments go to pytest.
+# ruff first (check and format --check, config in pyproject.toml): a lint failure ends the run at once.
 # The tests mostly wait on real processes, so three pytest workers (one test file each at a time:
 # module fixtures such as the Slurm cluster stay single) cut the wall time on two cores.
+# Layers: tests/unit (in process, seconds), tests/integration, tests/e2e; e.g. `scripts/test.sh tests/unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
+LINTED=(launcher tests scripts examples)
+.venv/bin/ruff check "${LINTED[@]}"
+.venv/bin/ruff format --check "${LINTED[@]}"
 exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile "$@"

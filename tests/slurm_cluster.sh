@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real Slurm (Debian bookworm slurm-wlm 22.05) on localhost, for tests/test_slurm.py.
+# Real Slurm (Debian bookworm slurm-wlm 22.05) on localhost, for tests/e2e/test_slurm.py.
 # (Adapted from the team's feasibility notes on Slurm-on-localhost; kept in the repo so CI has it.)
 # One slurmctld + N slurmd ("multiple-slurmd": N fake nodes node1..nodeN on this host,
 # each slurmd on its own port) + one munged.  All state/logs/pids under $SLURM_LOCAL_DIR,

@@ -9,14 +9,11 @@ The backends import `api`, `protocol` and their settings, never this table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .api import Cause, JobParams, RendezvousHandler
 from .etcd.settings import EtcdSettings, parse_etcd
 from .settings import C10dSettings, Flags, LocalSettings, StaticSettings, parse_c10d, parse_local, parse_static
-
-if TYPE_CHECKING:
-    from ..config import LaunchConfig
 
 Settings = LocalSettings | StaticSettings | C10dSettings | EtcdSettings
 
@@ -44,17 +41,29 @@ def _etcd(settings, job: JobParams) -> RendezvousHandler:
     return EtcdRendezvous(settings, job)
 
 
+def _torch(settings, job: JobParams) -> RendezvousHandler:
+    from .torch_adapter import TorchHandlerRendezvous
+
+    return TorchHandlerRendezvous(settings, job)
+
+
+def _built_by_config(flags: Flags) -> Settings:
+    raise AssertionError("config builds a torchrun.handlers backend's settings itself")
+
+
 BACKENDS: dict[str, Backend] = {
     "local": Backend(parse_local, _local),
     "static": Backend(parse_static, _local),
     "c10d": Backend(parse_c10d, _c10d),
     "etcd": Backend(parse_etcd, _etcd),
+    "torch": Backend(_built_by_config, _torch),  # a torchrun.handlers plugin (torch_adapter.py)
 }
 
 
-def create_rendezvous(config: LaunchConfig) -> RendezvousHandler:
-    """The handler for `config.rdzv_backend`, given its settings and the job's general fields."""
-    return BACKENDS[config.rdzv_backend].create(config.rendezvous, config.job)
+def create_rendezvous(backend: str, settings: Settings, job: JobParams) -> RendezvousHandler:
+    """The handler for `--rdzv_backend backend`, given its settings (parsed by `BACKENDS[backend].parse`)
+    and the job's general fields."""
+    return BACKENDS[backend].create(settings, job)
 
 
 __all__ = ["BACKENDS", "Backend", "Cause", "Flags", "JobParams", "RendezvousHandler", "Settings", "create_rendezvous"]

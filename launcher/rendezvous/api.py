@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..spec import Round, Verdict
+from .store import Store
 
 
 class Cause(enum.Enum):
@@ -29,8 +30,6 @@ class JobParams:
     max_restarts: int = 0
     local_addr: str | None = None  # --local_addr: this node's address as the others reach it
     join_token: str | None = field(default=None, repr=False)
-    straggler_threshold: float = 0.0  # --straggler_threshold (0: off)
-    straggler_period: float = 60.0  # --straggler_period
 
 
 class MembershipChanged:
@@ -70,12 +69,10 @@ class SpareLost:
     node: str
 
 
-@dataclass(frozen=True)
-class Stragglers:
-    """Posted by a backend's watch when the job's flagged ranks change: rank -> its steps/s."""
-
-    median: float
-    ranks: dict[int, float]
+def budget_spent(used: int, max_restarts: int) -> bool:
+    """The one restart-budget rule, for every backend: `used` counts the restarts charged so far,
+    this failure's included. A job restarts at most `max_restarts` times: the failure after that ends it."""
+    return used > max_restarts
 
 
 class RendezvousHandler(Protocol):
@@ -88,13 +85,17 @@ class RendezvousHandler(Protocol):
         `verdict`: this node's root cause of a FAILURE, for the other nodes should it end the job.
         `waiting`: told every few seconds what this node waits for (the line also logged)."""
 
-    def watch(
-        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
-    ) -> None:
-        """Start watching `rnd`: post `MembershipChanged` when the job must re-form; publish `report()`
-        (this node's snapshot, for `launcher status`; None while its workers start) at a bounded rate
-        where the backend has a store."""
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """Start watching `rnd`: post `MembershipChanged` when the job must re-form."""
+
+    def shared_store(self) -> Store | None:
+        """The store the nodes share, where other records of the job may live too (the job board);
+        None when there is none (`local`, `static`)."""
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the job: close it for everyone when this node is done or gave up. `why`: what the
         others are told when it leaves a running job (e.g. "stopped by SIGTERM")."""
+
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """End the job for every node, `verdict` (its `code` set) as the job's: the restart policy
+        stopped it (docs/policy.md). Call `shutdown` after."""

@@ -20,18 +20,16 @@ adapter is plain, never reconnects, and heartbeats alone judge liveness.
 from __future__ import annotations
 
 import random
-import resource
 import signal
 import threading
 from collections.abc import Callable, Sequence
 
-from ..errors import RendezvousConnectionError
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..net import free_port, is_local_address
-from ..stragglers import Judge
 from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 from .api import JobParams
 from .protocol import ElasticRendezvous
-from .records import Node
+from .records import Node, printable
 from .settings import C10dSettings
 from .store import Capability, Change
 
@@ -95,7 +93,33 @@ class TCPStoreAdapter:
             raise RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {e}") from None
 
     def add(self, key: str, amount: int) -> int:
-        return self._call("add", PREFIX + key, amount)
+        try:
+            return self.client.add(PREFIX + key, amount)
+        except StoreRestarted:
+            raise RendezvousConnectionError(self._restarted()) from None
+        except StoreError as e:
+            raise self._add_failed(key, e) from None
+
+    def _add_failed(self, key: str, e: StoreError) -> RendezvousError:
+        """A store hangs up on an ADD to a value that is no number (as torch's does): tell that from a
+        lost store by reading the value back on a second connection (this one is given up)."""
+        lost = RendezvousConnectionError(f"rendezvous store at {self.host}:{self.port}: {e}")
+        try:
+            reader = self.clone()
+        except RendezvousError:
+            return lost
+        try:
+            held = reader.get(key)
+        except RendezvousError:
+            return lost
+        finally:
+            reader.close()
+        if held is None or held.strip().lstrip(b"+-").isdigit():
+            return lost
+        return RendezvousError(
+            f"the rendezvous store's counter {key} holds {printable(held, 40)!r}, not a number: "
+            "something other than this job's nodes writes under its prefix"
+        )
 
     def get(self, key: str) -> bytes | None:
         k = PREFIX + key
@@ -150,9 +174,15 @@ class TCPStoreAdapter:
         self.client.close()
 
 
-def serve(host: str, port: int) -> StoreServer:
-    """Start a TCPStore server (a thread of this process) bound to exactly `host:port`."""
-    return StoreServer(host, port)
+# Connections an agent opens to the rendezvous store (the main one and the watcher's), with room for
+# `launcher status` and a reconnect that overlaps its broken connection.
+CONNECTIONS_PER_NODE = 3
+
+
+def serve(host: str, port: int, nodes: int = 0) -> StoreServer:
+    """Start a TCPStore server (a thread of this process) bound to exactly `host:port`, for up to
+    `nodes` agents (it raises the descriptor limit, and says when that is too low for them)."""
+    return StoreServer(host, port, expect=CONNECTIONS_PER_NODE * nodes)
 
 
 class C10dRendezvous(ElasticRendezvous):
@@ -164,7 +194,7 @@ class C10dRendezvous(ElasticRendezvous):
         wants_host = s.is_host if s.is_host is not None else is_local_address(host)
         if wants_host:
             try:
-                self.server = serve(host, port)
+                self.server = serve(host, port, job.max_nodes)
             except OSError:
                 if s.is_host:
                     raise RendezvousConnectionError(
@@ -179,7 +209,6 @@ class C10dRendezvous(ElasticRendezvous):
             s,
             port_picker=free_port,
             is_host=self.server is not None,
-            judge=Judge(job.straggler_threshold, job.straggler_period),
         )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
@@ -193,10 +222,7 @@ class C10dRendezvous(ElasticRendezvous):
 
 def store_main(host: str, port: int, serving: Callable[[int], None]) -> int:
     """`python -m launcher store`: serve a rendezvous store until SIGTERM or SIGINT; `serving(port)` once it listens."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:  # a connection or two per agent: thousands of nodes need more than the usual 1,024
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    server = serve(host, port)
+    server = serve(host, port)  # it raises the descriptor limit to the hard one
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())

@@ -3,15 +3,15 @@
 Keys, under `<run_id>/` (a store adds its own prefix):
     round, closed, restarts, token               job-wide
     verdict  acks  acked<k>                      the job's root cause, written before `closed`; who read it
+    quarantined  quarantine<i>                   hosts kept out of the job for a cooldown (`launcher.quarantine`)
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
     r<r>/alive<k>                                 held by ticket k's agent (stores with LIVENESS or CRASH)
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
-    r<r>/snap<g>                                  group rank g's snapshot for `launcher status`, every 2 s
-    r<r>/stragglers                               the ranks group rank 0's judge flagged, with the median rate
     r<r>/lost<g>  r<r>/dead                       why group rank g was lost; tickets and spares found dead
     spares  spare<j>  sparealive<j>               spare j's number, entry, and alive key (held by its agent)
+Other records of a round may live under its prefix (`of_round`): the job board's (`launcher/board.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 class Keys:
     """The keys of job `run_id`: job-wide ones as attributes, a round's as methods of the round."""
 
-    __slots__ = ("run_id", "prefix", "round", "closed", "restarts", "token", "verdict", "acks", "spares")
+    __slots__ = ("run_id", "prefix", "round", "closed", "restarts", "token", "verdict", "acks", "quarantined", "spares")
 
     def __init__(self, run_id: str):
         self.run_id = run_id
@@ -32,6 +32,7 @@ class Keys:
         self.verdict = p + "verdict"  # the job's root cause (`records.encode_verdict`)
         self.acks = p + "acks"  # how many nodes read the verdict (a counter)
         self.spares = p + "spares"  # how many spares registered in this job (a counter: spare numbers)
+        self.quarantined = p + "quarantined"  # how many quarantine records there are (a counter)
 
     def acked(self, k: int) -> str:
         """Set by the k-th node that read the closed job's verdict (the store host waits for them)."""
@@ -44,6 +45,14 @@ class Keys:
     def spare_alive(self, j: int) -> str:
         """Held by spare j's agent while it waits (stores with LIVENESS or CRASH)."""
         return f"{self.prefix}sparealive{j}"
+
+    def quarantine(self, i: int) -> str:
+        """The i-th quarantine record (1-based; `quarantine.encode`): a host kept out, why, until when."""
+        return f"{self.prefix}quarantine{i}"
+
+    def of_round(self, r: int) -> str:
+        """The prefix of round r's keys."""
+        return f"{self.prefix}r{r}/"
 
     # ---------------------------------------------------------------- forming round r
 
@@ -108,11 +117,3 @@ class Keys:
     def finished(self, r: int) -> str:
         """How many members finished round r."""
         return f"{self.prefix}r{r}/finished"
-
-    def snap(self, r: int, g: int) -> str:
-        """Group rank g's snapshot (for `launcher status` and the straggler judge)."""
-        return f"{self.prefix}r{r}/snap{g}"
-
-    def stragglers(self, r: int) -> str:
-        """The ranks the judge flagged in round r, with the median rate."""
-        return f"{self.prefix}r{r}/stragglers"

@@ -8,19 +8,15 @@ never meets the last attempt's keys (pytorch#135712).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 
 from ..errors import RendezvousConnectionError, RestartBudgetExhausted
 from ..net import free_port, port_taken
 from ..spec import Round, Verdict
-from ..stragglers import Judge, running_rates
-from .api import Cause, JobParams, Stragglers, WaitReport
+from .api import Cause, JobParams, WaitReport, budget_spent
 from .settings import LocalSettings, StaticSettings
 
 log = logging.getLogger(__name__)
-JUDGE_EVERY = 2.0  # seconds between straggler judgements (as a store backend's snapshots)
 
 
 class LocalRendezvous:
@@ -35,7 +31,6 @@ class LocalRendezvous:
         self._round = -1
         self._restarts = 0
         self._rank = settings.node_rank if isinstance(settings, StaticSettings) else 0
-        self._stop = threading.Event()
         if isinstance(settings, StaticSettings) and settings.node_rank == 0 and settings.master_port:
             taken = port_taken(settings.master_port)  # rank 0's store would die on it: say so before starting
             if taken:
@@ -47,10 +42,9 @@ class LocalRendezvous:
     def next_round(
         self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[WaitReport], None] | None = None
     ) -> Round:
-        self._stop.set()
         s, job = self.settings, self.job
         if cause is Cause.FAILURE:
-            if self._restarts >= job.max_restarts:
+            if budget_spent(self._restarts + 1, job.max_restarts):
                 raise RestartBudgetExhausted(f"no restarts left (--max_restarts {job.max_restarts})")
             self._restarts += 1
         self._round += 1
@@ -70,28 +64,15 @@ class LocalRendezvous:
             master_port=port,
         )
 
-    def watch(self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict] | None = None) -> None:
-        """No other node can change this round; only this node's ranks are judged for stragglers."""
-        self._stop.set()
-        if report is None or not self.job.straggler_threshold:
-            return
-        stop = self._stop = threading.Event()
-        judge = Judge(self.job.straggler_threshold, self.job.straggler_period)
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """No other node can change this round: nothing to watch."""
 
-        def judging() -> None:
-            flagged: frozenset[int] = frozenset()
-            while not stop.wait(JUDGE_EVERY):
-                try:
-                    result = judge(running_rates([report()]), time.monotonic())
-                except Exception:  # a judgement must never disturb the job
-                    log.debug("judging stragglers failed", exc_info=True)
-                    continue
-                if result is not None and frozenset(result.ranks) != flagged:
-                    flagged = frozenset(result.ranks)
-                    post(Stragglers(result.median, result.ranks))
-
-        threading.Thread(target=judging, name="launcher-stragglers", daemon=True).start()
+    def shared_store(self) -> None:
+        """No store: nothing is shared."""
+        return None
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
-        """Nothing to leave; the straggler judge stops."""
-        self._stop.set()
+        """Nothing to leave."""
+
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """Nothing shared to close: each node of a static job decides alone."""

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from ..spec import Round
+from .api import budget_spent
 from .keys import Keys
 from .records import Node, sealed_members
 from .spares import drop
@@ -45,7 +46,8 @@ class Losses:
         k, node = self.keys, self.node
         st.set(k.lost(r, g), why[:LOST_TEXT].encode())
         left = st.add(k.left(r), 1)
-        if n - left < node.min_nodes and st.add(k.failed(r), 1) == 1 and st.add(k.restarts, 1) > node.max_restarts:
+        charge = n - left < node.min_nodes and st.add(k.failed(r), 1) == 1
+        if charge and budget_spent(st.add(k.restarts, 1), node.max_restarts):
             self.close(
                 f"{why}; {n - left} node(s) left, fewer than {node.min_nodes}, and no restart left to replace it "
                 f"(--max_restarts {node.max_restarts})",

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from ..board import Board
 from ..errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -33,8 +32,7 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..spec import Round, Verdict
-from ..stragglers import Judge
-from .api import Cause, MembershipChanged, WaitKind, WaitReport
+from .api import Cause, MembershipChanged, WaitKind, WaitReport, budget_spent
 from .keys import Keys
 from .losses import Losses
 from .records import (
@@ -48,6 +46,7 @@ from .records import (
     encode_plan,
     encode_verdict,
     parse_count,
+    printable,
     sealed_members,
     token_check,
     token_refusal,
@@ -78,7 +77,6 @@ class ElasticRendezvous:
         port_picker: Callable[[], int],
         is_host: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        judge: Judge | None = None,
     ):
         self.store = store
         self.node = node
@@ -99,7 +97,6 @@ class ElasticRendezvous:
         self._ack_lock = threading.Lock()
         self._seen_closed: RendezvousClosedError | None = None  # read once (by the watcher, or joining), kept
         self._on_wait: Callable[[WaitReport], None] | None = None
-        self.board = Board(self.keys, node.node_id, clock, judge)  # snapshots and stragglers
         self.seat = SpareSeat(self.keys, node.node_id)  # this node's registration while it waits as a spare
         self.spare_judge = SpareJudge(self.keys, clock)  # run by the node with group rank 0
         self.losses = Losses(self.keys, node, self._close, self._set_change)
@@ -137,12 +134,8 @@ class ElasticRendezvous:
         except Exception as e:  # a store that went away mid-protocol
             raise RendezvousConnectionError(f"rendezvous store failed: {e}") from e
 
-    def watch(
-        self, rnd: Round, post: Callable[[object], None], report: Callable[[], dict | None] | None = None
-    ) -> None:
-        """Heartbeat, judge the neighbour, publish `report()` every SNAPSHOT_EVERY s, and post
-        MembershipChanged when the round ends."""
-        self.board.start(report)
+    def watch(self, rnd: Round, post: Callable[[object], None]) -> None:
+        """Watch `rnd` on a thread of its own (`watch.RoundWatch`): post MembershipChanged when it ends."""
         self._stop_watch = stop = threading.Event()
         watch = RoundWatch(
             self.store,
@@ -155,10 +148,14 @@ class ElasticRendezvous:
             ended=self._changed,
             died=self._neighbour_died,
             tidy=self._forget,
-            tick=lambda st: self._tick(st, rnd, post),
+            tick=lambda st: self.spare_judge.tick(st, rnd, post),
         )
         self._watcher = threading.Thread(target=watch.run, args=(stop, post), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
+
+    def shared_store(self) -> Store:
+        """The job's store (the job board keeps its records there too)."""
+        return self.store
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Finished: mark done (the store host waits for the others). Failed or signalled: leave the round."""
@@ -167,7 +164,6 @@ class ElasticRendezvous:
         if rnd is None:
             return self._leave_waiting(succeeded, why)
         try:
-            self.board.publish(self.store, rnd, force=True)  # the node's last word, for `launcher status`
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self.keys.done(r, g), b"1")
@@ -214,10 +210,19 @@ class ElasticRendezvous:
         finally:
             st.close()
 
-    def _tick(self, st: Store, rnd: Round, post: Callable[[object], None]) -> None:
-        """Beside each heartbeat: publish this node's snapshot; group rank 0 also judges the spares."""
-        self.board.publish(st, rnd, post)
-        self.spare_judge.tick(st, rnd, post)
+    def close(self, verdict: Verdict | None, reason: str) -> None:
+        """The restart policy stopped the job here: publish `verdict` as the job's (its code for every
+        node), close the job and end the round, so the others stop too (no restart is charged)."""
+        rnd = self.current
+        if rnd is None:
+            return
+        try:
+            if verdict is not None:
+                self.store.compare_set(self.keys.verdict, b"", encode_verdict(replace(verdict, node=self.node.node_id)))
+            self._set_change(rnd.round, self._close(reason))
+            self._ack()
+        except Exception:  # the exit code and the line still say it here; the others time out
+            log.warning("could not close the job in the rendezvous store", exc_info=True)
 
     # ------------------------------------------------------------------ joining
 
@@ -269,11 +274,7 @@ class ElasticRendezvous:
 
     def _wait_as_spare(self, r: int, sealed: int) -> None:
         """Round r is full: wait as a spare (`spares.SpareSeat.wait`) for it to end; raise once closed."""
-        line = (
-            f"waiting as a spare: round {r} is full ({sealed} of {self.node.max_nodes} nodes); "
-            "this node takes the place of a node that is lost"
-        )
-        if self.seat.wait(self.store, r, line, self._on_wait, self._check_closed):
+        if self.seat.wait(self.store, r, f"{sealed} of {self.node.max_nodes}", self._on_wait, self._check_closed):
             self.group_rank = -1  # a spare takes the group rank that is free, never an old one of its own
 
     def _wait_sealed(self, r: int, k: int, deadline: float) -> None:
@@ -441,8 +442,7 @@ class ElasticRendezvous:
         raw = encode_verdict(replace(verdict, node=self.node.node_id)) if verdict is not None else None
         if raw is not None:  # the others say why their round ended, restart or not
             self.store.set(self.keys.cause(r), raw)
-        used = self.store.add(self.keys.restarts, 1)
-        if used > self.node.max_restarts:
+        if budget_spent(self.store.add(self.keys.restarts, 1), self.node.max_restarts):
             if raw is not None:
                 self.store.compare_set(self.keys.verdict, b"", raw)
             reason = self._close(f"restart budget spent (--max_restarts {self.node.max_restarts})")
@@ -453,7 +453,7 @@ class ElasticRendezvous:
     def _why_changed(self, st: Store, r: int) -> str:
         """Round r's `change` reason; when it is gone (the other nodes finished and the last one out
         cleared the job's keys while this node was frozen), say so."""
-        reason = (st.get(self.keys.change(r)) or b"").decode(errors="replace")
+        reason = printable(st.get(self.keys.change(r)) or b"")
         return reason or f"round {r} ended while this node was away; the other nodes have left it"
 
     def _neighbour_died(self, st: Store, r: int, n: int, right: int, how: str) -> None:
@@ -587,7 +587,7 @@ class ElasticRendezvous:
             except RendezvousError as e:
                 log.warning(f"{e}; ignored")
         self._seen_closed = RendezvousClosedError(
-            f"the job was closed: {reason[:300].decode(errors='replace')}",
+            f"the job was closed: {printable(reason)}",
             verdict,
             succeeded=reason.startswith(FINISHED.encode()),
         )

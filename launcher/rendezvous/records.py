@@ -1,5 +1,6 @@
-"""What the protocol writes to the store and reads back: the records (descriptors, plans, verdicts,
-straggler lists, snapshots, counts) and their checks, one per record.
+"""What the protocol writes to the store and reads back: the records (this node, its descriptor, the
+plans, the verdict, counts, the join token's check) and their checks, in one style: a table of
+field predicates per record, applied by `checked`.
 
 The store is shared, so a value under the job's prefix may be garbled or hostile: every value read
 back is bounded (MAX_VALUE) and checked field by field; a bad one is a RendezvousError that names it.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +21,30 @@ from .api import JobParams
 
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
+MAX_DEPTH = 8  # our records nest at most three deep: deeper is hostile (and json recurses per level)
+MAX_TEXT = 300  # a reason or a closing text read back is cut to this many characters
+
+
+def printable(raw: bytes | str, limit: int = MAX_TEXT) -> str:
+    """Text read from the store, safe for a log line, the live view or `status`: cut to `limit`, and
+    every control character (a newline, an escape sequence, a bidi override) shown as a space."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return "".join(c if c.isprintable() else " " for c in text[:limit])
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def nesting(raw: bytes) -> int:
+    """How deep the JSON arrays and objects in `raw` nest (brackets inside strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:  # ours, mostly: no need to walk it
+        return MAX_DEPTH
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub(b"", raw)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -74,43 +100,44 @@ def token_refusal(theirs: bytes, token: str | None, run_id: str) -> str:
     return f"wrong join token for job {run_id!r}: this node's LAUNCHER_JOIN_TOKEN differs from the other nodes'"
 
 
-# What the protocol reads back is checked field by field: the store is shared, so a value under the
-# job's prefix may be garbled or hostile (bool is not an int here: JSON `true` is no rank).
-def _int(lo: int, hi: int) -> Callable[[object], bool]:
+# Every value read back is checked field by field, by these predicates (bool is not an int here:
+# JSON `true` is no rank); `checked` applies a table of them.
+def integer(lo: int, hi: int) -> Callable[[object], bool]:
     return lambda v: type(v) is int and lo <= v < hi
 
 
-def _addr(v: object) -> bool:
+def address(v: object) -> bool:
     return type(v) is str and 0 < len(v) <= 255 and v.isprintable() and " " not in v
 
 
-DESC_FIELDS = {"addr": _addr, "port": _int(1, 65536), "nproc": _int(1, 1 << 20), "prev": _int(-1, 1 << 31)}
+DESC_FIELDS = {"addr": address, "port": integer(1, 65536), "nproc": integer(1, 1 << 20), "prev": integer(-1, 1 << 31)}
 PLAN_FIELDS = {
-    "group_rank": _int(0, 1 << 31),
-    "group_world_size": _int(1, 1 << 31),
-    "rank_offset": _int(0, 1 << 31),
-    "world_size": _int(1, 1 << 31),
-    "master_addr": _addr,
-    "master_port": _int(1, 65536),
-    "restarts": _int(0, 1 << 31),
+    "group_rank": integer(0, 1 << 31),
+    "group_world_size": integer(1, 1 << 31),
+    "rank_offset": integer(0, 1 << 31),
+    "world_size": integer(1, 1 << 31),
+    "master_addr": address,
+    "master_port": integer(1, 65536),
+    "restarts": integer(0, 1 << 31),
 }
 
 
-def _number(v: object) -> bool:
+def number(v: object) -> bool:
     return type(v) in (int, float) and v == v and abs(v) < 1e12  # type: ignore[operator]
 
 
-def _text(limit: int) -> Callable[[object], bool]:
+def text(limit: int) -> Callable[[object], bool]:
     return lambda v: type(v) is str and len(v) <= limit and v.isprintable()
 
 
 VERDICT_LIMITS = {"host": 255, "node": 255, "error": 300, "log": 1024}
 VERDICT_FIELDS = {
-    **{name: _text(limit) for name, limit in VERDICT_LIMITS.items()},
-    "rank": _int(0, 1 << 31),
-    "local_rank": _int(0, 1 << 20),
-    "returncode": _int(-255, 256),
-    "round": _int(0, 1 << 31),
+    **{name: text(limit) for name, limit in VERDICT_LIMITS.items()},
+    "rank": integer(0, 1 << 31),
+    "local_rank": integer(0, 1 << 20),
+    "returncode": integer(-255, 256),
+    "round": integer(0, 1 << 31),
+    "code": integer(0, 256),
 }
 
 
@@ -124,7 +151,7 @@ def decode_descriptor(raw: bytes | None) -> dict:
     return checked(load(raw, "node entry"), DESC_FIELDS, "node entry")
 
 
-SPARE_FIELDS = {"node": _addr, "host": _addr, "since": _number}
+SPARE_FIELDS = {"node": address, "host": address, "since": number}
 
 
 def encode_spare(node_id: str, host: str, since: float) -> bytes:
@@ -143,7 +170,7 @@ def descriptor_id(raw: bytes | None) -> str | None:
         node_id = load(raw, "node entry").get("id")
     except RendezvousError:
         return None
-    return node_id if _addr(node_id) else None
+    return node_id if address(node_id) else None
 
 
 def assign(descs: list[dict], restarts: int) -> list[dict]:
@@ -215,69 +242,15 @@ def decode_verdict(raw: bytes) -> Verdict:
     return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
 
 
-def encode_stragglers(median: float, ranks: dict[int, float]) -> bytes:
-    return json.dumps({"median": median, "ranks": {str(k): v for k, v in ranks.items()}}).encode()
-
-
-def decode_stragglers(raw: bytes | None) -> tuple[float, dict[int, float]] | None:
-    """(median, rank -> rate) of a straggler list; none yet is (0, {}); a malformed one is None."""
-    try:
-        value = load(raw, "straggler list") if raw is not None else {"median": 0.0, "ranks": {}}
-        ranks = {int(k): float(v) for k, v in value["ranks"].items() if k.isdigit() and len(k) <= 9 and _number(v)}
-        median = float(value["median"]) if _number(value["median"]) else 0.0
-    except (RendezvousError, KeyError, AttributeError, TypeError):
-        return None
-    return median, ranks
-
-
-# A node's snapshot (`launcher status`, the straggler judge): checked like every value read back.
-WORKER_FIELDS = {"rank": int, "local_rank": int, "pid": int, "state": str, "restarts": int}
-OPTIONAL_WORKER_FIELDS = {"progress_age": (int, float), "step": int, "rate": (int, float), "straggler": bool}
-NODE_FIELDS = {"host": str, "state": str, "round": int, "restarts": int, "max_restarts": int, "time": (int, float)}
-
-
-def read_snapshot(raw: bytes | None) -> dict | None:
-    """One node's snapshot, field by field; a missing or hostile one is left out."""
-    try:
-        value = load(raw, "snapshot")
-    except RendezvousError:
-        return None
-    if not (_addr(value.get("node")) and _fields_ok(value, NODE_FIELDS) and isinstance(value.get("workers"), list)):
-        return None
-    snap = {name: value[name] for name in (*NODE_FIELDS, "node")}
-    snap["workers"] = [_worker(w) for w in value["workers"][:1024] if _worker(w) is not None]
-    return snap
-
-
-def _worker(w: object) -> dict | None:
-    if not isinstance(w, dict) or not _fields_ok(w, WORKER_FIELDS):
-        return None
-    out = {name: w[name] for name in WORKER_FIELDS}
-    for name, kind in OPTIONAL_WORKER_FIELDS.items():
-        v = w.get(name)
-        out[name] = v if isinstance(v, kind) and not (kind is not bool and isinstance(v, bool)) else None
-    return out
-
-
-def _fields_ok(value: dict, fields: dict) -> bool:
-    for name, kind in fields.items():
-        v = value.get(name)
-        if (
-            not isinstance(v, kind)
-            or isinstance(v, bool)
-            or (isinstance(v, str) and not (len(v) <= 255 and v.isprintable()))
-        ):
-            return False
-    return True
-
-
 def load(raw: bytes | None, what: str) -> dict:
     """A JSON object from the store; a missing, oversized or garbled value is a clear error."""
     if raw is None or len(raw) > MAX_VALUE:
         raise RendezvousError(f"rendezvous store holds a missing or oversized {what} under this job's prefix")
+    if nesting(raw) > MAX_DEPTH:
+        raise RendezvousError(f"rendezvous store holds a {what} nested too deep under this job's prefix")
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RendezvousError(f"rendezvous store holds a {what} that is not JSON under this job's prefix") from None
     if not isinstance(value, dict):
         raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")

@@ -105,15 +105,16 @@ class SpareSeat:
         self,
         store: Store,
         r: int,
-        line: str,
+        full: str,
         told: Callable[[WaitReport], None] | None,
         check_closed: Callable[[], None],
     ) -> bool:
-        """Round r is full: take the seat (once, saying `line`), be counted among the nodes that want round
+        """Round r is full (`full`: "2 of 2"): take the seat (once, saying so), be counted among the nodes that want round
         r + 1, and wait, with no deadline, for round r to end; `check_closed` raises once the job is closed.
         False when round r was ending already (it re-forms): on to the next round, no wait."""
         if store.get(self.keys.change(r)):
             return False
+        line = f"waiting as a spare: round {r} is full ({full} nodes); this node takes the place of a node that is lost"
         if not self.number:
             self.register(store)
             log.info(line)

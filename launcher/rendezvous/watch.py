@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from ..errors import RendezvousConnectionError, RendezvousError
 from ..spec import Round
 from .api import MembershipChanged
 from .keys import Keys
@@ -39,7 +40,7 @@ class RoundWatch:
     ended: Callable[[Store, int], MembershipChanged]  # round r ended: what to post
     died: Callable[[Store, int, int, int, str], None]  # (store, r, n, neighbour's group rank, how) it died
     tidy: Callable[[Store, int], None] = lambda st, r: None  # before watching: delete old rounds' keys
-    tick: Callable[[Store], None] = lambda st: None  # once per interval, beside the heartbeat
+    tick: Callable[[Store], None] = lambda st: None  # once per turn, beside the heartbeat (the spares' judge)
 
     def run(self, stop: threading.Event, post: Callable[[object], None]) -> None:
         """Watch until the round ends, `stop` is set, or the store is lost (posted as a membership change)."""
@@ -52,6 +53,11 @@ class RoundWatch:
         try:
             self.tidy(st, self.rnd.round)
             self._loop(st, stop, post)
+        except RendezvousError as e:
+            log.debug("the watcher stopped on the store's answer", exc_info=True)
+            if not stop.is_set():
+                lost = isinstance(e, RendezvousConnectionError)
+                post(MembershipChanged(f"lost the rendezvous store: {e}" if lost else str(e)))
         except Exception as e:
             log.debug("the watcher lost the store", exc_info=True)
             if not stop.is_set():
@@ -69,6 +75,7 @@ class RoundWatch:
         change = k.change(r)
         seen, seen_at = -1, self.clock()
         while not stop.is_set():
+            began = self.clock()
             if beats:
                 st.add(k.hb(r, g), 1)
             self.tick(st)
@@ -88,9 +95,14 @@ class RoundWatch:
             if not beats or right == g or st.get(k.done(r, right)):
                 continue
             count = st.add(k.hb(r, right), 0)
+            now = self.clock()
             if count != seen:
-                seen, seen_at = count, self.clock()
-            elif self.clock() - seen_at > self.liveness_timeout:
+                seen, seen_at = count, now
+                continue
+            # A slow store (a flood of clients, a stalled host) delays every node's heartbeat alike:
+            # the time this turn took beyond its own wait is the store's, not the neighbour's silence.
+            seen_at += max(0.0, now - began - self.interval)
+            if now - seen_at > self.liveness_timeout:
                 self.died(st, r, n, right, "stopped heartbeating")
 
 
@@ -106,8 +118,7 @@ def forget_old_rounds(st: Store, keys: Keys, mine: list[tuple[int, int, int]], r
     held = (keys.alive,) if Capability.CRASH in caps else ()  # held for the agent's life otherwise
     try:
         cast(DeletingStore, st).delete(
-            [key(o, k) for o, k, g in old for key in (keys.node, keys.plan, *held)]
-            + [key(o, g) for o, k, g in old for key in (keys.hb, keys.snap)]
+            [key(o, k) for o, k, g in old for key in (keys.node, keys.plan, *held)] + [keys.hb(o, g) for o, k, g in old]
         )
     except Exception:  # tidying must never disturb the job
         log.debug("deleting old rounds' keys failed", exc_info=True)

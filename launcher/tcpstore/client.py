@@ -37,6 +37,7 @@ from .wire import (
     MULTI_SET,
     PING,
     READY,
+    REFUSED,
     SESSION,
     SESSION_INFO,
     SET,
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 PROBES = 3  # hang-ups on SESSION in a row that tell torch's server (ours hangs up only when cut)
 SAFE, ONCE, UNSAFE = 0, 1, 2  # may a request be sent again on a new connection: yes; while its session lives; no
 MAX_UNCONFIRMED = 64  # writes kept for a resend; the next one is confirmed with a PING
+TELL_AFTER, TELL_EVERY = 2.0, 30.0  # a connection still refused or unreachable is told after, then every
 QUICK_BREAK = 0.1  # a connection that breaks this soon after a request, 3 times in a row: the request is refused
 
 
@@ -104,6 +106,7 @@ class StoreClient:
         self._next_id = random.getrandbits(64)  # ADD_ONCE's request ids
         self.session = session
         self.version = 0  # the server's extension; 0: none (torch's server) or no session asked
+        self._legacy = False  # the server has no PING (torch 2.4): the handshake checks no keys instead
         connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._sock = self._connect(connect_timeout)
         found = None
@@ -150,9 +153,13 @@ class StoreClient:
 
     def _connect(self, patience: float, extra: bytes = b"", bounded: bool = False) -> socket.socket:
         """A connection that passed the handshake (VALIDATE, PING), with `extra` frames sent along;
-        a refused or dropped one is retried for `patience` s. `bounded` (a reconnect): its answer
-        too, and a refused one ends it."""
-        deadline, delay = time.monotonic() + patience, 0.02
+        a refused or dropped one is retried for `patience` s, and said so (INFO) after TELL_AFTER s
+        and every TELL_EVERY s. `bounded` (a reconnect): its answer too, and a refused one ends it.
+
+        A server that hangs up on the PING (torch 2.4's, which has no such op) is greeted the old
+        way from then on: VALIDATE, then a CHECK of no keys, which every server answers READY."""
+        start = time.monotonic()
+        deadline, delay, told = start + patience, 0.02, start + TELL_AFTER - TELL_EVERY
         nonce = os.getpid() & 0xFFFFFFFF
         while True:
             left = deadline - time.monotonic()
@@ -169,16 +176,20 @@ class StoreClient:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     sock.settimeout(within)
-                    sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(PING) + U32.pack(nonce) + extra)
+                    probe = U8.pack(CHECK) + U64.pack(0) if self._legacy else U8.pack(PING) + U32.pack(nonce)
+                    sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + probe + extra)
                     self._sock = sock
                     self._buf.clear()
-                    if U32.unpack(self._read(4))[0] == nonce:
+                    answer = self._u8() if self._legacy else U32.unpack(self._read(4))[0]
+                    if answer == (READY if self._legacy else nonce):
                         return sock
                     close_socket(sock)
-                    raise StoreError(
-                        "wrong answer to the handshake (another program on that port? "
-                        "it does not speak the c10d store protocol)"
-                    )
+                    if answer != REFUSED:
+                        raise StoreError(
+                            "wrong answer to the handshake (another program on that port? "
+                            "it does not speak the c10d store protocol)"
+                        )
+                    why = "the store is at its cap of connections and refused this one"
                 except TimeoutError:
                     close_socket(sock)
                     raise StoreError(
@@ -188,13 +199,30 @@ class StoreClient:
                 except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
                     close_socket(sock)
                     self._buf.clear()
+                    if isinstance(e, (EOFError, ConnectionResetError)) and not self._legacy and not bounded:
+                        # hung up on PING (torch 2.4's servers: libuv closes, the legacy one resets):
+                        # greeted the old way next, which every server answers
+                        self._legacy = True
+                        log.debug("the store at %s:%d hung up on PING: greeting it without", self.host, self.port)
+                        continue
                     why = "it closed the connection" if isinstance(e, EOFError) else _why(e)
                     if not bounded:  # a reconnect: it was the store a moment ago
                         why += " (another program on that port? it does not speak the c10d store protocol)"
-            log.debug("connecting to the store at %s:%d: %s", self.host, self.port, why)
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise StoreError(f"{why}, retried for {patience:.3g} s")
+            if not bounded and now - told >= TELL_EVERY:
+                told = now
+                log.info(
+                    "cannot reach the store at %s:%d yet (%s); retrying for up to %.0f s more",
+                    self.host,
+                    self.port,
+                    why,
+                    left,
+                )
+            else:
+                log.debug("connecting to the store at %s:%d: %s", self.host, self.port, why)
             if self._broken:  # closed by another thread while it reconnects
                 raise StoreError(self._broken)
             time.sleep(min(delay, left))
@@ -408,7 +436,9 @@ class StoreClient:
             close_socket(old)
             if self._broken:
                 raise StoreError(self._broken) from None
-            log.info(
+            # debug: the error raised says it, and its caller decides whether it matters (a store
+            # that went away as the job ends is no news: issue 23 item 10)
+            log.debug(
                 "gave up reconnecting to the store at %s:%d after %.1f s: %s",
                 self.host,
                 self.port,

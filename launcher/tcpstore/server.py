@@ -1,131 +1,150 @@
-"""The TCPStore server: one thread with epoll, serving torch's clients and ours alike.
+"""The TCPStore server: one thread with epoll, serving torch's clients and ours alike, its resources bounded.
 
-A held key lives while any connection of its session is open, and GRACE (0.1 s) after the last
-one closed: an agent that died (the kernel closes its sockets at once) loses its keys then, and
-its WAIT_CHANGEs wake; a connection of the session that comes back within the grace deletes
-nothing. An agent's connections share one session, so one of them closing deletes nothing.
-A version-1 client reads SESSION's answer and never sends 203 or 204; a version-2 client on a
-version-1 server uses neither, and does not reconnect (it could not tell a restarted server).
+A client that breaks the protocol or a limit loses its own connection and nothing else. The limits
+(docs/store.md says how they were chosen):
+- a new connection has HANDSHAKE seconds to send its VALIDATE, or it is closed;
+- at most `max_conns` connections (default: the descriptor limit less RESERVE, shared by every
+  server of the process), a quarter of them not validated yet; at either cap, one that has waited
+  EVICT_AFTER s without validating makes room for the newcomer, else the newcomer is refused: it
+  reads REFUSED where the handshake's answer would be (our client says so), and is closed;
+- each turn of the loop, a connection gets one read (256 KiB) and requests worth TURN_WORK keys at
+  most: one client cannot starve the others; requests are parsed as their bytes come (wire.RequestParser);
+- every reply is sized before it is built: over MAX_FRAME closes the connection; the unread replies
+  and half-received requests of all connections share BUDGET bytes: a reply that does not fit waits
+  (its connection is not read meanwhile) until others are read, and a half-received request that
+  does not fit closes its connection.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import random
+import resource
 import selectors
 import socket
 import threading
 import time
 
-from .wire import (
-    ADD,
-    ADD_ONCE,
-    APPEND,
-    BARRIER,
-    CANCEL_WAIT,
-    CHANGED,
-    CHECK,
-    COMPARE_SET,
-    DELETE_KEY,
-    EXT_VERSION,
-    GET,
-    GETNUMKEYS,
-    GONE,
-    HOLD,
-    I64,
-    LIST_KEYS,
-    MAGIC,
-    MAX_FRAME,
-    MAX_VALUE,
-    MULTI_GET,
-    MULTI_SET,
-    NOT_READY,
-    PING,
-    QUEUE_LEN,
-    QUEUE_POP,
-    QUEUE_PUSH,
-    READY,
-    SESSION,
-    SESSION_INFO,
-    SET,
-    STOP_WAITING,
-    U8,
-    U32,
-    U64,
-    VALIDATE,
-    WAIT,
-    WAIT_CANCELED,
-    WAIT_CHANGE,
-    Incomplete,
-    Malformed,
-    close_socket,
-    parse,
-    str_frame,
-)
+from .ops import GRACE, Conn, StoreOps
+from .wire import MAX_FRAME, REFUSED, U32, VALIDATE, Malformed, RequestParser, close_socket
 
 log = logging.getLogger(__name__)
 
-GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
-ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
+HANDSHAKE = 60.0  # seconds a new connection has to send VALIDATE
+# At the cap (or the cap of connections not validated yet: a quarter of it, or the job's expected
+# connections if more, so idle connections cannot crowd out the clients, nor the process's other
+# store), the oldest connection still silent after a turn of the loop and EVICT_AFTER s is read once
+# more and, still silent, closed for a newcomer: a client sends its VALIDATE with its connect.
+EVICT_AFTER = 0.02
+RESERVE = 256  # descriptors left to the rest of the process (workers' pipes, log files, the other store)
+OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
+SMALL_REPLY = 64 << 10  # a reply this small is always built (the per-connection OUT_PAUSE bounds them)
+BUDGET = 256 << 20  # unread replies and half-received requests, all connections together
+TURN_WORK = 1024  # per turn and connection: requests worth this many keys (a request counts 1 + its keys)
+READ_AHEAD = 4 << 20  # unparsed bytes a connection may hold while its requests wait their turn
 
 
-class _Conn:
-    """One client connection: bytes in, replies out, and what it waits for."""
+class _OverBudget(Exception):
+    """The reply does not fit the budget now: the request waits."""
 
-    __slots__ = (
-        "sock",
-        "inbuf",
-        "need",
-        "out",
-        "sent",
-        "events",
-        "valid",
-        "awaited",
-        "gone",
-        "session",
-        "resumed",
-        "closed",
-    )
 
-    def __init__(self, sock: socket.socket):
+class _Conn(Conn):
+    """One client connection: its socket, its request parser, its replies."""
+
+    __slots__ = ("sock", "parser", "inheld", "out", "sent", "events", "deferred", "accepted", "turn")
+
+    def __init__(self, sock: socket.socket, now: float, turn: int):
+        super().__init__()
         self.sock = sock
-        self.inbuf, self.need = bytearray(), 0  # need: bytes inbuf must hold before parsing is worth it
+        self.parser = RequestParser()
+        self.inheld = 0  # the bytes of its half-received request, as counted in the budget
         self.out, self.sent = bytearray(), 0
         self.events = selectors.EVENT_READ
-        self.valid = False  # VALIDATE seen
-        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
-        self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
-        self.session: _Session | None = None
-        self.resumed = False  # its SESSION found the session live (another connection, or within the grace)
-        self.closed = False
+        self.deferred: tuple[int, list] | None = None  # a request whose reply waits for the budget
+        self.accepted, self.turn = now, turn  # when it was accepted: a time, and the loop's turn
 
 
-class _Session:
-    """The connections of one client (an agent), the keys they hold and the adds they made (extension ops)."""
+class _Descriptors:
+    """The servers of this process and their connections, against one cap (they share a descriptor table)."""
 
-    __slots__ = ("id", "conns", "held", "adds", "ends")
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open = 0  # connections, every server together
+        self.cap = 0  # the most `open` may be: the soft limit less RESERVE
+        self.expect = 0  # connections the servers' jobs said they need
+        self.warned = False
+        self.servers: list[StoreServer] = []
 
-    def __init__(self, sid: int):
-        self.id = sid
-        self.conns: set[_Conn] = set()
-        self.held: set[bytes] = set()
-        self.adds: collections.OrderedDict[int, int] = collections.OrderedDict()  # ADD_ONCE id -> its sum
-        self.ends = 0.0  # without a connection: when its grace is over
+    def make_room(self, asking: StoreServer) -> None:
+        """Ask another server holding connections that never validated to close its oldest."""
+        with self.lock:
+            others = [s for s in self.servers if s is not asking and s._greeting]
+        if others:
+            others[0]._evict_soon()
 
 
-OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
+_FDS = _Descriptors()
 
 
-class StoreServer:
+def raise_descriptor_limit(expect: int = 0) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the process's connection cap, which leaves RESERVE.
+
+    `expect`: connections one more store will serve. Says once per process (a warning) when the
+    hard limit is below what its stores expect plus RESERVE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:  # a container's seccomp, or an odd hard limit: keep the soft one
+            log.debug("cannot raise the descriptor limit from %d to %d: %s", soft, hard, e)
+    cap = max(64, soft - RESERVE)
+    with _FDS.lock:
+        _FDS.cap = cap
+        _FDS.expect += expect
+        expect = _FDS.expect
+        if expect + RESERVE > soft and not _FDS.warned:
+            _FDS.warned = True
+            log.warning(
+                "the open-file limit is %d (hard %d): the store expects up to %d connections and the process "
+                "needs ~%d more; past %d connections the store refuses new ones: raise it (ulimit -n %d, "
+                "LimitNOFILE= for a service, --ulimit nofile= for a container)",
+                soft,
+                hard,
+                expect,
+                RESERVE,
+                cap,
+                expect + RESERVE,
+            )
+    return cap
+
+
+class StoreServer(StoreOps):
     """A TCPStore server on exactly `host:port` (0: any free port), run by one thread with epoll.
 
-    Serves torch's clients and ours alike; a client that breaks the protocol loses its own
-    connection and nothing else. `grace`: how long a session's held keys outlive its last
-    connection (`clock` tells the time). `boot` identifies this server process. `close()` stops it.
+    `expect`: the connections the job will open (it raises the descriptor limit and says when that
+    is too low); `max_conns` overrides the cap; `handshake`, `budget`: the limits above; `grace`
+    and `clock` as StoreOps. `close()` stops it.
     """
 
-    def __init__(self, host: str, port: int, backlog: int = 16384, grace: float = GRACE, clock=time.monotonic):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        backlog: int = 16384,
+        grace: float = GRACE,
+        clock=time.monotonic,
+        expect: int = 0,
+        max_conns: int | None = None,
+        handshake: float = HANDSHAKE,
+        budget: int = BUDGET,
+    ):
+        super().__init__(grace, clock)
+        self.expect = expect
+        self.max_conns = raise_descriptor_limit(expect) if max_conns is None else max_conns
+        # a job's workers all connect at once, each silent until its process gets the CPU: never fewer
+        self.max_greeting = min(self.max_conns, max(2, self.max_conns // 4, expect))
+        self.handshake, self.budget = handshake, budget
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -137,53 +156,27 @@ class StoreServer:
             self._listener.close()
             raise
         self.host, self.port = host, self._listener.getsockname()[1]
-        self.data: dict[bytes, bytes] = {}
-        self.queues: dict[bytes, collections.deque] = {}
-        self._waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it, in order
-        self._gone_waiters: dict[bytes, dict[_Conn, None]] = {}  # key -> connections waiting for it to go
-        self._sessions: dict[int, _Session] = {}
-        self._ending: collections.OrderedDict[int, _Session] = (
-            collections.OrderedDict()
-        )  # no connection left, by `ends`
-        self._holder: dict[bytes, _Session] = {}  # held key -> its session
-        self.grace, self._clock = grace, clock
-        self.boot = random.getrandbits(64)
         self._conns: set[_Conn] = set()
+        self._greeting: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # not validated, by age
         self._dirty: set[_Conn] = set()  # replies queued this turn, sent at its end
+        self._ready: set[_Conn] = set()  # requests left over from a turn: served next turn
+        self._starved: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # waiting for the budget
+        self.held = 0  # bytes of unread replies and half-received requests (against `budget`)
+        self.peak_held = 0
+        self.refused = 0  # connections refused at the cap, all told
+        self._told_refused = 0.0
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._wake_r, self._wake_w = socket.socketpair()
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "stop")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._rbuf = bytearray(1 << 18)  # every recv lands here first
         self._rview = memoryview(self._rbuf)
         self._accept_again = 0.0  # out of file descriptors: accept again after this time
         self._stop = False
-        self._handlers = {
-            VALIDATE: self._validate,
-            SET: self._set,
-            COMPARE_SET: self._compare_set,
-            GET: self._get,
-            ADD: self._add,
-            CHECK: self._check,
-            WAIT: self._wait,
-            GETNUMKEYS: self._num_keys,
-            DELETE_KEY: self._delete,
-            APPEND: self._append,
-            MULTI_GET: self._multi_get,
-            MULTI_SET: self._multi_set,
-            CANCEL_WAIT: self._cancel_wait,
-            PING: self._ping,
-            QUEUE_PUSH: self._queue_push,
-            QUEUE_POP: self._queue_pop,
-            QUEUE_LEN: self._queue_len,
-            LIST_KEYS: self._list_keys,
-            BARRIER: self._barrier,
-            SESSION: self._session,
-            HOLD: self._hold,
-            WAIT_CHANGE: self._wait_change,
-            SESSION_INFO: self._session_info,
-            ADD_ONCE: self._add_once,
-        }
+        self._turns = 0  # turns of the loop so far
+        self._evict = 0  # connections that never validated to close, asked by another server of the process
+        with _FDS.lock:
+            _FDS.servers.append(self)
         self._thread = threading.Thread(target=self._loop, name="launcher-store", daemon=True)
         self._thread.start()
 
@@ -191,10 +184,7 @@ class StoreServer:
         """Stop serving: every connection and the listening socket are closed."""
         if not self._stop:
             self._stop = True
-            try:
-                self._wake_w.send(b"x")
-            except OSError:
-                pass
+            self._nudge()
         if threading.current_thread() is not self._thread:
             self._thread.join(5)
 
@@ -203,34 +193,53 @@ class StoreServer:
     def _loop(self) -> None:
         try:
             while not self._stop:
-                timeout = None
-                if self._accept_again:
-                    timeout = max(0.0, self._accept_again - time.monotonic())
-                    if timeout == 0.0:
-                        self._accept_again = 0.0
-                        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-                        timeout = None
-                if self._ending:
-                    ends = max(0.0, next(iter(self._ending.values())).ends - self._clock())
-                    timeout = ends if timeout is None else min(timeout, ends)
-                for key, events in self._sel.select(timeout):
+                self._turns += 1
+                for key, events in self._sel.select(self._timeout()):
                     if key.data == "accept":
                         self._accept()
+                    elif key.data == "wake":
+                        self._woken()
                     elif isinstance(key.data, _Conn):
                         self._serve(key.data, events)
+                for c in list(self._ready):  # requests left from the last turn, after this turn's reads
+                    if not c.closed:
+                        self._guarded(c, self._process)
                 if self._ending:  # after the turn's events: a reconnect that came with the close counts
                     self._end_sessions()
+                self._expire_greetings()
                 while self._dirty:
                     self._flush(self._dirty.pop())
         finally:
+            with _FDS.lock:
+                _FDS.servers.remove(self)
+                _FDS.expect -= self.expect
             for c in list(self._conns):
                 self._drop(c)
             self._sel.close()
             for s in (self._listener, self._wake_r, self._wake_w):
                 s.close()
 
+    def _timeout(self) -> float | None:
+        if self._ready:
+            return 0.0
+        now, timeout = time.monotonic(), None
+        if self._accept_again:
+            timeout = max(0.0, self._accept_again - now)
+            if timeout == 0.0:
+                self._accept_again = 0.0
+                self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+                timeout = None
+        ends = []
+        if self._ending:
+            ends.append(next(iter(self._ending.values())).ends - self._clock())
+        if self._greeting:
+            ends.append(next(iter(self._greeting)).accepted + self.handshake - now)
+        for end in ends:
+            timeout = max(0.0, end) if timeout is None else min(timeout, max(0.0, end))
+        return timeout
+
     def _accept(self) -> None:
-        for _ in range(512):  # a burst of agents: many per turn, but let the others speak too
+        for _ in range(min(512, self.max_greeting // 2 + 1)):  # a burst of agents; then the others speak
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -241,53 +250,187 @@ class StoreServer:
                 self._sel.unregister(self._listener)
                 self._accept_again = time.monotonic() + 0.1
                 return
+            now = time.monotonic()
+            full = self._full() or len(self._greeting) >= self.max_greeting
+            if full and self._evict_silent(now):
+                full = self._full()
+            if full:
+                self._refuse(sock)
+                _FDS.make_room(self)
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c = _Conn(sock)
+            c = _Conn(sock, now, self._turns)
+            with _FDS.lock:
+                _FDS.open += 1
             self._conns.add(c)
+            self._greeting[c] = None
             self._sel.register(sock, c.events, c)
 
-    def _serve(self, c: _Conn, events: int) -> None:
+    def _evict_silent(self, now: float) -> bool:
+        """Close the oldest connections not validated yet that had a turn and EVICT_AFTER s, until one
+        was silent (True) or none is left to try (False). Each is read first: a client's VALIDATE that
+        arrived in this very turn (a burst of thousands of workers) validates it instead."""
+        while self._greeting:
+            oldest = next(iter(self._greeting))
+            if oldest.turn >= self._turns or now - oldest.accepted < EVICT_AFTER:
+                return False
+            self._guarded(oldest, self._receive)
+            if oldest in self._greeting:
+                self._drop(oldest)
+                return True
+        return False
+
+    def _full(self) -> bool:
+        with _FDS.lock:
+            return len(self._conns) >= self.max_conns or _FDS.open >= _FDS.cap
+
+    def _nudge(self) -> None:
         try:
-            if events & selectors.EVENT_WRITE:
-                self._flush(c)
-            if events & selectors.EVENT_READ and not c.closed:
-                n = c.sock.recv_into(self._rbuf)  # not recv(256 KiB): that maps and unmaps 256 KiB per call
-                if not n:
-                    return self._drop(c)
-                c.inbuf += self._rview[:n]
-            if not c.closed:
-                self._process(c)
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _evict_soon(self) -> None:
+        """(Another server's thread) close this server's oldest connection that never validated."""
+        self._evict += 1
+        self._nudge()
+
+    def _woken(self) -> None:
+        try:
+            self._wake_r.recv(4096)
+        except OSError:
+            pass
+        evict, self._evict = self._evict, 0
+        now = time.monotonic()
+        for _ in range(evict):
+            if not self._evict_silent(now):
+                return
+
+    def _refuse(self, sock: socket.socket) -> None:
+        """At the cap: say so in place of the handshake's answer, and close."""
+        self.refused += 1
+        try:
+            sock.setblocking(False)
+            sock.send(U32.pack(REFUSED))
+        except OSError:
+            pass
+        close_socket(sock)
+        now = time.monotonic()
+        if now - self._told_refused >= 10.0:
+            self._told_refused = now
+            log.warning(
+                "the store on port %d is at its cap of %d connections: refusing new ones (%d so far); "
+                "raise the open-file limit (ulimit -n) if the job needs more",
+                self.port,
+                self.max_conns,
+                self.refused,
+            )
+
+    def _expire_greetings(self) -> None:
+        """Close the connections that did not validate within `handshake` s."""
+        if not self._greeting:
+            return
+        now = time.monotonic()
+        while self._greeting:
+            c = next(iter(self._greeting))
+            if c.accepted + self.handshake > now:
+                return
+            log.debug("closed a connection that sent no handshake within %g s", self.handshake)
+            self._drop(c)
+
+    def _serve(self, c: _Conn, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush(c)
+        if events & selectors.EVENT_READ and not c.closed:
+            self._guarded(c, self._receive)
+
+    def _guarded(self, c: _Conn, step) -> None:
+        try:
+            step(c)
         except (BlockingIOError, InterruptedError):
             pass
         except Exception:  # the peer went away, broke the protocol, or hit a bug of ours: only it goes
             log.debug("store client dropped", exc_info=True)
             self._drop(c)
 
+    def _receive(self, c: _Conn) -> None:
+        n = c.sock.recv_into(self._rbuf)  # not recv(256 KiB): that maps and unmaps 256 KiB per call
+        if not n:
+            return self._drop(c)
+        c.parser.feed(self._rview[:n])
+        self._process(c)
+
     def _process(self, c: _Conn) -> None:
-        """Run every whole frame that has arrived, while the client keeps reading its replies."""
-        buf, pos = c.inbuf, 0
-        if len(buf) < c.need:
-            return
-        c.need = 0
-        while pos < len(buf) and len(c.out) - c.sent <= OUT_PAUSE:
-            try:
-                op, fields, end = parse(buf, pos)
-            except Incomplete as e:
-                c.need = e.need - pos
-                if c.need > MAX_FRAME:
-                    raise Malformed(f"a frame of {c.need} bytes or more") from None
+        """Run the whole requests that have arrived, TURN_WORK's worth, while the client reads its replies."""
+        self._ready.discard(c)
+        if c.deferred is None:
+            self._run(c)
+        self._count_inbound(c)
+        if c not in self._dirty:  # else its flush, at the turn's end, sets what to wait for once
+            self._interest(c)
+
+    def _run(self, c: _Conn) -> None:
+        parser, work = c.parser, 0
+        while len(c.out) - c.sent <= OUT_PAUSE:
+            if work >= TURN_WORK:
+                self._ready.add(c)
                 break
+            request = parser.next()
+            if request is None:
+                break
+            op, fields = request
             if not c.valid and op != VALIDATE:
                 raise Malformed("the first frame must be VALIDATE")
-            self._handlers[op](c, *fields)
-            pos = end
-        del buf[:pos]
+            work += 1 + sum(len(f) for f in fields if isinstance(f, list))
+            try:
+                self.handlers[op](c, *fields)
+            except _OverBudget:
+                c.deferred = request
+                self._starved[c] = None
+                break
 
-    def _reply(self, c: _Conn, data: bytes) -> None:
-        if len(data) > MAX_FRAME:
-            raise Malformed(f"a reply of {len(data)} bytes")
+    def _count_inbound(self, c: _Conn) -> None:
+        """Budget the half-received request: one that does not fit closes its connection."""
+        now = c.parser.holding
+        self.held += now - c.inheld
+        c.inheld = now
+        if now > SMALL_REPLY and self.held > self.budget:
+            log.warning(
+                "closed a store connection sending a %d-byte request: the store holds %d bytes, over its budget",
+                now,
+                self.held,
+            )
+            raise Malformed("over the memory budget")
+        self.peak_held = max(self.peak_held, self.held)
+
+    def _interest(self, c: _Conn) -> None:
+        pending = len(c.out) - c.sent
+        paused = pending > OUT_PAUSE or c.deferred is not None or (c in self._ready and c.parser.held > READ_AHEAD)
+        events = (0 if paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if pending else 0)
+        if events != c.events and not c.closed:
+            if not c.events:
+                self._sel.register(c.sock, events, c)
+            elif not events:  # selectors takes no empty mask: out of the selector until its turn or the budget
+                self._sel.unregister(c.sock)
+            else:
+                self._sel.modify(c.sock, events, c)
+            c.events = events
+
+    def _validate(self, c: Conn, magic: int) -> None:
+        super()._validate(c, magic)
+        self._greeting.pop(c, None)
+
+    def _afford(self, c: Conn, size: int) -> None:
+        if size > MAX_FRAME:
+            raise Malformed(f"a reply of {size} bytes (over {MAX_FRAME})")
+        if size > SMALL_REPLY and self.held + size > self.budget and self.held > 0:
+            raise _OverBudget
+
+    def _reply(self, c: Conn, data: bytes) -> None:
         c.out += data
+        self.held += len(data)
+        self.peak_held = max(self.peak_held, self.held)
         self._dirty.add(c)
 
     def _flush(self, c: _Conn) -> None:
@@ -296,288 +439,60 @@ class StoreServer:
         if c.sent < len(c.out):
             try:
                 with memoryview(c.out) as view, view[c.sent :] as rest:
-                    c.sent += c.sock.send(rest)
+                    n = c.sock.send(rest)
             except (BlockingIOError, InterruptedError):
-                pass
+                n = 0
             except OSError:
                 return self._drop(c)
+            c.sent += n
+            self.held -= n
+            if n and self._starved:
+                self._feed_starved()
         if c.sent == len(c.out):
             c.out.clear()
             c.sent = 0
         elif c.sent > 1 << 20:
             del c.out[: c.sent]
             c.sent = 0
-        pending = len(c.out) - c.sent
-        events = (selectors.EVENT_READ if pending <= OUT_PAUSE else 0) | (selectors.EVENT_WRITE if pending else 0)
-        if events != c.events:
-            c.events = events
-            self._sel.modify(c.sock, events, c)
-        if pending <= OUT_PAUSE and len(c.inbuf) >= max(c.need, 1):
+        was = c.events
+        self._interest(c)
+        if c.events & selectors.EVENT_READ and not was & selectors.EVENT_READ and not c.parser.idle:
+            self._guarded(c, self._process)  # requests held back while its replies piled up
+
+    def _feed_starved(self) -> None:
+        """Run the requests that waited for the budget, oldest first, while they fit."""
+        while self._starved:
+            c = next(iter(self._starved))
+            op, fields = c.deferred
             try:
-                self._process(c)  # requests held back while its replies piled up
+                self.handlers[op](c, *fields)
+            except _OverBudget:
+                return
             except Exception:
                 log.debug("store client dropped", exc_info=True)
                 self._drop(c)
+                continue
+            del self._starved[c]
+            c.deferred = None
+            self._ready.add(c)  # its next requests, next turn
 
     def _drop(self, c: _Conn) -> None:
         if c.closed:
             return
         c.closed = True
+        with _FDS.lock:
+            _FDS.open -= 1
+        self.held -= len(c.out) - c.sent + c.inheld
         self._unwait(c)
         self._leave_session(c)
         self._conns.discard(c)
         self._dirty.discard(c)
-        try:
-            self._sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
+        self._ready.discard(c)
+        self._greeting.pop(c, None)
+        self._starved.pop(c, None)
+        if c.events:
+            try:
+                self._sel.unregister(c.sock)
+            except (KeyError, ValueError):
+                pass
         close_socket(c.sock)
-
-    # -- waiting
-
-    def _has(self, key: bytes) -> bool:
-        return key in self.data or bool(self.queues.get(key))
-
-    def _await(self, c: _Conn, keys) -> None:
-        self._unwait(c)
-        c.awaited = set(keys)
-        for k in c.awaited:
-            self._waiters.setdefault(k, {})[c] = None
-
-    def _unwait(self, c: _Conn) -> None:
-        for k in c.awaited:
-            _forget_waiter(self._waiters, k, c)
-        c.awaited = set()
-        if c.gone:
-            _forget_waiter(self._gone_waiters, c.gone, c)
-            c.gone = b""
-
-    def _wake(self, key: bytes, one: bool = False) -> None:
-        """Tell the clients waiting on `key` whose every key is now there (with `one`: the first such)."""
-        conns = self._waiters.pop(key, None)
-        while conns:
-            c = next(iter(conns))
-            del conns[c]
-            c.awaited.discard(key)
-            if not c.awaited:
-                self._unwait(c)  # a WAIT_CHANGE's other half
-                self._reply(c, U8.pack(STOP_WAITING))
-                if one:
-                    break
-        if conns:
-            self._waiters[key] = conns
-
-    def _put(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
-        self._wake(key)
-
-    # -- the ops, in the order of the table above
-
-    def _validate(self, c: _Conn, magic: int) -> None:
-        if magic != MAGIC:
-            raise Malformed("VALIDATE with the wrong magic number")
-        c.valid = True
-
-    def _set(self, c: _Conn, key: bytes, value: bytes) -> None:
-        self._put(key, value)
-
-    def _compare_set(self, c: _Conn, key: bytes, expected: bytes, desired: bytes) -> None:
-        """As torch's server: an absent key is created only when `expected` is empty; otherwise the
-        answer is `expected` itself and nothing is stored (torch's own comment calls that lying)."""
-        now = self.data.get(key)
-        if now is None:
-            if expected:
-                return self._reply(c, str_frame(expected))
-            self._put(key, desired)
-            now = desired
-        elif now == expected:
-            self._put(key, desired)
-            now = desired
-        self._reply(c, str_frame(now))
-
-    def _get(self, c: _Conn, key: bytes) -> None:
-        self._reply(c, str_frame(self.data.get(key, b"")))
-
-    def _add(self, c: _Conn, key: bytes, delta: int) -> None:
-        self._reply(c, I64.pack(self._sum(key, delta)))
-
-    def _sum(self, key: bytes, delta: int) -> int:
-        old = self.data.get(key)
-        total = _wrap64(delta + (_stoll(old) if old is not None else 0))
-        self._put(key, str(total).encode())
-        return total
-
-    def _check(self, c: _Conn, keys: list[bytes]) -> None:
-        self._reply(c, U8.pack(READY if all(self._has(k) for k in keys) else NOT_READY))
-
-    def _wait(self, c: _Conn, keys: list[bytes]) -> None:
-        missing = [k for k in keys if not self._has(k)]
-        if missing:
-            self._await(c, missing)
-        else:
-            self._reply(c, U8.pack(STOP_WAITING))
-
-    def _num_keys(self, c: _Conn) -> None:
-        self._reply(c, I64.pack(len(self.data)))
-
-    def _delete(self, c: _Conn, key: bytes) -> None:
-        self._reply(c, I64.pack(self._remove(key)))
-
-    def _remove(self, key: bytes) -> int:
-        """Delete `key` (1 if it was there), release its hold, and answer the WAIT_CHANGEs on its absence."""
-        if self.data.pop(key, None) is None:
-            return 0
-        holder = self._holder.pop(key, None)
-        if holder is not None:
-            holder.held.discard(key)
-        for w in list(self._gone_waiters.pop(key, ())):
-            self._unwait(w)
-            self._reply(w, U8.pack(GONE))
-        return 1
-
-    def _append(self, c: _Conn, key: bytes, value: bytes) -> None:
-        new = self.data.get(key, b"") + value
-        if len(new) > MAX_VALUE:
-            raise Malformed(f"an append that makes a value of {len(new)} bytes")
-        self._put(key, new)
-
-    def _multi_get(self, c: _Conn, keys: list[bytes]) -> None:
-        self._reply(c, b"".join(str_frame(self.data.get(k, b"")) for k in keys))
-
-    def _multi_set(self, c: _Conn, pairs: list[tuple[bytes, bytes]]) -> None:
-        for key, value in pairs:
-            self._put(key, value)
-
-    def _cancel_wait(self, c: _Conn) -> None:
-        self._unwait(c)
-        self._reply(c, U8.pack(WAIT_CANCELED))
-
-    def _ping(self, c: _Conn, nonce: int) -> None:
-        self._reply(c, U32.pack(nonce))
-
-    def _queue_push(self, c: _Conn, key: bytes, value: bytes) -> None:
-        self.queues.setdefault(key, collections.deque()).append(value)
-        self._wake(key, one=True)
-
-    def _queue_pop(self, c: _Conn, key: bytes) -> None:
-        queue = self.queues.get(key)
-        if not queue:
-            return self._reply(c, I64.pack(0))
-        self._reply(c, I64.pack(len(queue)) + str_frame(queue.popleft()))
-
-    def _queue_len(self, c: _Conn, key: bytes) -> None:
-        self._reply(c, I64.pack(len(self.queues.get(key, ()))))
-
-    def _list_keys(self, c: _Conn) -> None:
-        self._reply(c, I64.pack(len(self.data)) + b"".join(str_frame(k) for k in self.data))
-
-    def _barrier(self, c: _Conn, key: bytes, world: int) -> None:
-        """Count this client in at `key`; all go on together once `world` have come."""
-        old = self.data.get(key)
-        count = _wrap64(_stoll(old) + 1) if old is not None else 1
-        self.data[key] = str(count).encode()  # not _put: an arrival wakes nobody
-        if count >= world:
-            self._wake(key)
-            self._reply(c, U8.pack(STOP_WAITING))
-        else:
-            self._await(c, [key])
-
-    # -- the extension ops (see the module's docstring)
-
-    def _session(self, c: _Conn, sid: int) -> None:
-        self._leave_session(c)
-        session = self._sessions.get(sid)
-        c.resumed = session is not None
-        if session is None:
-            session = self._sessions[sid] = _Session(sid)
-        self._ending.pop(sid, None)  # back within its grace: nothing is deleted
-        c.session = session
-        session.conns.add(c)
-        self._reply(c, U32.pack(EXT_VERSION))
-
-    def _leave_session(self, c: _Conn) -> None:
-        """The session's last connection gone: its held keys go once its grace is over (`_end_sessions`)."""
-        session, c.session = c.session, None
-        if session is None:
-            return
-        session.conns.discard(c)
-        if not session.conns:
-            session.ends = self._clock() + self.grace
-            self._ending[session.id] = session
-
-    def _end_sessions(self) -> None:
-        """Delete the held keys of the sessions whose grace is over (no connection came back)."""
-        now = self._clock()
-        while self._ending:
-            session = next(iter(self._ending.values()))
-            if session.ends > now:
-                return
-            del self._ending[session.id], self._sessions[session.id]
-            for key in list(session.held):
-                self._remove(key)
-
-    def _session_info(self, c: _Conn) -> None:
-        if c.session is None:
-            raise Malformed("SESSION_INFO before SESSION")
-        self._reply(c, U64.pack(self.boot) + U8.pack(c.resumed))
-
-    def _add_once(self, c: _Conn, key: bytes, delta: int, rid: int) -> None:
-        """ADD, counted once per request id in a session: a resend gets the first sum."""
-        if c.session is None:
-            raise Malformed("ADD_ONCE before SESSION")
-        adds = c.session.adds
-        total = adds.get(rid)
-        if total is None:
-            total = adds[rid] = self._sum(key, delta)
-            if len(adds) > ADDS_KEPT:
-                adds.popitem(last=False)
-        self._reply(c, I64.pack(total))
-
-    def _hold(self, c: _Conn, key: bytes, value: bytes) -> None:
-        if c.session is None:
-            raise Malformed("HOLD before SESSION")
-        old = self._holder.get(key)
-        if old is not None:
-            old.held.discard(key)
-        self._holder[key] = c.session
-        c.session.held.add(key)
-        self._put(key, value)
-        self._reply(c, U8.pack(0))  # unlike SET, answered: a watcher on another connection then finds it
-
-    def _wait_change(self, c: _Conn, change: bytes, alive: bytes) -> None:
-        if change in self.data:
-            return self._reply(c, U8.pack(CHANGED))
-        if alive and alive not in self.data:
-            return self._reply(c, U8.pack(GONE))
-        self._await(c, [change])
-        if alive:
-            c.gone = alive
-            self._gone_waiters.setdefault(alive, {})[c] = None
-
-
-def _forget_waiter(waiters: dict[bytes, dict[_Conn, None]], key: bytes, c: _Conn) -> None:
-    conns = waiters.get(key)
-    if conns is not None:
-        conns.pop(c, None)
-        if not conns:
-            del waiters[key]
-
-
-def _stoll(value: bytes) -> int:
-    """The number at the start of `value`, read as C's stoll does (torch's ADD): leading white
-    space, a sign, digits, anything after ignored; no digits or past int64 is an error."""
-    text = value.lstrip(b" \t\n\v\f\r")
-    digits = 1 if text[:1] in (b"+", b"-") else 0
-    while digits < len(text) and 48 <= text[digits] <= 57:
-        digits += 1
-    if digits == 0 or not text[digits - 1 : digits].isdigit():
-        raise Malformed("ADD on a value that is not a number")
-    n = int(text[:digits])
-    if not -(1 << 63) <= n < 1 << 63:
-        raise Malformed("ADD on a number past int64")
-    return n
-
-
-def _wrap64(n: int) -> int:
-    """int64 arithmetic as torch's server does it: overflow wraps around."""
-    return (n + (1 << 63)) % (1 << 64) - (1 << 63)

@@ -4,13 +4,15 @@ Framing. Every integer is little-endian (torch writes its native byte order; x86
     request = op:u8 then the op's fields, back to back, no length prefix for the whole frame
     str     = len:u64 then len bytes              (keys and values alike)
     strs    = count:u64 then count x str
-A connection begins with VALIDATE; torch's client then sends PING and checks the nonce comes back.
-Its client puts "/" before every key (KEY_PREFIX), and so does ours: both see the same keys.
+A connection begins with VALIDATE; torch's client then sends PING and checks the nonce comes back
+(torch 2.4's server has no PING: our client then sends a CHECK of no keys instead). Our server at
+its cap of connections answers REFUSED in place of the nonce, and closes. Its client puts "/"
+before every key (KEY_PREFIX), and so does ours: both see the same keys.
 
 Ops (request fields -> reply; "-" is no reply):
     0  VALIDATE     magic:u32                -> -      the first frame; anything else closes the connection
     1  SET          key value                -> -
-    2  COMPARE_SET  key expected desired     -> str    the value now (see StoreServer._compare_set)
+    2  COMPARE_SET  key expected desired     -> str    the value now (see StoreOps._compare_set)
     3  GET          key                      -> str    empty when absent (torch's client waits first)
     4  ADD          key delta:i64            -> i64    the sum, stored as decimal text
     5  CHECK        strs                     -> u8     0 every key exists, 1 not
@@ -75,6 +77,7 @@ MAGIC = 0x3C85F7CE  # VALIDATE's number: tells a store client from a stray conne
 READY, NOT_READY = 0, 1  # CHECK's answer
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT's (and BARRIER's) answer, then CANCEL_WAIT's
 KEY_PREFIX = b"/"
+REFUSED = 0xFFFFFFFF  # our server's answer to the handshake at its cap of connections (then it closes)
 
 MAX_KEY = 8 << 10
 MAX_VALUE = 8 << 20
@@ -136,59 +139,128 @@ def close_socket(sock: socket.socket | None) -> None:
             pass
 
 
-class Incomplete(Exception):
-    """The frame needs more bytes than have arrived: `need` bytes from its start, at least."""
-
-    def __init__(self, need: int):
-        self.need = need
-
-
 class Malformed(Exception):
     """A frame outside the protocol or its limits: its connection is closed."""
 
 
-def parse(buf: bytearray, pos: int) -> tuple[int, list, int]:
-    """The frame at buf[pos:] -> (op, its fields, where it ends); raises Incomplete or Malformed."""
-    end = len(buf)
+_FIXED = {"q": (8, I64), "I": (4, U32), "Q": (8, U64)}
 
-    def take(n: int) -> int:
-        nonlocal pos
-        start, pos = pos, pos + n
-        if pos > end:
-            raise Incomplete(pos)
-        return start
 
-    def count(cap: int, what: str) -> int:
-        n = U64.unpack_from(buf, take(8))[0]
+class RequestParser:
+    """One connection's requests, parsed as their bytes arrive: each byte is looked at once.
+
+    A frame that arrives in pieces is resumed where the last piece ended (the fields and list items
+    read so far are kept), never parsed again from its start, so the cost is linear in the bytes
+    received however slowly they trickle in. Only the field being read stays in the buffer.
+    """
+
+    __slots__ = ("buf", "pos", "size", "op", "shape", "fields", "field", "items", "count")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.pos = 0  # where the next field starts in buf
+        self.size = 0  # bytes of the current frame consumed before buf[0] (the frame's length so far)
+        self.op = -1  # the current frame's op; -1: between frames
+        self.shape, self.fields, self.field = "", [], 0
+        self.items: list | None = None  # a K or P field's items so far
+        self.count = 0  # how many items that field has
+
+    def feed(self, data) -> None:
+        self.buf += data
+
+    @property
+    def held(self) -> int:
+        """Bytes received and not yet parsed."""
+        return len(self.buf) - self.pos
+
+    @property
+    def holding(self) -> int:
+        """Bytes of requests this parser holds: the current frame's so far and those not yet parsed."""
+        return (self.size + self.pos if self.op >= 0 else 0) + len(self.buf) - self.pos
+
+    @property
+    def idle(self) -> bool:
+        """Between frames, nothing unparsed."""
+        return self.op < 0 and self.pos == len(self.buf)
+
+    def next(self) -> tuple[int, list] | None:
+        """The next whole request as (op, fields), or None until more bytes arrive; Malformed."""
+        buf, end, pos = self.buf, len(self.buf), self.pos
+        if self.op < 0:
+            if pos >= end:
+                return self._rest(pos)
+            self.op = buf[pos]
+            shape = REQUEST.get(self.op)
+            if shape is None:
+                raise Malformed(f"unknown op {self.op}")
+            self.shape, self.fields, self.field, self.size = shape, [], 0, -pos
+            pos += 1
+        shape, fields = self.shape, self.fields
+        while self.field < len(shape):
+            f = shape[self.field]
+            if f == "k" or f == "v":
+                got = self._blob(buf, pos, end, MAX_KEY if f == "k" else MAX_VALUE)
+                if got is None:
+                    return self._rest(pos)
+                value, pos = got
+                fields.append(value)
+            elif f == "K" or f == "P":
+                if self.items is None:
+                    if end - pos < 8:
+                        return self._rest(pos)
+                    self.count = U64.unpack_from(buf, pos)[0]
+                    if self.count > MAX_KEYS:
+                        raise Malformed(f"a key count of {self.count} (over {MAX_KEYS})")
+                    pos += 8
+                    self.items = []
+                items, count = self.items, self.count
+                while len(items) < count:
+                    got = self._blob(buf, pos, end, MAX_KEY)
+                    if got is None:
+                        return self._rest(pos)
+                    if f == "P":  # a pair is taken whole: a key read again costs at most 8 KiB
+                        pair = self._blob(buf, got[1], end, MAX_VALUE)
+                        if pair is None:
+                            return self._rest(pos)
+                        items.append((got[0], pair[0]))
+                        pos = pair[1]
+                    else:
+                        items.append(got[0])
+                        pos = got[1]
+                fields.append(items)
+                self.items = None
+            else:
+                n, unpack = _FIXED[f]
+                if end - pos < n:
+                    return self._rest(pos)
+                fields.append(unpack.unpack_from(buf, pos)[0])
+                pos += n
+            self.field += 1
+        op = self.op
+        self.op, self.fields, self.pos = -1, [], pos
+        if pos == end:
+            buf.clear()
+            self.pos = 0
+        return op, fields
+
+    def _blob(self, buf: bytearray, pos: int, end: int, cap: int) -> tuple[bytes, int] | None:
+        if end - pos < 8:
+            return None
+        n = U64.unpack_from(buf, pos)[0]
         if n > cap:
-            raise Malformed(f"{what} of {n} (over {cap})")
-        return n
+            raise Malformed(f"{'a key' if cap == MAX_KEY else 'a value'} of {n} bytes (over {cap})")
+        if self.size + pos + 8 + n > MAX_FRAME:
+            raise Malformed(f"a frame of {self.size + pos + 8 + n} bytes or more (over {MAX_FRAME})")
+        if end - pos < 8 + n:
+            return None
+        return bytes(buf[pos + 8 : pos + 8 + n]), pos + 8 + n
 
-    def blob(cap: int, what: str) -> bytes:
-        n = count(cap, what)
-        at = take(n)
-        return bytes(buf[at : at + n])
-
-    op = buf[take(1)]
-    shape = REQUEST.get(op)
-    if shape is None:
-        raise Malformed(f"unknown op {op}")
-    fields: list = []
-    for f in shape:
-        if f == "k":
-            fields.append(blob(MAX_KEY, "a key"))
-        elif f == "v":
-            fields.append(blob(MAX_VALUE, "a value"))
-        elif f == "q":
-            fields.append(I64.unpack_from(buf, take(8))[0])
-        elif f == "I":
-            fields.append(U32.unpack_from(buf, take(4))[0])
-        elif f == "Q":
-            fields.append(U64.unpack_from(buf, take(8))[0])
-        elif f == "K":
-            fields.append([blob(MAX_KEY, "a key") for _ in range(count(MAX_KEYS, "a key count"))])
-        else:  # "P"
-            fields.append(
-                [(blob(MAX_KEY, "a key"), blob(MAX_VALUE, "a value")) for _ in range(count(MAX_KEYS, "a key count"))]
-            )
-    return op, fields, pos
+    def _rest(self, pos: int) -> None:
+        """Out of bytes: drop what was parsed (its fields are kept), keep the field in progress."""
+        if pos:
+            self.size += pos
+            del self.buf[:pos]  # from the front: CPython moves the start, it copies nothing
+        self.pos = 0
+        if self.size + len(self.buf) > MAX_FRAME and self.op >= 0:
+            raise Malformed(f"a frame of more than {MAX_FRAME} bytes")
+        return None

@@ -105,18 +105,18 @@ class Preloaded:
 
     # ------------------------------------------------------------------ the Starter seam
 
-    def start(self, argv: Sequence[str], env: dict[str, str]) -> WorkerProcess:
+    def start(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] = frozenset()) -> WorkerProcess:
         """Fork the worker from the zygote when it can; spawn it otherwise."""
         if tuple(argv[: len(self.program)]) == self.program and self._wait_ready():
             if startup_settings(env) == self._startup:
                 try:
-                    return self._fork(tuple(argv[len(self.program) :]), env)
+                    return self._fork(tuple(argv[len(self.program) :]), env, cpus)
                 except ZygoteLost as e:
                     self._give_up(str(e))
             else:
                 changed = sorted(set(startup_settings(env).items()) ^ set(self._startup.items()))
                 log.debug("worker spawned, not forked: its start-up environment differs (%s)", changed[0][0])
-        return self.fallback.start(argv, env)
+        return self.fallback.start(argv, env, cpus)
 
     def helpers(self) -> tuple[int, ...]:
         return (self.proc.pid,) if self.proc is not None and self.state is not ZygoteState.GONE else ()
@@ -157,8 +157,8 @@ class Preloaded:
             )
         return self.state is ZygoteState.READY
 
-    def _fork(self, args: tuple[str, ...], env: dict[str, str]) -> WorkerProcess:
-        request = ForkRequest(program=self.target, args=args, env=env, cwd=os.getcwd())
+    def _fork(self, args: tuple[str, ...], env: dict[str, str], cpus: frozenset[int]) -> WorkerProcess:
+        request = ForkRequest(program=self.target, args=args, env=env, cwd=os.getcwd(), cpus=tuple(sorted(cpus)))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:

@@ -39,20 +39,21 @@ class Program:
 
 @dataclass(frozen=True)
 class ForkRequest:
-    """One worker to fork: what it runs, its arguments, environment and working directory."""
+    """One worker to fork: what it runs, its arguments, environment, working directory and CPUs."""
 
     program: Program
     args: tuple[str, ...]
     env: dict[str, str]
     cwd: str
+    cpus: tuple[int, ...] = ()  # --numa_binding: the CPUs it runs on (empty: the zygote's)
 
     def encode(self) -> bytes:
-        return marshal.dumps((self.program.target, self.program.module, self.args, self.env, self.cwd))
+        return marshal.dumps((self.program.target, self.program.module, self.args, self.env, self.cwd, self.cpus))
 
     @classmethod
     def decode(cls, data: bytes) -> ForkRequest:
-        target, module, args, env, cwd = marshal.loads(data)
-        return cls(Program(target, module), tuple(args), env, cwd)
+        target, module, args, env, cwd, cpus = marshal.loads(data)
+        return cls(Program(target, module), tuple(args), env, cwd, tuple(cpus))
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,15 @@ def become_worker(job: Job) -> None:
     for fd, target in ((stdin[0], 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
     _close(fd for fd in (stdin[0], out, err) if fd > 2)
+    if job.request.cpus:  # --numa_binding, before the worker has a thread of its own
+        try:
+            os.sched_setaffinity(0, job.request.cpus)
+        except OSError as e:  # said on the worker's own stderr, which the agent logs
+            print(
+                f"launcher: cannot bind this worker to its CPUs ({e.strerror or e}); it runs unbound",
+                file=sys.stderr,
+                flush=True,
+            )
     for sig in signal.valid_signals():  # what a fresh python has: defaults, SIGINT raises, SIGPIPE ignored
         handler = {
             signal.SIGINT: signal.default_int_handler,
@@ -181,6 +190,14 @@ def become_worker(job: Job) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:  # `random` reseeds itself after a fork; numpy's global state does not
         numpy_random.seed()
+    import atexit
+    import gc
+
+    # The zygote froze what it preloaded; frozen objects are never collected, not even when the
+    # interpreter shuts down, so nanobind extensions (triton's, torch >= 2.15) report each of their
+    # objects as leaked ("nanobind: leaked N instances"). Unfrozen at exit, after the script's own
+    # atexit handlers (registered later, run earlier), they are finalised as in a spawned worker.
+    atexit.register(gc.unfreeze)
 
 
 def run_worker(job: Job) -> None:

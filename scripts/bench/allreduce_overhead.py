@@ -1,7 +1,7 @@
 """all_reduce busbw through the launcher vs the same benchmark started by hand, side by side.
 
 Run:  .venv/bin/python scripts/bench/allreduce_overhead.py [--reps 7] [--nproc 2] [-- bench args]
-      (bench args default: -b 1K -e 16M -f 4 -w 5 -n 50: the README's sizes, more iterations)
+      (bench args default: -b 1K -e 16M -f 4 -w 5 -n 50: the sizes of docs/examples.md's example, more iterations)
 
 Each repetition runs the benchmark (`python -m launcher.allreduce ARGS -J rows.json`) twice, in an
 order that alternates between repetitions, so drift on a shared machine hits both:

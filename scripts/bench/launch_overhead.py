@@ -78,6 +78,7 @@ def installed_venv(folder: str) -> None:
 
 
 MiB = 1024.0
+FLAGS: list[str] = []  # --launcher-flags
 TOOLS = ("floor", "launcher", "torchrun")
 
 WRAPPER = r"""
@@ -132,7 +133,7 @@ def timed(cmd: list[str]) -> float:
 
 def command(tool: str, n: int, noop: str) -> list[str]:
     if tool == "launcher":
-        return [PY, "-m", "launcher", "--nproc_per_node", str(n), noop]
+        return [PY, "-m", "launcher", *FLAGS, "--nproc_per_node", str(n), noop]
     return [TORCHRUN, "--nproc_per_node", str(n), noop]
 
 
@@ -148,7 +149,8 @@ def pair(n: int, noop: str, floor_first: bool) -> tuple[float, float]:
 def agent_stats(tool: str, n: int, noop: str, tmp: str) -> dict:
     """One wrapped run: the agent's peak RSS (KiB) and CPU (s), and the guard's memory (KiB)."""
     out = os.path.join(tmp, "stats.json")
-    timed([PY, os.path.join(tmp, "wrapper.py"), out, tool, "--nproc_per_node", str(n), noop])
+    flags = FLAGS if tool == "launcher" else []
+    timed([PY, os.path.join(tmp, "wrapper.py"), out, tool, *flags, "--nproc_per_node", str(n), noop])
     with open(out) as f:
         return json.load(f)
 
@@ -160,8 +162,10 @@ def main() -> None:
     ap.add_argument("--rss-reps", type=int, default=1, help="wrapped runs per tool and N (RSS, CPU)")
     ap.add_argument("--nprocs", default="1,2,4,8")
     ap.add_argument("--as-is", action="store_true", help="keep the inherited bytecode settings")
+    ap.add_argument("--launcher-flags", default="", help="more launcher flags, e.g. '--metrics_port 0'")
     ap.add_argument("--editable", action="store_true", help="run in .venv, editable finder and all")
     args = ap.parse_args()
+    FLAGS.extend(args.launcher_flags.split())
     if not args.as_is:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "launcher-bench-pycache")

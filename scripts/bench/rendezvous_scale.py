@@ -141,7 +141,7 @@ def quiet_torch() -> None:
         import torch.distributed  # noqa: F401
 
 
-def serve_store(kind: str) -> None:
+def serve_store(kind: str, nodes: int) -> None:
     """The store server process: print its port, serve until stdin closes."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # two connections per simulated node
@@ -153,7 +153,7 @@ def serve_store(kind: str) -> None:
     else:
         from launcher.rendezvous.c10d import serve
 
-        server = serve("127.0.0.1", 0)
+        server = serve("127.0.0.1", 0, nodes)  # told the job's size, as C10dRendezvous does
     print(server.port, flush=True)
     sys.stdin.read()  # until the parent closes the pipe or kills us
 
@@ -167,7 +167,7 @@ def cpu_of(pid: int) -> float:
 def measure(tool: str, n: int, procs: int, cap: float, server_kind: str) -> dict:
     """One store server, `procs` runners; all killed at the end whatever happens."""
     server = subprocess.Popen(
-        [sys.executable, HERE, "--serve", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, HERE, "--serve", server_kind, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     runs: list[subprocess.Popen] = []
     killer = threading.Timer(120, lambda: [p.kill() for p in runs])  # connecting: 120 s at most
@@ -257,7 +257,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve_store(sys.argv[2])
+        serve_store(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:2] == ["--run"]:
         tool, n, lo, hi, port, cap = sys.argv[2], *map(int, sys.argv[3:7]), float(sys.argv[7])
         print(json.dumps(runner(tool, n, lo, hi, port, cap)), flush=True)

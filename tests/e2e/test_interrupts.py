@@ -53,7 +53,7 @@ def test_the_same_signal_twice_in_quick_succession_counts_once(launch, tmp_path,
     )
     wait_for(all_have(tmp_path, "ready"), what="workers ready", proc=p)
     p.send_signal(sig)
-    time.sleep(0.05)
+    time.sleep(0.05)  # the stimulus (not a wait): the second delivery 50 ms after the first, one burst
     p.send_signal(sig)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 128 + sig, err

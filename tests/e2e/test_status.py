@@ -125,10 +125,11 @@ def test_status_with_a_wrong_or_missing_token_is_one_line_and_exit_2(cluster):
         timeout=30,
         what="the job in the store",
     )
-    for env in ({"LAUNCHER_JOIN_TOKEN": "wrong"}, {}):
+    for env, says in (({"LAUNCHER_JOIN_TOKEN": "wrong"}, "wrong join token for"), ({}, "needs a join token: set")):
         r = status(port, "--json", env=env)
         assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert r.stderr.startswith("launcher status: error: wrong join token for job 'job'"), r.stderr
+        assert r.stderr.startswith("launcher status: error: "), r.stderr
+        assert says in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)
@@ -186,7 +187,14 @@ def test_a_uniformly_slow_job_has_no_straggler(cluster, tmp_path):
         timeout=40,
         what="every rank's step rate",
     )
-    time.sleep(8)  # twice the period, with every rate known
+
+    def steps() -> dict[int, int]:
+        return {w["rank"]: w["step"] or 0 for n in job(port)["nodes"] for w in n["workers"]}
+
+    # a rank is flagged after 4 s below half the median: every rank steps on for twice that with its
+    # rate known (20 steps of 0.4 s), as its own published progress shows
+    first = steps()
+    wait_for(lambda: all(s >= first[r] + 20 for r, s in steps().items()), timeout=40, what="20 more steps of each rank")
     seen = job(port)
     assert seen["stragglers"] == [] and not any("straggler" in e for a in agents for e in a.err)
     assert all(0.5 < w["rate"] < 3.5 for n in seen["nodes"] for w in n["workers"]), seen
@@ -227,8 +235,8 @@ def test_status_watch_refreshes_until_interrupted(cluster):
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    time.sleep(3)
+    first = [watch.stdout.readline() for _ in range(3)]  # three refreshes, then Ctrl-C
     watch.send_signal(sig.SIGINT)
     out, err = watch.communicate(timeout=10)
-    reads = [json.loads(line) for line in out.splitlines()]
+    reads = [json.loads(line) for line in "".join(first).splitlines() + out.splitlines()]
     assert watch.returncode == 0 and len(reads) >= 3 and {r["state"] for r in reads} == {"forming"}, (out, err)

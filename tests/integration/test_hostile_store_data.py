@@ -5,6 +5,7 @@ survived, never crash a node or hang it. Each node is an ElasticRendezvous in a 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 
@@ -94,6 +95,7 @@ DESCRIPTORS = {
     "prev-bool": json.dumps({"id": "x", "addr": "1.2.3.4", "port": 1, "nproc": 1, "prev": True}).encode(),
     "fields-missing": json.dumps({"id": "x"}).encode(),
     "never-written": None,  # a node that took a ticket and died before writing its entry
+    "nested-30000-deep": b"[" * 30000 + b"]" * 30000,  # json recurses per level: a RecursionError once
 }
 
 
@@ -168,3 +170,33 @@ def test_garbage_under_another_run_id_does_not_matter(store_port):
         for other in ("jobX", "jo", "job/r0"):  # other runs, also ones whose keys start like ours
             hostile.set(f"{other}/{key}", b"\xffgarbage")
     formed(join(agents(store_port, 2, 2, 2)), nodes=2)
+
+
+def test_a_closed_job_with_a_hostile_verdict_and_reason_is_one_printable_error(store_port):
+    """A forged close: a 30,000-deep verdict and a reason with a newline and a clear-screen sequence."""
+    rogue = client(store_port)
+    rogue.set("job/verdict", b"[" * 30000 + b"]" * 30000)
+    rogue.set("job/closed", b"it finished\n\x1b[2Jlauncher: job succeeded")
+    [result] = join(agents(store_port, 1, 1, 1))
+    assert isinstance(result, RendezvousError), result
+    assert str(result) == "the job was closed: it finished  [2Jlauncher: job succeeded"
+    assert getattr(result, "verdict", None) is None
+
+
+def test_a_heartbeat_counter_that_holds_no_number_is_named_not_blamed_on_the_store(store_port):
+    """Our server hangs up on an ADD to a value that is no number (as torch's does): the watcher
+    reads the value back and names it, instead of reporting a lost store."""
+    nodes = agents(store_port, 2, 2, 2)
+    rounds = join(nodes)
+    formed(rounds, nodes=2)
+    posted: queue.Queue = queue.Queue()
+    client(store_port).set("job/r0/hb0", b"not a number")
+    watcher = next(n for n, r in zip(nodes, rounds) if r.group_rank == 0)
+    watcher.watch(rounds[nodes.index(watcher)], posted.put)
+    try:
+        change = posted.get(timeout=30)
+    finally:
+        for n in nodes:
+            n.shutdown(succeeded=True)
+    assert "holds 'not a number', not a number" in change.reason, change
+    assert "lost the rendezvous store" not in change.reason

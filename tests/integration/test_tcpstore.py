@@ -1,8 +1,8 @@
 """The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's:
 op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
 client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
-binding, many connections, the c10d agent that no longer imports torch, and agents meeting on a
-store that torch hosts.
+binding, many connections, and the c10d rendezvous that imports no torch (launcher runs on either
+store: tests/e2e/test_c10d_store_agents.py).
 
 torch runs only in subprocesses: its client's list_keys/queue_len keep the GIL while they block,
 which would starve a server thread in the same interpreter.
@@ -22,9 +22,10 @@ import time
 import uuid
 
 import pytest
-from support.paths import ROOT, worker
+from support.paths import ROOT
 from support.ports import free_port
 from support.processes import wait_for
+from support.tcpstore import torch_store_server, waiting_on
 
 from launcher.tcpstore import (
     CHANGED,
@@ -64,37 +65,16 @@ def ours():
     server.close()
 
 
-TORCH_SERVER = """
-import os, sys
-import torch.distributed as dist
-s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=sys.argv[1] == "libuv")
-print(s.port, flush=True)
-sys.stdin.read()
-"""
-
-
-def start_torch_server(kind: str):
-    pytest.importorskip("torch")
-    p = subprocess.Popen(
-        [sys.executable, "-c", TORCH_SERVER, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=QUIET
-    )
-    try:
-        yield kind, int(p.stdout.readline())
-    finally:
-        p.kill()
-        p.wait()
-
-
 @pytest.fixture(scope="module", params=["libuv", "legacy"])
 def torch_server(request):
     """torch's own TCPStore server in a subprocess -> (kind, port); a module's tests share it: unique keys."""
-    yield from start_torch_server(request.param)
+    yield from torch_store_server(request.param)
 
 
 @pytest.fixture(scope="module")
 def torch_libuv():
     """torch's default server, the reference for frame-by-frame answers."""
-    yield from start_torch_server("libuv")
+    yield from torch_store_server("libuv")
 
 
 def fresh() -> str:
@@ -205,7 +185,7 @@ time.sleep(60)
             target=lambda: got.append((watcher.wait_change(k + "change", k + "alive", 10), time.monotonic()))
         )
         t.start()
-        time.sleep(0.2)
+        wait_for(lambda: waiting_on(ours, k + "alive"), what="the watcher's wait to arrive")
         t0 = time.monotonic()
         holder.kill()
         t.join(10)
@@ -692,7 +672,7 @@ from launcher.config import from_flags
 from launcher.rendezvous import create_rendezvous, Cause
 cfg = from_flags(training_script="x", no_python=True, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{free_port()}",
                  rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
-r = create_rendezvous(cfg)
+r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
 rnd = r.next_round(Cause.START)
 hosted = r.server is not None
 r.shutdown(True)
@@ -700,57 +680,3 @@ print(rnd.world_size, hosted, "torch" in sys.modules)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.split() == ["1", "True", "False"], r.stderr
-
-
-def test_a_launcher_run_on_c10d_imports_no_torch_in_the_agent(launch, tmp_path):
-    args = [
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "1",
-        "--rdzv_backend",
-        "c10d",
-        "--rdzv_endpoint",
-        f"127.0.0.1:{free_port()}",
-        "--rdzv_id",
-        "imports",
-        worker("node_info.py"),
-    ]
-    r = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=launch.env(),
-        cwd=tmp_path,
-    )  # -X importtime: the agent only, not its workers
-    assert r.returncode == 0, r.stderr[-3000:]
-    imported = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
-    assert "launcher.tcpstore.client" in imported
-    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
-
-
-def test_agents_meet_on_a_store_hosted_by_torch(launch, torch_libuv):
-    port = torch_libuv[1]
-    args = [
-        "--nnodes",
-        "2",
-        "--nproc_per_node",
-        "1",
-        "--rdzv_backend",
-        "c10d",
-        "--rdzv_endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv_id",
-        fresh().rstrip("/"),
-        "--rdzv_conf",
-        "is_host=false",
-        worker("node_info.py"),
-    ]
-    procs = [launch.start(*args, env={"SLEEP": "0.2"}) for _ in range(2)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
-    ranks = sorted(
-        line.split("rank=")[1].split()[0] for out, _ in outs for line in out.splitlines() if " info " in line
-    )
-    assert ranks == ["0", "1"], outs

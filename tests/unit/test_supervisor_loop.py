@@ -4,6 +4,7 @@ test turns the loop with `step()` and checks the group state, the signals sent a
 
 from __future__ import annotations
 
+import errno
 import signal
 
 import pytest
@@ -103,7 +104,7 @@ class FakeRendezvous:
             master_port=29500,
         )
 
-    def watch(self, rnd: Round, post, report=None) -> None:
+    def watch(self, rnd: Round, post) -> None:
         self.watched.append(rnd.round)
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
@@ -227,7 +228,8 @@ def test_a_failure_stops_the_group_and_restarts_it(tmp_path):
     ]
 
 
-def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
+def test_spent_budget_asks_for_a_requeue(tmp_path):
+    """Restarts spent on failures the policy did not find deterministic: exit 75, a requeue may pass."""
     rig = Rig(tmp_path, nproc=2, max_restarts=1)
     rig.start()
     rig.spawn.procs[0].exit(3)
@@ -236,12 +238,12 @@ def test_spent_budget_fails_with_the_root_causes_code(tmp_path):
     rig.spawn.procs[3].exit(42)  # the root cause of the last round: rank 1 this time
     rig.turn(lambda: rig.sup.state is GroupState.FAILED, "FAILED once the budget is spent")
     result = rig.sup.result()
-    assert result.exit_code == 42 and result.restarts == 1
+    assert result.exit_code == 75 and result.restarts == 1
     assert "no restarts left" in result.message
     root = result.root_cause
     assert (root.worker.rank, root.exit.returncode, root.round) == (1, 42, 1)
     lines = summary_lines(result)
-    assert lines[0] == "job failed (exit code 42) after 1 restart(s)"
+    assert lines[0] == "job failed (exit code 75: requeue) after 1 restart(s)"
     assert lines[1] == "reason: no restarts left (--max_restarts 1)"
     assert lines[2].startswith(
         "root cause: rank 1 (local rank 1) on testhost, pid 10003 exited with code 42 (attempt 1)"
@@ -459,3 +461,31 @@ def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
     release.set()
     rig.running(1)
     assert rig.sup.snapshot().waiting == ""
+
+
+def test_a_transient_emfile_at_spawn_is_retried_not_fatal(tmp_path):
+    """A store host out of descriptors for a moment (issue 23 item 1): the spawn is tried again."""
+    rig = Rig(tmp_path, nproc=1)
+    failures = [OSError(errno.EMFILE, "Too many open files")] * 2
+
+    def spawn(argv, env):
+        if failures:
+            raise failures.pop()
+        return rig.spawn(argv, env)
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.start()
+    assert not failures and rig.sup.state is GroupState.RUNNING
+
+
+def test_an_emfile_that_lasts_fails_the_spawn_after_the_retry_window(tmp_path):
+    rig = Rig(tmp_path, nproc=1)
+
+    def spawn(argv, env):
+        rig.clock.now += 20.0  # each try costs 20 s of the injected clock: the window closes on the third
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    rig.sup.starter = process.Spawner(spawn)
+    rig.sup.begin_round(Cause.START)
+    rig.turn(lambda: rig.sup.state is GroupState.FAILED, "the group failed")
+    assert "Too many open files" in rig.sup.message

@@ -6,7 +6,7 @@ import io
 import re
 import signal
 
-from launcher.spec import GroupState, Snapshot
+from launcher.spec import GroupState, Snapshot, WorkerRow
 
 
 def test_view_renders_a_table():
@@ -19,15 +19,8 @@ def test_view_renders_a_table():
         round=3,
         restarts=1,
         workers=[
-            {
-                "rank": 0,
-                "local_rank": 0,
-                "pid": 111,
-                "state": "running",
-                "started": 0.0,
-                "last_line": "epoch 2 loss 0.5",
-            },
-            {"rank": 1, "local_rank": 1, "pid": 112, "state": "failed", "started": 0.0, "last_line": "Traceback"},
+            WorkerRow(rank=0, local_rank=0, pid=111, state="running", started=0.0, last_line="epoch 2 loss 0.5"),
+            WorkerRow(rank=1, local_rank=1, pid=112, state="failed", started=0.0, last_line="Traceback"),
         ],
     )
     out = io.StringIO()
@@ -49,7 +42,7 @@ def test_live_view_renders_a_signalled_round_as_stopped_by_the_signal():
         console.print(render(snap, lambda pid: (None, None), 0.0))
         return console.file.getvalue()
 
-    workers = [{"rank": 0, "local_rank": 0, "pid": 1, "state": "stopped", "started": 0.0, "last_line": ""}]
+    workers = [WorkerRow(rank=0, local_rank=0, pid=1, state="stopped", started=0.0)]
     assert "stopped by SIGINT" in shown(Snapshot(GroupState.FAILED, 0, 0, workers, signal=signal.SIGINT))
     assert "stopping on SIGTERM" in shown(Snapshot(GroupState.STOPPING, 0, 0, workers, signal=signal.SIGTERM))
     assert "· failed ·" in shown(Snapshot(GroupState.FAILED, 0, 0, workers))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from ...net import free_port
-from ...stragglers import Judge
 from ..api import JobParams
 from ..protocol import ElasticRendezvous
 from ..records import Node
@@ -38,7 +37,6 @@ class EtcdRendezvous(ElasticRendezvous):
             node,
             s,
             port_picker=free_port,
-            judge=Judge(job.straggler_threshold, job.straggler_period),
         )
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:

@@ -22,15 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...errors import RendezvousConnectionError, RendezvousError
 from ..store import Capability, Change
 from .engine import ROOT, Compare, Delete, Engine, ErrorKind, EtcdError, Get, Put, Watch, range_end
 from .settings import EtcdOptions
-
-if TYPE_CHECKING:
-    from .lease import Lease
 
 log = logging.getLogger(__name__)
 TXN_OPS = 128  # etcd's default --max-txn-ops
@@ -105,6 +102,19 @@ class LeaseLost(Exception):
     """etcd no longer knows this agent's lease."""
 
 
+class Holder(Protocol):
+    """What the store asks of this agent's lease (`lease.Lease`, which calls etcd through the store)."""
+
+    waiting: set[Watch]  # the watches of this agent's open waits
+
+    def start(self, via: EtcdStore, retry_for: float) -> None: ...
+    def hold(
+        self, name: bytes, value: bytes, via: EtcdStore, retry_for: float | None = None, sweep: tuple | None = None
+    ) -> None: ...
+    def failing(self) -> tuple[float, str]: ...
+    def revoke(self, via: EtcdStore) -> None: ...
+
+
 # ---------------------------------------------------------------------------- the store
 
 
@@ -128,7 +138,7 @@ class EtcdStore:
     def __init__(
         self,
         opts: EtcdOptions,
-        lease: Lease | None = None,
+        lease: Holder | None = None,
         *,
         retry_for: float = 60.0,
         client: _Client | None = None,

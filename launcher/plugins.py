@@ -1,0 +1,27 @@
+"""torchrun's plugin points, found through package metadata (`importlib.metadata`), never by importing.
+
+`torchrun.logs_specs` (a `LogsSpecs` class that places each worker's log files) and `torchrun.handlers`
+(a function that makes a torch `RendezvousHandler` from `RendezvousParameters`). Finding one reads the
+installed distributions' `entry_points.txt`; loading it (which imports the plugin, and torch with it)
+happens only when the job starts, and only for the name given.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+
+def find(group: str, name: str) -> metadata.EntryPoint | None:
+    """The entry point `name` in `group`, or None; the first one wins where two packages claim it."""
+    for ep in metadata.entry_points(group=group):
+        if ep.name == name:
+            return ep
+    return None
+
+
+def load(group: str, name: str) -> object:
+    """Import and return what the entry point names (a class or a function)."""
+    ep = find(group, name)
+    if ep is None:
+        raise LookupError(f"no {group} entry point is named {name!r}")
+    return ep.load()

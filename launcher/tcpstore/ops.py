@@ -1,0 +1,397 @@
+"""What each store op does: the keys, the waits, the sessions and their held keys (no sockets here).
+
+A held key lives while any connection of its session is open, and GRACE (0.1 s) after the last
+one closed: an agent that died (the kernel closes its sockets at once) loses its keys then, and
+its WAIT_CHANGEs wake; a connection of the session that comes back within the grace deletes
+nothing. An agent's connections share one session, so one of them closing deletes nothing.
+A version-1 client reads SESSION's answer and never sends 203 or 204; a version-2 client on a
+version-1 server uses neither, and does not reconnect (it could not tell a restarted server).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from collections.abc import Callable
+
+from .wire import (
+    ADD,
+    ADD_ONCE,
+    APPEND,
+    BARRIER,
+    CANCEL_WAIT,
+    CHANGED,
+    CHECK,
+    COMPARE_SET,
+    DELETE_KEY,
+    EXT_VERSION,
+    GET,
+    GETNUMKEYS,
+    GONE,
+    HOLD,
+    I64,
+    LIST_KEYS,
+    MAGIC,
+    MAX_VALUE,
+    MULTI_GET,
+    MULTI_SET,
+    NOT_READY,
+    PING,
+    QUEUE_LEN,
+    QUEUE_POP,
+    QUEUE_PUSH,
+    READY,
+    SESSION,
+    SESSION_INFO,
+    SET,
+    STOP_WAITING,
+    U8,
+    U32,
+    U64,
+    VALIDATE,
+    WAIT,
+    WAIT_CANCELED,
+    WAIT_CHANGE,
+    Malformed,
+    str_frame,
+)
+
+GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
+ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
+
+
+class Conn:
+    """One client connection as the ops see it: what it waits for, its session (the server adds the rest)."""
+
+    __slots__ = ("valid", "awaited", "gone", "session", "resumed", "closed")
+
+    def __init__(self) -> None:
+        self.valid = False  # VALIDATE seen
+        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
+        self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
+        self.session: Session | None = None
+        self.resumed = False  # its SESSION found the session live (another connection, or within the grace)
+        self.closed = False
+
+
+class Session:
+    """The connections of one client (an agent), the keys they hold and the adds they made (extension ops)."""
+
+    __slots__ = ("id", "conns", "held", "adds", "ends")
+
+    def __init__(self, sid: int):
+        self.id = sid
+        self.conns: set[Conn] = set()
+        self.held: set[bytes] = set()
+        self.adds: collections.OrderedDict[int, int] = collections.OrderedDict()  # ADD_ONCE id -> its sum
+        self.ends = 0.0  # without a connection: when its grace is over
+
+
+OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
+
+
+class StoreOps:
+    """The store's state and one method per op; a server subclass moves the bytes (`_reply`) and
+    bounds what a reply may cost (`_afford`). `grace`: how long a session's held keys outlive its last
+    connection (`clock` tells the time). `boot` identifies this server process."""
+
+    def __init__(self, grace: float = GRACE, clock: Callable[[], float] = time.monotonic):
+        self.data: dict[bytes, bytes] = {}
+        self.queues: dict[bytes, collections.deque] = {}
+        self._waiters: dict[bytes, dict[Conn, None]] = {}  # key -> connections waiting for it, in order
+        self._gone_waiters: dict[bytes, dict[Conn, None]] = {}  # key -> connections waiting for it to go
+        self._sessions: dict[int, Session] = {}
+        self._ending: collections.OrderedDict[int, Session] = collections.OrderedDict()  # no connection, by `ends`
+        self._holder: dict[bytes, Session] = {}  # held key -> its session
+        self.grace, self._clock = grace, clock
+        self.boot = random.getrandbits(64)
+        self.handlers = {
+            VALIDATE: self._validate,
+            SET: self._set,
+            COMPARE_SET: self._compare_set,
+            GET: self._get,
+            ADD: self._add,
+            CHECK: self._check,
+            WAIT: self._wait,
+            GETNUMKEYS: self._num_keys,
+            DELETE_KEY: self._delete,
+            APPEND: self._append,
+            MULTI_GET: self._multi_get,
+            MULTI_SET: self._multi_set,
+            CANCEL_WAIT: self._cancel_wait,
+            PING: self._ping,
+            QUEUE_PUSH: self._queue_push,
+            QUEUE_POP: self._queue_pop,
+            QUEUE_LEN: self._queue_len,
+            LIST_KEYS: self._list_keys,
+            BARRIER: self._barrier,
+            SESSION: self._session,
+            HOLD: self._hold,
+            WAIT_CHANGE: self._wait_change,
+            SESSION_INFO: self._session_info,
+            ADD_ONCE: self._add_once,
+        }
+
+    def _reply(self, c: Conn, data: bytes) -> None:
+        """Queue `data` for `c` (the server sends it)."""
+        raise NotImplementedError
+
+    def _afford(self, c: Conn, size: int) -> None:
+        """Raise before a reply of `size` bytes is built if it may not be now (the server's limits)."""
+
+    # -- waiting
+
+    def _has(self, key: bytes) -> bool:
+        return key in self.data or bool(self.queues.get(key))
+
+    def _await(self, c: Conn, keys) -> None:
+        self._unwait(c)
+        c.awaited = set(keys)
+        for k in c.awaited:
+            self._waiters.setdefault(k, {})[c] = None
+
+    def _unwait(self, c: Conn) -> None:
+        for k in c.awaited:
+            _forget_waiter(self._waiters, k, c)
+        c.awaited = set()
+        if c.gone:
+            _forget_waiter(self._gone_waiters, c.gone, c)
+            c.gone = b""
+
+    def _wake(self, key: bytes, one: bool = False) -> None:
+        """Tell the clients waiting on `key` whose every key is now there (with `one`: the first such)."""
+        conns = self._waiters.pop(key, None)
+        while conns:
+            c = next(iter(conns))
+            del conns[c]
+            c.awaited.discard(key)
+            if not c.awaited:
+                self._unwait(c)  # a WAIT_CHANGE's other half
+                self._reply(c, U8.pack(STOP_WAITING))
+                if one:
+                    break
+        if conns:
+            self._waiters[key] = conns
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+        self._wake(key)
+
+    # -- the ops, in the order of the table above
+
+    def _validate(self, c: Conn, magic: int) -> None:
+        if magic != MAGIC:
+            raise Malformed("VALIDATE with the wrong magic number")
+        c.valid = True
+
+    def _set(self, c: Conn, key: bytes, value: bytes) -> None:
+        self._put(key, value)
+
+    def _compare_set(self, c: Conn, key: bytes, expected: bytes, desired: bytes) -> None:
+        """As torch's server: an absent key is created only when `expected` is empty; otherwise the
+        answer is `expected` itself and nothing is stored (torch's own comment calls that lying)."""
+        now = self.data.get(key)
+        if now is None:
+            if expected:
+                return self._reply(c, str_frame(expected))
+            self._put(key, desired)
+            now = desired
+        elif now == expected:
+            self._put(key, desired)
+            now = desired
+        self._reply(c, str_frame(now))
+
+    def _get(self, c: Conn, key: bytes) -> None:
+        value = self.data.get(key, b"")
+        self._afford(c, 8 + len(value))
+        self._reply(c, str_frame(value))
+
+    def _add(self, c: Conn, key: bytes, delta: int) -> None:
+        self._reply(c, I64.pack(self._sum(key, delta)))
+
+    def _sum(self, key: bytes, delta: int) -> int:
+        old = self.data.get(key)
+        total = _wrap64(delta + (_stoll(old) if old is not None else 0))
+        self._put(key, str(total).encode())
+        return total
+
+    def _check(self, c: Conn, keys: list[bytes]) -> None:
+        self._reply(c, U8.pack(READY if all(self._has(k) for k in keys) else NOT_READY))
+
+    def _wait(self, c: Conn, keys: list[bytes]) -> None:
+        missing = [k for k in keys if not self._has(k)]
+        if missing:
+            self._await(c, missing)
+        else:
+            self._reply(c, U8.pack(STOP_WAITING))
+
+    def _num_keys(self, c: Conn) -> None:
+        self._reply(c, I64.pack(len(self.data)))
+
+    def _delete(self, c: Conn, key: bytes) -> None:
+        self._reply(c, I64.pack(self._remove(key)))
+
+    def _remove(self, key: bytes) -> int:
+        """Delete `key` (1 if it was there), release its hold, and answer the WAIT_CHANGEs on its absence."""
+        if self.data.pop(key, None) is None:
+            return 0
+        holder = self._holder.pop(key, None)
+        if holder is not None:
+            holder.held.discard(key)
+        for w in list(self._gone_waiters.pop(key, ())):
+            self._unwait(w)
+            self._reply(w, U8.pack(GONE))
+        return 1
+
+    def _append(self, c: Conn, key: bytes, value: bytes) -> None:
+        new = self.data.get(key, b"") + value
+        if len(new) > MAX_VALUE:
+            raise Malformed(f"an append that makes a value of {len(new)} bytes")
+        self._put(key, new)
+
+    def _multi_get(self, c: Conn, keys: list[bytes]) -> None:
+        get = self.data.get
+        values = [get(k, b"") for k in keys]
+        self._afford(c, 8 * len(values) + sum(map(len, values)))  # sized before it is built
+        self._reply(c, b"".join(str_frame(v) for v in values))
+
+    def _multi_set(self, c: Conn, pairs: list[tuple[bytes, bytes]]) -> None:
+        for key, value in pairs:
+            self._put(key, value)
+
+    def _cancel_wait(self, c: Conn) -> None:
+        self._unwait(c)
+        self._reply(c, U8.pack(WAIT_CANCELED))
+
+    def _ping(self, c: Conn, nonce: int) -> None:
+        self._reply(c, U32.pack(nonce))
+
+    def _queue_push(self, c: Conn, key: bytes, value: bytes) -> None:
+        self.queues.setdefault(key, collections.deque()).append(value)
+        self._wake(key, one=True)
+
+    def _queue_pop(self, c: Conn, key: bytes) -> None:
+        queue = self.queues.get(key)
+        if not queue:
+            return self._reply(c, I64.pack(0))
+        self._afford(c, 16 + len(queue[0]))
+        self._reply(c, I64.pack(len(queue)) + str_frame(queue.popleft()))
+
+    def _queue_len(self, c: Conn, key: bytes) -> None:
+        self._reply(c, I64.pack(len(self.queues.get(key, ()))))
+
+    def _list_keys(self, c: Conn) -> None:
+        self._afford(c, 8 + 8 * len(self.data) + sum(map(len, self.data)))
+        self._reply(c, I64.pack(len(self.data)) + b"".join(str_frame(k) for k in self.data))
+
+    def _barrier(self, c: Conn, key: bytes, world: int) -> None:
+        """Count this client in at `key`; all go on together once `world` have come."""
+        old = self.data.get(key)
+        count = _wrap64(_stoll(old) + 1) if old is not None else 1
+        self.data[key] = str(count).encode()  # not _put: an arrival wakes nobody
+        if count >= world:
+            self._wake(key)
+            self._reply(c, U8.pack(STOP_WAITING))
+        else:
+            self._await(c, [key])
+
+    # -- the extension ops (see the module's docstring)
+
+    def _session(self, c: Conn, sid: int) -> None:
+        self._leave_session(c)
+        session = self._sessions.get(sid)
+        c.resumed = session is not None
+        if session is None:
+            session = self._sessions[sid] = Session(sid)
+        self._ending.pop(sid, None)  # back within its grace: nothing is deleted
+        c.session = session
+        session.conns.add(c)
+        self._reply(c, U32.pack(EXT_VERSION))
+
+    def _leave_session(self, c: Conn) -> None:
+        """The session's last connection gone: its held keys go once its grace is over (`_end_sessions`)."""
+        session, c.session = c.session, None
+        if session is None:
+            return
+        session.conns.discard(c)
+        if not session.conns:
+            session.ends = self._clock() + self.grace
+            self._ending[session.id] = session
+
+    def _end_sessions(self) -> None:
+        """Delete the held keys of the sessions whose grace is over (no connection came back)."""
+        now = self._clock()
+        while self._ending:
+            session = next(iter(self._ending.values()))
+            if session.ends > now:
+                return
+            del self._ending[session.id], self._sessions[session.id]
+            for key in list(session.held):
+                self._remove(key)
+
+    def _session_info(self, c: Conn) -> None:
+        if c.session is None:
+            raise Malformed("SESSION_INFO before SESSION")
+        self._reply(c, U64.pack(self.boot) + U8.pack(c.resumed))
+
+    def _add_once(self, c: Conn, key: bytes, delta: int, rid: int) -> None:
+        """ADD, counted once per request id in a session: a resend gets the first sum."""
+        if c.session is None:
+            raise Malformed("ADD_ONCE before SESSION")
+        adds = c.session.adds
+        total = adds.get(rid)
+        if total is None:
+            total = adds[rid] = self._sum(key, delta)
+            if len(adds) > ADDS_KEPT:
+                adds.popitem(last=False)
+        self._reply(c, I64.pack(total))
+
+    def _hold(self, c: Conn, key: bytes, value: bytes) -> None:
+        if c.session is None:
+            raise Malformed("HOLD before SESSION")
+        old = self._holder.get(key)
+        if old is not None:
+            old.held.discard(key)
+        self._holder[key] = c.session
+        c.session.held.add(key)
+        self._put(key, value)
+        self._reply(c, U8.pack(0))  # unlike SET, answered: a watcher on another connection then finds it
+
+    def _wait_change(self, c: Conn, change: bytes, alive: bytes) -> None:
+        if change in self.data:
+            return self._reply(c, U8.pack(CHANGED))
+        if alive and alive not in self.data:
+            return self._reply(c, U8.pack(GONE))
+        self._await(c, [change])
+        if alive:
+            c.gone = alive
+            self._gone_waiters.setdefault(alive, {})[c] = None
+
+
+def _forget_waiter(waiters: dict[bytes, dict[Conn, None]], key: bytes, c: Conn) -> None:
+    conns = waiters.get(key)
+    if conns is not None:
+        conns.pop(c, None)
+        if not conns:
+            del waiters[key]
+
+
+def _stoll(value: bytes) -> int:
+    """The number at the start of `value`, read as C's stoll does (torch's ADD): leading white
+    space, a sign, digits, anything after ignored; no digits or past int64 is an error."""
+    text = value.lstrip(b" \t\n\v\f\r")
+    digits = 1 if text[:1] in (b"+", b"-") else 0
+    while digits < len(text) and 48 <= text[digits] <= 57:
+        digits += 1
+    if digits == 0 or not text[digits - 1 : digits].isdigit():
+        raise Malformed("ADD on a value that is not a number")
+    n = int(text[:digits])
+    if not -(1 << 63) <= n < 1 << 63:
+        raise Malformed("ADD on a number past int64")
+    return n
+
+
+def _wrap64(n: int) -> int:
+    """int64 arithmetic as torch's server does it: overflow wraps around."""
+    return (n + (1 << 63)) % (1 << 64) - (1 << 63)
