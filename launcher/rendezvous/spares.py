@@ -109,8 +109,9 @@ class SpareSeat:
         told: Callable[[WaitReport], None] | None,
         check_closed: Callable[[], None],
     ) -> bool:
-        """Round r is full (`full`: "2 of 2"): take the seat (once, saying so), be counted among the nodes that want round
-        r + 1, and wait, with no deadline, for round r to end; `check_closed` raises once the job is closed.
+        """Round r is full (`full`: "2 of 2"): take the seat (once, saying so), be counted among the nodes
+        that want round r + 1, and wait, with no deadline, for round r to end; `check_closed` raises once
+        the job is closed.
         False when round r was ending already (it re-forms): on to the next round, no wait."""
         if store.get(self.keys.change(r)):
             return False
