@@ -570,7 +570,7 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         signal_all([victim.popen.pid], signal.SIGKILL)
         victim.killed = True
         ep.done.append(f"SIGKILL agent {victim.name}")
-        ep.expect.append(("the killed agent", r"died|lost its lease|stopped heartbeating"))
+        ep.expect.append(("the killed agent", r"died|lost its lease|stopped heartbeating|no node came to fill"))
     elif fault is Fault.NODE_FREEZE:
         pids = [victim.popen.pid, *victim.workers()]
         signal_all(pids, signal.SIGSTOP)
@@ -620,7 +620,7 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         ep.done.append(
             f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < float("inf") else "for good")
         )
-        ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died"))
+        ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died|no node came to fill"))
     if len(ep.done) > landed:
         ep.landed.append(fault)
         ep.victims.append("store" if fault in STORE_FAULTS else victim.name)
