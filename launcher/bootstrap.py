@@ -16,7 +16,7 @@ import errno
 import socket
 
 from .spec import Round
-from .tcpstore import StoreServer
+from .tcpstore.server import StoreServer
 
 DISABLE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 

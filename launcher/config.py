@@ -10,7 +10,6 @@ ours) becomes one line in `LaunchConfig.notes`, which the composition root logs.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import os
 import re
@@ -253,6 +252,8 @@ def _known_conf(backend: str, conf: dict[str, str], notes: list[str]) -> dict[st
         if key in known:
             kept[key] = value
             continue
+        import difflib  # only for a key that needs a suggestion
+
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.0)  # always the nearest one
         hint = f" (did you mean {close[0]}?)" if close else ""
         # the key only: an unknown key may hold a secret, and notes go to logs

@@ -8,25 +8,33 @@ importing torch. `wire`: the ops, frames, limits and request parser; `client`: t
 (docs/store.md).
 """
 
-from .client import PROBES, StoreClient, StoreError, StoreRestarted, StoreTimeout
-from .ops import GRACE
-from .server import StoreServer
-from .wire import CHANGED, GONE, MAGIC, MAX_FRAME, MAX_KEY, MAX_KEYS, MAX_VALUE, SESSION
+from __future__ import annotations
 
-__all__ = [
-    "CHANGED",
-    "GONE",
-    "GRACE",
-    "MAGIC",
-    "MAX_FRAME",
-    "MAX_KEY",
-    "MAX_KEYS",
-    "MAX_VALUE",
-    "PROBES",
-    "SESSION",
-    "StoreClient",
-    "StoreError",
-    "StoreRestarted",
-    "StoreServer",
-    "StoreTimeout",
-]
+import importlib
+
+# Each name from the module that defines it, imported on first use: the agent that only serves its
+# workers' bootstrap store never loads the client (PEP 562; every name stays importable from here).
+_WHERE = {
+    "PROBES": "client",
+    "StoreClient": "client",
+    "StoreError": "client",
+    "StoreRestarted": "client",
+    "StoreTimeout": "client",
+    "GRACE": "ops",
+    "StoreServer": "server",
+    "CHANGED": "wire",
+    "GONE": "wire",
+    "MAGIC": "wire",
+    "MAX_FRAME": "wire",
+    "MAX_KEY": "wire",
+    "MAX_KEYS": "wire",
+    "MAX_VALUE": "wire",
+    "SESSION": "wire",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
