@@ -179,14 +179,27 @@ def goodput_line(node: Breakdown, job: Breakdown | None, why: str = "") -> str:
     return node.line()
 
 
-def conclude(accountant: Accountant, store: Store | None, run_id: str, host: str, emit: Callable[..., None]) -> str:
+def conclude(
+    accountant: Accountant,
+    store: Store | None,
+    run_id: str,
+    host: str,
+    emit: Callable[..., None],
+    goes_on: bool = False,
+) -> str:
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
-    events file (`goodput`); returns the line to print last."""
+    events file (`goodput`); returns the line to print last. `goes_on`: this node leaves a job that
+    goes on without it (quarantined): no job-wide figure to agree on."""
     node = accountant.finish()
-    # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one would
-    # wait out the whole connect timeout when the store's host is gone; this one gives up within
-    # the store client's reconnect bound.
-    job, why = job_breakdown(store, run_id, accountant.round, node)
+    if goes_on:
+        # The others re-form once this node has left (after this): a wait here for group rank 0's
+        # figure would only hold them in a round they no longer have, for JOB_WAIT.
+        job, why = None, "this node left the job, which goes on without it"
+    else:
+        # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one would
+        # wait out the whole connect timeout when the store's host is gone; this one gives up within
+        # the store client's reconnect bound.
+        job, why = job_breakdown(store, run_id, accountant.round, node)
     emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
     if accountant.round is None:  # stopped while forming, or a spare that was never needed
         return f"goodput: this node ran no round ({duration(node.wall)} waiting for one)"

@@ -26,6 +26,7 @@ from .governor import governor_for
 from .logs import Console, LogRouter, configure_console
 from .members import routing_of
 from .notify import Notifier
+from .policy import Stop
 from .rendezvous import create_rendezvous
 from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
@@ -147,7 +148,10 @@ def run(config: LaunchConfig) -> int:
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
         if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
             rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
-        goodput = conclude(accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit)
+        goes_on = supervisor.stopped_by is Stop.QUARANTINE  # this node leaves; the others re-form without it
+        goodput = conclude(
+            accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit, goes_on
+        )
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:

@@ -313,8 +313,9 @@ def test_a_host_cut_off_from_etcd_stops_cleanly_and_the_rest_goes_on(tmp_path):
             t0 = time.monotonic()
             node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # its lease expired: re-formed alone
             assert node_b.wait(60) == 1, node_b.stderr[-3000:]
-            assert (
-                time.monotonic() - t0 < 20
+            took = time.monotonic() - t0
+            assert took < 20, (
+                f"{took}\n{node_b.stderr}"
             )  # read_timeout 3 s after the refreshes began to fail, then one retry of 3 s
             assert (
                 "reason: cannot reach etcd at 10.79.0.1:2379" in node_b.stderr and "Traceback" not in node_b.stderr

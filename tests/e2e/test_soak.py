@@ -39,7 +39,9 @@ def current_round(agent) -> int:
 
 
 PER_NODE = ("node1", "node2", "plan1", "plan2", "hb0", "hb1")  # what two nodes write in a round
-MARKERS = ("joined", "sealed", "change", "failed", "left", "waiting", "finished")  # one of each per round, at most
+# One of each per round, at most: `cause` says why a failed round ended (the restart policy), `dead`
+# counts the tickets and spares found dead (read with add(0), so every round that counts it has one).
+MARKERS = ("joined", "sealed", "change", "failed", "cause", "left", "waiting", "dead", "finished")
 
 
 def store_keys(port: int, old_round: int = -1) -> tuple[int, int, list[str]]:
@@ -69,8 +71,13 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         until = time.time() + SECONDS
         env = {"FAIL_EVERY": "1", "SOAK_UNTIL": str(until)}
 
+        # The restart policy off (docs/policy.md): no backoff, no quarantine, no stop for the same
+        # failure again and again, or the node would be held back or leave with 69 after 3 rounds.
+        policy = ("--restart_policy", "backoff=0,deterministic=off,no_progress=0", "--quarantine", "window=0")
+
         def args(host: str) -> list[str]:
-            return c10d(port, "2", "--max_restarts", "10000", run_id=RUN_ID, conf=f"read_timeout=20,is_host={host}")
+            conf = f"read_timeout=20,is_host={host}"
+            return c10d(port, "2", "--max_restarts", "10000", *policy, run_id=RUN_ID, conf=conf)
 
         host = cluster.start(*args("true"), worker("steps.py"), env=env, name="host")
         other = cluster.start(*args("false"), worker("steps.py"), env=env, name="other")
@@ -79,11 +86,12 @@ def test_restart_every_second_for_a_minute_nothing_grows():
         wait_round(host, 5, timeout=60)  # warm: every thread and buffer made once
         first = {a.name: sample(a.pid) for a in agents}
         keys0, round0, _ = store_keys(port)
-        while time.time() < until - 6:
+        # The store is read first, then the two samples (3 s each): all before the job ends at `until`.
+        while time.time() < until - 10:
             assert host.popen.poll() is None, host.stderr[-3000:]
             time.sleep(0.5)
-        last = {a.name: sample(a.pid) for a in agents}
         keys1, round1, stale = store_keys(port, old_round=round0 + 1)
+        last = {a.name: sample(a.pid) for a in agents}
 
         for a in agents:
             assert a.wait(60) == 0, a.stderr[-3000:]

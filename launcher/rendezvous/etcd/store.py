@@ -289,6 +289,10 @@ class EtcdStore:
     def _call(self, fn: Callable, *, idempotent: bool = True, retry_for: float | None = None):
         """Run `fn(engine)`, retrying while the cluster does not answer (with backoff) up to `retry_for`."""
         limit = self.retry_for if retry_for is None else retry_for
+        if self.lease is not None and self.lease.failing()[0] > self.retry_for:
+            # Cut off (`wait_change` said so): the others dropped this agent with its lease, and each
+            # retry would only hold up its end (the board's last report, goodput, leave): one try each.
+            limit = 0.0
         start = time.monotonic()
         delay, told = 0.05, False
         while True:
