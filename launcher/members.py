@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import process
+from .config import LaunchConfig
+from .env import WorkerSpec, worker_env, workers_of
 from .governor import Ended
-from .logs import Console, LogRouter, Stream
-from .logs_specs import RankLogs
+from .logs import Console, LogRouter, Routing, Stream
+from .logs_specs import Placement, PluginLogs, RankLogs, default_placement
 from .oom import oom_reason
 from .reports import WorkerReport
 from .spec import Exit, Failure, Round, Verdict, Worker, WorkerRow, WorkerState
@@ -179,3 +181,59 @@ def ended_round(
         cause=cause,
         last_line=member.last_line if member else "",
     )
+
+
+def worker_spec(config: LaunchConfig) -> WorkerSpec:
+    """What this agent's workers share, from the config."""
+    c = config
+    return WorkerSpec(
+        c.program,
+        c.script_args,
+        c.local_rank_arg,
+        c.role,
+        c.max_restarts,
+        c.signals_to_handle,
+        c.gpus,
+        c.virtual_local_rank,
+        c.hang_timeout,
+    )
+
+
+def routing_of(config: LaunchConfig) -> Routing:
+    """Where the workers' streams go, from the config."""
+    c = config
+    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
+
+
+def prepare(
+    spec: WorkerSpec,
+    routing: Routing,
+    rnd: Round,
+    nproc: int,
+    environ: Mapping[str, str],
+    attempt: str,
+    agent_id: str,
+    logs: LogRouter,
+    plugin: PluginLogs | None,
+) -> tuple[list[Worker], dict[int, dict[str, str]], Placement]:
+    """This node's workers in round `rnd`, each one's environment, and where their files go
+    (`attempt`: the round's folder; a `--logs_specs` plugin places the files where one is named)."""
+    workers = workers_of(rnd, nproc)
+    envs = {}
+    for worker in workers:
+        folder = os.path.join(attempt, str(worker.local_rank))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
+            logs.disk_error(folder, e)
+        envs[worker.local_rank] = worker_env(
+            spec,
+            rnd,
+            worker,
+            environ,
+            error_file=os.path.join(folder, "error.json"),
+            agent_id=agent_id,
+            progress_file=os.path.join(folder, "progress"),
+        )
+    plan = plugin.place(envs) if plugin else default_placement(routing, attempt, envs)
+    return workers, envs, plan

@@ -367,3 +367,19 @@ def is_tty(stream: IO | None = None) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def sweep(spared: list[int], reaped: list[int], graceful: bool) -> None:
+    """Kill every descendant of this process but the `spared` pids (the guard, the zygote): whatever
+    the workers left behind (daemons, escaped grandchildren), SIGTERM first when `graceful`; then
+    reap `reaped`."""
+    leftovers = descendants(spared)
+    if leftovers:
+        import psutil
+
+        if graceful:
+            kill_procs(leftovers, signal.SIGTERM)
+            _, leftovers = psutil.wait_procs(leftovers, timeout=1.0)
+        kill_procs(leftovers, signal.SIGKILL)
+        psutil.wait_procs(leftovers, timeout=1.0)
+    reap_adopted(reaped)

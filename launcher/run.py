@@ -24,11 +24,12 @@ from .config import LaunchConfig
 from .errors import EXIT_OK, LauncherError, exit_code_for_signal
 from .governor import governor_for
 from .logs import Console, LogRouter, configure_console
+from .members import routing_of
 from .notify import Notifier
 from .rendezvous import create_rendezvous
 from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
-from .supervisor import Supervisor, routing_of
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ the loop through pidfds. The group moves through `GroupState` as a unit:
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import queue
@@ -20,20 +19,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from . import net, process
 from .board import Monitor
 from .bootstrap import BootstrapStore
 from .config import LaunchConfig
-from .env import PROGRESS_VAR, WorkerSpec, worker_argv, worker_env, workers_of
+from .env import PROGRESS_VAR, worker_argv
 from .errors import RendezvousClosedError, RendezvousError
 from .exitcodes import ExitCode, for_signal, passed_through
 from .filetimer import FILE_VAR, FileTimer, end_expired
 from .governor import Governor
-from .logs import Console, LogRouter, Routing
-from .logs_specs import PluginLogs, default_placement
-from .members import Member, ended_round, route, verdict_of
+from .logs import Console, LogRouter
+from .logs_specs import PluginLogs
+from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
+from .members import Member, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
 from .policy import Stop, requeue_after
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, WaitKind, WaitReport
@@ -44,48 +44,6 @@ from .stragglers import Flagged
 
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RoundReady:
-    rnd: Round
-
-
-@dataclass(frozen=True)
-class RoundFailed:
-    error: RendezvousError
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The governor keeps this node out of the next round (quarantined, or its health check failed)."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """What the forming round waits for (the rendezvous says so every few seconds)."""
-
-    line: str
-    kind: WaitKind = WaitKind.NODES
-
-
-class Then(enum.Enum):
-    """What the supervisor does once a stop of the group is complete."""
-
-    RESTART = "restart"  # a worker failed: a new round, charged to the restart budget
-    MEMBERSHIP = "membership"  # another node joined, left or died: a new round, free of charge
-    SIGNAL = "signal"  # the launcher was told to stop: the group ends FAILED with 128+N
-    FAIL = "fail"  # a worker cannot be started (its command vanished): the group ends FAILED
-
-
-@dataclass
-class _Stop:
-    then: Then
-    deadline: float
-    signum: int = signal.SIGTERM
-    begun: float = 0.0
 
 
 class Supervisor:
@@ -143,7 +101,7 @@ class Supervisor:
         self.round: Round | None = None
         self.members: list[Member] = []
         self.failures: list[Failure] = []
-        self.stop: _Stop | None = None
+        self.stop: Stopping | None = None
         self.exit_signal: int | None = None
         self.message = ""
         self._oom_kills: int | None = None
@@ -325,24 +283,17 @@ class Supervisor:
         if self.watchdog:
             self.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
-        workers = workers_of(rnd, self.config.nproc_per_node)
-        envs = {}
-        for worker in workers:
-            folder = os.path.join(attempt, str(worker.local_rank))
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except OSError as e:  # a full or read-only disk must not stop the job: no files this attempt
-                self.logs.disk_error(folder, e)
-            envs[worker.local_rank] = worker_env(
-                self.spec,
-                rnd,
-                worker,
-                self.environ,
-                error_file=os.path.join(folder, "error.json"),
-                agent_id=self.agent_id,
-                progress_file=os.path.join(folder, "progress"),
-            )
-        plan = self.logs_plugin.place(envs) if self.logs_plugin else default_placement(self.routing, attempt, envs)
+        workers, envs, plan = prepare(
+            self.spec,
+            self.routing,
+            rnd,
+            self.config.nproc_per_node,
+            self.environ,
+            attempt,
+            self.agent_id,
+            self.logs,
+            self.logs_plugin,
+        )
         filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
         filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
         for worker in workers:
@@ -437,7 +388,7 @@ class Supervisor:
     def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
         """Send `signum` to every live worker tree; SIGKILL what is left after `grace` seconds.
         `reason` is the events file's word for the stop when it is not `then`'s (the job ends)."""
-        self.stop = _Stop(then, self.clock() + grace, signum, begun=self.clock())
+        self.stop = Stopping(then, self.clock() + grace, signum, begun=self.clock())
         self._set_state(GroupState.STOPPING)
         self.emit("stopping", reason=reason or then.value, signal=signal.Signals(signum).name, grace=grace)
         self.signal_workers(signum, mark=True)
@@ -520,16 +471,7 @@ class Supervisor:
 
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
-        leftovers = process.descendants(self._not_mine())
-        if leftovers:
-            import psutil
-
-            if graceful:
-                process.kill_procs(leftovers, signal.SIGTERM)
-                _, leftovers = psutil.wait_procs(leftovers, timeout=1.0)
-            process.kill_procs(leftovers, signal.SIGKILL)
-            psutil.wait_procs(leftovers, timeout=1.0)
-        process.reap_adopted([m.proc.pid for m in self.members] + list(self.starter.helpers()))
+        process.sweep(self._not_mine(), [m.proc.pid for m in self.members] + list(self.starter.helpers()), graceful)
 
     def handle_signal(self, signum: int) -> None:
         self.emit("signal", name=signal.Signals(signum).name, passthrough=signum in self.config.passthrough_signals)
@@ -648,28 +590,6 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.guard.pid] if self.guard and self.guard.pid else []
         return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
-
-
-def worker_spec(config: LaunchConfig) -> WorkerSpec:
-    """What this agent's workers share, from the config."""
-    c = config
-    return WorkerSpec(
-        c.program,
-        c.script_args,
-        c.local_rank_arg,
-        c.role,
-        c.max_restarts,
-        c.signals_to_handle,
-        c.gpus,
-        c.virtual_local_rank,
-        c.hang_timeout,
-    )
-
-
-def routing_of(config: LaunchConfig) -> Routing:
-    """Where the workers' streams go, from the config."""
-    c = config
-    return Routing(c.redirects, c.tee, c.local_ranks_filter, c.log_dir, c.role, c.multi_node)
 
 
 def _pgid(pid: int) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .. import net, plugins
 from ..errors import RendezvousClosedError, RendezvousError, RestartBudgetExhausted
 from ..spec import Round, Verdict
-from .api import Cause, JobParams, MembershipChanged
+from .api import Cause, JobParams, MembershipChanged, WaitReport
 
 GROUP = "torchrun.handlers"
 IDENTICAL_VAR = "TORCH_ELASTIC_WORKER_IDENTICAL"
@@ -73,7 +73,7 @@ class TorchHandlerRendezvous:
         self._stop = threading.Event()
 
     def next_round(
-        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[str], None] | None = None
+        self, cause: Cause, verdict: Verdict | None = None, waiting: Callable[[WaitReport], None] | None = None
     ) -> Round:
         self._stop.set()  # the last round's watcher
         if cause is Cause.FAILURE:
@@ -81,7 +81,7 @@ class TorchHandlerRendezvous:
                 raise RestartBudgetExhausted(f"no restarts left (--max_restarts {self.job.max_restarts})")
             self._restarts += 1
         if waiting:
-            waiting(f"waiting for the {self.settings.name} rendezvous (a torchrun.handlers backend)")
+            waiting(WaitReport(f"waiting for the {self.settings.name} rendezvous (a torchrun.handlers backend)"))
         try:
             info = self.handler.next_rendezvous()
             rank, size, store = info.rank, info.world_size, info.store

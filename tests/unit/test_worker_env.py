@@ -10,8 +10,8 @@ import pytest
 
 from launcher.config import JOIN_TOKEN_ENV, LaunchConfig
 from launcher.env import AGENT_ID_VAR, PROGRESS_VAR, worker_argv, worker_env, workers_of, zygote_env
+from launcher.members import worker_spec
 from launcher.spec import Round, Worker
-from launcher.supervisor import worker_spec
 
 ROUND = Round(
     run_id="job",
