@@ -4,9 +4,10 @@
 sealed round, a `closed` mark) would make the new run's nodes spares of a round nobody is left to
 end, or refuse them with the old verdict. etcd sweeps a job whose agents are all gone
 (`etcd.store`); on a store with `Capability.CRASH` (our TCPStore server: a held key vanishes with
-its agent's connections) the first node of the new run does the same in its own way: when every
-alive key of the job's last two rounds, and of its spares, is gone, it moves the job to the next
-epoch (`<run_id>/epoch`, by compare-and-set: one mover), whose keys start empty (`keys.Keys`).
+its agent's connections) the first node of the new run does the same in its own way: when the job
+closed or sealed a round, and every alive key of its last two rounds and of its spares is gone, it
+moves the job to the next epoch (`<run_id>/epoch`, by compare-and-set: one mover), whose keys start
+empty (`keys.Keys`).
 
 A late node of a live job (some member's key held) joins that job as before, and learns its
 verdict when it is closed. A store without CRASH (torch's own TCPStore server: no held keys) keeps
@@ -72,11 +73,13 @@ def _last_run(
         return None  # never ran here (or its first node is creating the round counter)
     r = _number(raw_round)
     rounds = [r, r - 1] if r > 0 else [r]
-    counts = store.multi_get([keys.joined(q) for q in rounds] + [keys.spares])
-    tickets = [_number(c) for c in counts[:-1]]
-    spares = _number(counts[-1])
-    if not closed and not any(tickets):
-        return None  # a fresh job's first round, nobody in it yet
+    values = store.multi_get([keys.joined(q) for q in rounds] + [keys.sealed(q) for q in rounds] + [keys.spares])
+    tickets, seals, spares = [_number(c) for c in values[: len(rounds)]], values[len(rounds) : -1], _number(values[-1])
+    # Only a closed job or a sealed round is judged: every member of a sealed round holds its key, and the
+    # nodes forming the round after it still hold theirs of it. A round forming with no sealed one before
+    # it proves nothing (a node takes its ticket, then holds its key); its sealer leaves dead tickets out.
+    if not closed and not any(seals):
+        return None
     alive = [keys.alive(q, k) for q, n in zip(rounds, tickets) for k in range(1, min(n, max_nodes) + 1)]
     alive += [keys.spare_alive(j) for j in range(max(1, spares - MAX_SPARES_READ + 1), spares + 1)]
     # A live job's first members hold theirs: read a few at a time and stop at the first held.

@@ -40,7 +40,8 @@ def enter(store: CrashStore, keys: Keys, max_nodes: int = 2) -> bool:
 
 @pytest.mark.parametrize("closed", [True, False])
 def test_a_job_with_no_node_alive_starts_a_new_epoch_with_empty_keys(closed):
-    data = dict(DEAD_AND_CLOSED) if closed else {k: v for k, v in DEAD_AND_CLOSED.items() if k != "job/closed"}
+    sealed = {k: v for k, v in DEAD_AND_CLOSED.items() if k != "job/closed"} | {"job/r0/sealed": b"2:a"}
+    data = dict(DEAD_AND_CLOSED) if closed else sealed  # round 1 forms after round 0 sealed; all gone
     store, keys = CrashStore(data), Keys("job")
     assert enter(store, keys)
     assert (keys.epoch, keys.round, keys.closed, keys.alive(0, 1)) == (
@@ -66,7 +67,8 @@ def test_a_job_with_a_node_alive_is_joined_as_it_is(alive):
 
 
 def test_a_fresh_job_and_a_store_without_crash_detection_keep_the_first_epoch():
-    for data in ({}, {"job/round": b"0"}, {"job/round": b"0", "job/r0/joined": b"0"}):
+    # A forming round with no sealed one before it proves nothing: a node takes its ticket, then holds.
+    for data in ({}, {"job/round": b"0"}, {"job/round": b"0", "job/r0/joined": b"1"}, {"job/round": b"2"}):
         store, keys = CrashStore(data), Keys("job")
         assert not enter(store, keys) and keys.epoch == 0
     store, keys = CrashStore(dict(DEAD_AND_CLOSED), crash=False), Keys("job")  # torch's own server: no held keys
