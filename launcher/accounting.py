@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from .goodput import Breakdown, Ledger, duration, total
-from .rendezvous.keys import Keys
 from .rendezvous.records import load
+from .rendezvous.rerun import job_keys
 from .rendezvous.store import Store
 
 log = logging.getLogger(__name__)
@@ -141,9 +141,8 @@ def job_breakdown(
     r, g, n = where
     if store is None or n <= 1:
         return (mine if n <= 1 else None), ("" if n <= 1 else "no shared store")
-    keys = Keys(run_id)
-    prefix = keys.of_round(r)
     try:
+        prefix = job_keys(store, run_id).of_round(r)  # in the job's current epoch (`rendezvous.rerun`)
         store.set(f"{prefix}goodput{g}", json.dumps(mine.to_dict()).encode())
         if g == 0:
             parts = [f"{prefix}goodput{i}" for i in range(n)]

@@ -24,6 +24,7 @@ from .errors import RendezvousError
 from .net import hostname
 from .rendezvous.keys import Keys
 from .rendezvous.records import load, number
+from .rendezvous.rerun import job_keys
 from .rendezvous.store import Capability, DeletingStore, Store, capabilities_of
 from .reports import NodeReport
 from .spec import Round
@@ -40,9 +41,9 @@ REPORT_BATCH = 1024  # reports read per MULTI_GET
 class Board:
     """The job board of run `run_id` over `store` (a connection of its own: one thread uses it)."""
 
-    def __init__(self, store: Store, run_id: str):
+    def __init__(self, store: Store, run_id: str, keys: Keys | None = None):
         self.store = store
-        self.keys = Keys(run_id)
+        self.keys = keys or job_keys(store, run_id)  # in the job's current epoch (`rendezvous.rerun`)
 
     def report_key(self, r: int, g: int) -> str:
         return f"{self.keys.of_round(r)}snap{g}"

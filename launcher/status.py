@@ -16,6 +16,7 @@ from .goodput import Breakdown, total
 from .quarantine import QuarantineBook
 from .rendezvous.keys import Keys
 from .rendezvous.records import decode_verdict, load, parse_count, printable, sealed_members, token_check, token_refusal
+from .rendezvous.rerun import job_keys
 from .rendezvous.spares import read_spares
 from .rendezvous.store import Store
 from .reports import NodeReport
@@ -48,20 +49,21 @@ def open_store(config: StatusConfig) -> Store:
 
 def read_status(store: Store, config: StatusConfig) -> dict:
     """The job as one dict (the --json output). Raises ConfigError on a wrong or missing token."""
-    keys, board = Keys(config.rdzv_id), Board(store, config.rdzv_id)
-    token = store.get(keys.token)
+    keys = job_keys(store, config.rdzv_id)  # in the job's current epoch (`rendezvous.rerun`)
+    token, started = store.multi_get([keys.token, keys.round])
     job: dict = {"run_id": config.rdzv_id, "read_at": round(time.time(), 3)}
-    if token is None:
+    if not token and not started:
         return {**job, "state": "absent", "nodes": []}
-    if token != token_check(config.join_token, config.rdzv_id):
-        raise ConfigError(token_refusal(token, config.join_token, config.rdzv_id))
+    if token not in (None, b"", b"none") and token != token_check(config.join_token, config.rdzv_id):
+        raise ConfigError(token_refusal(token, config.join_token, config.rdzv_id))  # a job without one: anyone
+    board = Board(store, config.rdzv_id, keys)
 
     def count(key: str) -> int | None:
         """A counter as the store holds it; None when it holds no number (a hostile value: an ADD on
         it would make the store hang up, which would read as an unreachable store)."""
         return read_counter(store.get(key))
 
-    r = parse_count(store.get(keys.round) or b"0", "round number")
+    r = parse_count(started or b"0", "round number")
     closed = store.get(keys.closed)
     job.update(round=r, restarts=count(keys.restarts))
     members, shown = sealed_members(store.get(keys.sealed(r))), r

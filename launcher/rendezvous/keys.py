@@ -1,9 +1,11 @@
 """Where the protocol keeps what: every key of one job, named once.
 
-Keys, under `<run_id>/` (a store adds its own prefix):
-    round, closed, restarts, token               job-wide
+Keys, under `<run_id>/` in the job's first epoch and `<run_id>/e<epoch>/` in a later one (a store adds its
+own prefix; `rerun` starts a new epoch when a job id is run again on a store that kept a dead run's keys):
+    epoch, token                                 under `<run_id>/` always: the job's epoch, its join token check
+    quarantined  quarantine<i>                   under `<run_id>/` always: hosts kept out for a cooldown
+    round, closed, restarts                      job-wide
     verdict  acks  acked<k>                      the job's root cause, written before `closed`; who read it
-    quarantined  quarantine<i>                   hosts kept out of the job for a cooldown (`launcher.quarantine`)
     r<r>/joined  r<r>/node<k>  r<r>/sealed        forming a round (k = ticket, 1-based)
     r<r>/plan<k>                                  what the sealer decided for ticket k
     r<r>/change  r<r>/failed  r<r>/left  r<r>/waiting  r<r>/hb<g>  r<r>/done<g>  r<r>/finished
@@ -20,19 +22,28 @@ from __future__ import annotations
 class Keys:
     """The keys of job `run_id`: job-wide ones as attributes, a round's as methods of the round."""
 
-    __slots__ = ("run_id", "prefix", "round", "closed", "restarts", "token", "verdict", "acks", "quarantined", "spares")
+    __slots__ = (
+        *("run_id", "epoch", "epoch_key", "prefix", "round", "closed", "restarts", "token"),
+        *("verdict", "acks", "quarantined", "spares"),
+    )
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, epoch: int = 0):
         self.run_id = run_id
-        self.prefix = p = f"{run_id}/"
+        self.epoch = epoch
+        self.epoch_key = f"{run_id}/epoch"  # the job's epoch (a decimal that only grows; absent: 0)
+        self.token = f"{run_id}/token"  # the join token's check (`records.token_check`); every epoch's
+        self.prefix = p = f"{run_id}/" if epoch == 0 else f"{run_id}/e{epoch}/"
         self.round = p + "round"  # the round now forming or running (a decimal that only grows)
         self.closed = p + "closed"  # why the job was closed; set once, by the first closer
         self.restarts = p + "restarts"  # the job-wide restart budget used (a counter)
-        self.token = p + "token"  # the join token's check (`records.token_check`)
         self.verdict = p + "verdict"  # the job's root cause (`records.encode_verdict`)
         self.acks = p + "acks"  # how many nodes read the verdict (a counter)
         self.spares = p + "spares"  # how many spares registered in this job (a counter: spare numbers)
-        self.quarantined = p + "quarantined"  # how many quarantine records there are (a counter)
+        self.quarantined = f"{run_id}/quarantined"  # how many quarantine records (a counter); every epoch's
+
+    def rebase(self, epoch: int) -> None:
+        """Move these keys (shared by the protocol's parts) to the job's `epoch`."""
+        self.__init__(self.run_id, epoch)  # type: ignore[misc]
 
     def acked(self, k: int) -> str:
         """Set by the k-th node that read the closed job's verdict (the store host waits for them)."""
@@ -48,7 +59,7 @@ class Keys:
 
     def quarantine(self, i: int) -> str:
         """The i-th quarantine record (1-based; `quarantine.encode`): a host kept out, why, until when."""
-        return f"{self.prefix}quarantine{i}"
+        return f"{self.run_id}/quarantine{i}"
 
     def of_round(self, r: int) -> str:
         """The prefix of round r's keys."""

@@ -5,7 +5,7 @@ one small descriptor, and the round is *sealed* once MAX nodes joined, or once t
 from the last round are back, or once the last call after MIN nodes ran out. The sealer alone
 reads the descriptors and writes one plan key per node (ranks, world, bootstrap address), so a
 round costs O(N) store operations in total; nobody rewrites a shared blob. A node joins in five
-calls: one read (round, closed, token), its ticket, its alive key, its descriptor, and a wait that
+calls: one read (round, closed, token, epoch), its ticket, its alive key, its descriptor, and a wait that
 returns its plan (a ticket below MIN is in every seal, so it waits for its plan directly).
 
 A sealed round ends when any node writes its `change` key: a worker failed (charged once to the
@@ -51,6 +51,7 @@ from .records import (
     token_check,
     token_refusal,
 )
+from .rerun import enter_epoch
 from .settings import RendezvousSettings
 from .spares import SpareJudge, SpareSeat, live_spares, wait_spares_read, yield_to_members
 from .store import HELD, LivenessStore, Store, capabilities_of
@@ -508,12 +509,13 @@ class ElasticRendezvous:
         return max(0.001, min(at_most, deadline - self.clock()))
 
     def _look(self, first: bool = False) -> int:
-        """The job's current round, read in one request with its `closed` mark (raised when set) and,
-        on this node's first join, its token check."""
+        """The round, read with `closed` (raised when set); on a first join, the token and epoch (`rerun`)."""
         k = self.keys
-        values = self.store.multi_get([k.round, k.closed, k.token] if first else [k.round, k.closed])
+        values = self.store.multi_get([k.round, k.closed, k.token, k.epoch_key] if first else [k.round, k.closed])
         if first:
             self._check_token(values[2] or None)
+            if enter_epoch(self.store, k, values[3], values[:2], self.node.max_nodes):
+                values = self.store.multi_get([k.round, k.closed])
         if values[1]:
             self._check_closed()
         if not values[0]:  # the job's first node: create the counter (or learn who did)
@@ -521,12 +523,12 @@ class ElasticRendezvous:
         return parse_count(values[0], "round number")
 
     def _check_token(self, theirs: bytes | None) -> None:
-        """The first node sets the job's token check (an HMAC of the run id, never the token); others must match."""
+        """A node with a token sets the token check (an HMAC of the run id); a token-less one never writes."""
         mine = token_check(self.node.token, self.run_id)
-        if theirs is None:
-            theirs = self.store.compare_set(self.keys.token, b"", mine)
-        if theirs != mine:
-            raise RendezvousError(token_refusal(theirs, self.node.token, self.run_id))
+        if self.node.token and theirs in (None, b"none"):
+            theirs = self.store.compare_set(self.keys.token, theirs or b"", mine)
+        if theirs != mine if self.node.token else theirs not in (None, b"none"):
+            raise RendezvousError(token_refusal(theirs or b"none", self.node.token, self.run_id))
 
     def _current_round(self) -> int:
         return parse_count(self.store.compare_set(self.keys.round, b"", b"0"), "round number")

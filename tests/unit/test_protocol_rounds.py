@@ -15,7 +15,7 @@ from support.clock import FakeClock
 from launcher.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged, WaitKind
 from launcher.rendezvous.protocol import LOOK_EVERY, WAIT_REPORT_EVERY, ElasticRendezvous
-from launcher.rendezvous.records import MAX_VERDICT, Node, assign, decode_verdict, encode_verdict
+from launcher.rendezvous.records import MAX_VERDICT, Node, assign, decode_verdict, encode_verdict, token_check
 from launcher.rendezvous.settings import RendezvousSettings
 from launcher.spec import Verdict
 
@@ -234,7 +234,6 @@ def test_one_failure_is_charged_once_whoever_reports_it():
 @pytest.mark.parametrize(
     "theirs, mine, message",
     [
-        (None, "s3cret", "was started without a join token"),
         ("s3cret", None, "needs a join token"),
         ("s3cret", "other", "wrong join token"),
     ],
@@ -246,6 +245,26 @@ def test_join_tokens_must_match(theirs, mine, message):
     assert b"s3cret" not in store.data["job/token"]  # an HMAC, never the token
     with pytest.raises(RendezvousError, match=message):
         agent(store, node("b", token=mine), clock).next_round(Cause.START)
+
+
+def test_a_node_without_the_token_cannot_lock_the_real_nodes_out():
+    """A token-less node writes no token check; the first node with the token sets it (over a legacy `none`
+    too), and token-less nodes are refused from then on."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    stray = agent(store, node("stray"), clock)
+    stray.next_round(Cause.START)
+    assert "job/token" not in store.data
+    stray.shutdown(succeeded=True)  # the stray's one-node job finished
+    with pytest.raises(RendezvousClosedError):  # not refused for its token: it learns the job's end
+        agent(store, node("real", token="s3cret"), clock).next_round(Cause.START)
+    assert store.data["job/token"] == token_check("s3cret", "job")
+    with pytest.raises(RendezvousError, match="needs a join token"):
+        agent(store, node("stray2"), clock).next_round(Cause.START)
+    legacy = MemoryStore(clock)
+    legacy.data["job/token"] = b"none"  # written by an older launcher's token-less first node
+    assert agent(legacy, node("real", token="s3cret"), clock).next_round(Cause.START).group_rank == 0
+    assert legacy.data["job/token"] == token_check("s3cret", "job")
 
 
 @pytest.mark.parametrize(
