@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.processes import procs_with_token
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "workers" / "spare_steps.py")
@@ -36,24 +37,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def procs_with_token(token: str) -> list[int]:
-    """Live (non-zombie) processes whose environment carries TEST_TOKEN=token."""
-    marker, found = f"\0TEST_TOKEN={token}\0".encode(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = b"\0" + f.read() + b"\0"
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in env and state != "Z":
-            found.append(int(name))
-    return found
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
