@@ -210,7 +210,11 @@ def test_metrics_while_the_job_runs_and_after_its_restart(cluster, tmp_path):
         time.sleep(0.2)  # the pace of the polling, not a synchronisation: the condition above decides
     assert after["launcher_restarts"] == 1, after
     assert after['launcher_failures_total{cause="exit"}'] == 1, after
-    assert after['launcher_group_state{state="running"}'] == 1 and after['launcher_workers{state="running"}'] == 2
+    # the restarted workers run, or (on a slow machine, by this scrape) have just finished their steps
+    done = after.get('launcher_workers{state="succeeded"}', 0)
+    assert (
+        after['launcher_group_state{state="running"}'] == 1 and after['launcher_workers{state="running"}'] + done == 2
+    )
     assert after['launcher_worker_step{rank="1"}'] > 8, after
     assert after['launcher_goodput_seconds{component="restart"}'] > 0, after
     assert agent.wait(90) == 0, agent.stderr
