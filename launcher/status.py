@@ -15,7 +15,16 @@ from .errors import ConfigError, RendezvousConnectionError, RendezvousError
 from .goodput import Breakdown, total
 from .quarantine import QuarantineBook
 from .rendezvous.keys import Keys
-from .rendezvous.records import decode_verdict, load, parse_count, printable, sealed_members, token_check, token_refusal
+from .rendezvous.records import (
+    decode_verdict,
+    load,
+    parse_count,
+    printable,
+    read_counter,
+    sealed_members,
+    token_check,
+    token_refusal,
+)
 from .rendezvous.rerun import job_keys
 from .rendezvous.spares import read_spares
 from .rendezvous.store import Store
@@ -118,14 +127,6 @@ def _node(g: int, report: NodeReport) -> dict:
     node = asdict(report)
     node.update(group_rank=g, heartbeat_age=round(max(0.0, time.time() - node.pop("time")), 1))
     return node
-
-
-def read_counter(raw: bytes | None) -> int | None:
-    """A counter written by ADD (a decimal, maybe signed); 0 when absent; None when it is no number."""
-    if raw is None:
-        return 0
-    text = raw.strip()
-    return int(text) if text.lstrip(b"+-").isdigit() and len(text) <= 20 else None
 
 
 def status_main(config: StatusConfig, show) -> int:

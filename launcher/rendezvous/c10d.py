@@ -29,7 +29,7 @@ from ..net import free_port, is_local_address
 from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
 from .api import JobParams
 from .protocol import ElasticRendezvous
-from .records import Node, printable
+from .records import Node, printable, read_counter
 from .settings import C10dSettings
 from .store import Capability, Change
 
@@ -114,7 +114,7 @@ class TCPStoreAdapter:
             return lost
         finally:
             reader.close()
-        if held is None or held.strip().lstrip(b"+-").isdigit():
+        if read_counter(held) is not None:  # absent, or a number: the store itself went away
             return lost
         return RendezvousError(
             f"the rendezvous store's counter {key} holds {printable(held, 40)!r}, not a number: "

@@ -273,3 +273,11 @@ def parse_count(raw: bytes, what: str) -> int:
     if not (raw.isdigit() and len(raw) <= 9):
         raise RendezvousError(f"rendezvous store holds a malformed {what} under this job's prefix")
     return int(raw)
+
+
+def read_counter(raw: bytes | None) -> int | None:
+    """A counter written by ADD (a decimal, maybe signed); 0 when absent; None when it is no number."""
+    if raw is None:
+        return 0
+    text = raw.strip()
+    return int(text) if text.lstrip(b"+-").isdigit() and len(text) <= 20 else None
