@@ -69,6 +69,9 @@ class SpareLost:
     node: str
 
 
+FINISHED = "it finished"  # how the close of a job that succeeded begins: its spares end with exit 0
+
+
 def budget_spent(used: int, max_restarts: int) -> bool:
     """The one restart-budget rule, for every backend: `used` counts the restarts charged so far,
     this failure's included. A job restarts at most `max_restarts` times: the failure after that ends it."""

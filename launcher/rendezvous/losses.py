@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from ..spec import Round
-from .api import budget_spent
+from .api import FINISHED, budget_spent
 from .keys import Keys
 from .records import Node, sealed_members
 from .spares import drop
@@ -44,8 +44,14 @@ class Losses:
     def lost(self, st: Store, r: int, n: int, g: int, why: str) -> None:
         """Group rank g of round r (n members) is lost, because `why`."""
         k, node = self.keys, self.node
+        if st.add(k.told(r, g), 1) != 1:  # told already (by its neighbour, a spare, itself): counted once
+            self.change(r, why, st)
+            return
         st.set(k.lost(r, g), why[:LOST_TEXT].encode())
         left = st.add(k.left(r), 1)
+        if self._finished(st, r, n, left):  # the others finished: it was lost as they did (SPMD ranks end together)
+            self.change(r, why, st)
+            return
         charge = n - left < node.min_nodes and st.add(k.failed(r), 1) == 1
         if charge and budget_spent(st.add(k.restarts, 1), node.max_restarts):
             self.close(
@@ -54,6 +60,27 @@ class Losses:
                 st,
             )
         self.change(r, why, st)
+
+    def finish(self, st: Store, r: int, n: int) -> bool:
+        """A member of round r (n members) finished: True when it was the last, and the job is closed as
+        finished. A member lost after another finished counts as finished (`lost`)."""
+        return self._finished(st, r, n, st.add(self.keys.left(r), 0), st.add(self.keys.finished(r), 1))
+
+    def _finished(self, st: Store, r: int, n: int, left: int, done: int | None = None) -> bool:
+        """Close the job as finished when some member of round r finished and every other one finished
+        too or was lost; each side counts itself before it reads the other, so one of them sees both."""
+        done = st.add(self.keys.finished(r), 0) if done is None else done
+        if not done or done + left < n:
+            return False
+        lost = f"; {left} lost as the others finished" if left else ""
+        self.close(f"{FINISHED} (round {r} ended on all {n} nodes{lost})", st)
+        return True
+
+    def all_lost(self, st: Store, r: int, n: int, spare: str) -> None:
+        """Every member of round r (n of them) is gone, as `spare` found: nobody else is left to tell."""
+        why = f"every node of round {r} was lost (their alive keys are gone; found by spare {spare})"
+        for g in range(n):
+            self.lost(st, r, n, g, why)
 
     def left_forming(self, st: Store, forming: tuple[int, int], last: Round | None, why: str) -> None:
         """This node leaves while it holds ticket k of forming round r, because `why` (said in one line;
@@ -85,7 +112,7 @@ class Losses:
         """What round r waits for while it refills (only the first ticket reads and names the ranks)."""
         lost = self.reasons(st, r - 1) if k == 1 else {}
         what = f"group rank {', '.join(map(str, sorted(lost)))}" if lost else "the lost group ranks"
-        why = f" ({'; '.join(lost.values())})" if lost else ""
+        why = f" ({'; '.join(dict.fromkeys(lost.values()))})" if lost else ""
         return (
             f"waiting for a node to fill {what} in round {r}{why}: {joined} joined of {self.node.min_nodes}; "
             f"no spare at hand; replace timeout in {max(0.0, left_s):.0f} s"
@@ -96,5 +123,5 @@ class Losses:
         lost = self.reasons(st, r - 1)
         return (
             f"no node came to fill group rank {', '.join(map(str, sorted(lost))) or '?'} within {timeout:g} s "
-            f"(replace_timeout) after {'; '.join(lost.values()) or 'a loss'}"
+            f"(replace_timeout) after {'; '.join(dict.fromkeys(lost.values())) or 'a loss'}"
         )

@@ -32,7 +32,7 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..spec import Round, Verdict
-from .api import Cause, MembershipChanged, WaitKind, WaitReport, budget_spent
+from .api import FINISHED, Cause, MembershipChanged, WaitKind, WaitReport, budget_spent
 from .keys import Keys
 from .losses import Losses
 from .records import (
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
 HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
 LOOK_EVERY = 1.0  # seconds between a would-be sealer's looks at a forming round's count
-FINISHED = "it finished"  # how the close of a job that succeeded begins: its spares end with exit 0
 
 
 class ElasticRendezvous:
@@ -168,9 +167,8 @@ class ElasticRendezvous:
             r, g = rnd.round, rnd.group_rank
             if succeeded:
                 self.store.set(self.keys.done(r, g), b"1")
-                if self.store.add(self.keys.finished(r), 1) >= rnd.group_world_size:  # the last one: the job is done
+                if self.losses.finish(self.store, r, rnd.group_world_size):  # the last one: the job is done
                     # A late node stops; the spares wake (the round's change) and end with exit 0.
-                    self._close(f"{FINISHED} (round {r} ended on all {rnd.group_world_size} nodes)")
                     self._set_change(r, "the job finished")
                 if self.is_host:  # the others still need the store: wait for them (exit barrier), then the spares
                     self._wait_finished(rnd)
@@ -275,7 +273,8 @@ class ElasticRendezvous:
 
     def _wait_as_spare(self, r: int, sealed: int) -> None:
         """Round r is full: wait as a spare (`spares.SpareSeat.wait`) for it to end; raise once closed."""
-        if self.seat.wait(self.store, r, f"{sealed} of {self.node.max_nodes}", self._on_wait, self._check_closed):
+        gone = lambda: self.losses.all_lost(self.store, r, sealed, self.node.node_id)  # noqa: E731
+        if self.seat.wait(self.store, r, sealed, self._on_wait, self._check_closed, gone):
             self.group_rank = -1  # a spare takes the group rank that is free, never an old one of its own
 
     def _wait_sealed(self, r: int, k: int, deadline: float) -> None:
@@ -321,7 +320,7 @@ class ElasticRendezvous:
             if count is not None:
                 sealed_at = sealed_at if sealed_at is not None else self.clock()
                 if self.clock() - sealed_at > 2 * self.settings.read_timeout:
-                    raise self._no_plan(r)
+                    raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealer died?)")
             if self.clock() >= deadline:
                 raise self._no_round(r)
             report_at = self._tell_waiting(r, k, deadline, None, report_at)
@@ -394,7 +393,7 @@ class ElasticRendezvous:
             raw = self.store.wait_get(key, self._slice(deadline, self.settings.read_timeout))
             if raw is not None:
                 return self._plan(r, k, raw)
-        raise self._no_plan(r)
+        raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealer died?)")
 
     def _no_round(self, r: int) -> RendezvousError:
         if self._refill:  # no replacement came: the job ends, on every node, with that reason
@@ -406,10 +405,6 @@ class ElasticRendezvous:
             f"no round formed within {self.settings.join_timeout:g} s (join_timeout); "
             f"{joined} of {self.node.min_nodes} nodes joined"
         )
-
-    @staticmethod
-    def _no_plan(r: int) -> RendezvousTimeoutError:
-        return RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealing node died?)")
 
     def _plan(self, r: int, k: int, raw: bytes) -> Round | None:
         """Make ticket k's plan (`raw`) this node's round; None when the sealer left the ticket out."""

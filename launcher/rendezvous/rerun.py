@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable
 
 from .keys import Keys
-from .store import Capability, Store, capabilities_of
+from .store import Capability, Store, any_set, capabilities_of
 
 log = logging.getLogger(__name__)
 SETTLE = 1.0  # seconds between the two looks that must both find the job dead (a node may be between steps)
 MAX_SPARES_READ = 1024  # the most recent spares whose alive keys are read
-CHUNK = 16  # alive keys read per request
 
 
 def _number(raw: bytes | None) -> int:
@@ -82,10 +81,8 @@ def _last_run(
         return None
     alive = [keys.alive(q, k) for q, n in zip(rounds, tickets) for k in range(1, min(n, max_nodes) + 1)]
     alive += [keys.spare_alive(j) for j in range(max(1, spares - MAX_SPARES_READ + 1), spares + 1)]
-    # A live job's first members hold theirs: read a few at a time and stop at the first held.
-    for at in range(0, len(alive), CHUNK):
-        if any(store.multi_get(alive[at : at + CHUNK])):
-            return None
+    if any_set(store, alive):
+        return None
     return (r, bool(closed), *(tickets + [0])[:2], spares)
 
 

@@ -22,10 +22,10 @@ from ..spec import Round
 from .api import SpareLost, WaitKind, WaitReport
 from .keys import Keys
 from .records import decode_spare, encode_spare, sealed_members
-from .store import HELD, Capability, DeletingStore, LivenessStore, Store, capabilities_of
+from .store import HELD, Capability, DeletingStore, LivenessStore, Store, any_set, capabilities_of
 
 log = logging.getLogger(__name__)
-SPARE_LOOK = 1.0  # seconds between a waiting spare's looks at the job's `closed` mark
+SPARE_LOOK = 1.0  # seconds between a waiting spare's looks at the job's `closed` mark and the members' alive keys
 YIELD_LOOK = 0.25  # seconds between a yielding spare's looks at which members of the last round are alive
 JUDGE_EVERY = 2.0  # seconds between the judge's looks at the spares (2 x spares reads each)
 MAX_SPARES = 1 << 16  # a spare counter beyond this is hostile, not ours
@@ -105,25 +105,37 @@ class SpareSeat:
         self,
         store: Store,
         r: int,
-        full: str,
+        members: int,
         told: Callable[[WaitReport], None] | None,
         check_closed: Callable[[], None],
+        all_gone: Callable[[], None],
     ) -> bool:
-        """Round r is full (`full`: "2 of 2"): take the seat (once, saying so), be counted among the nodes
-        that want round r + 1, and wait, with no deadline, for round r to end; `check_closed` raises once
-        the job is closed.
+        """Round r is full (`members` of them, MAX): take the seat (once, saying so), be counted among the
+        nodes that want round r + 1, and wait, with no deadline, for round r to end; `check_closed` raises
+        once the job is closed. On a store that holds alive keys, a spare that finds no member of round r
+        alive at two looks in a row (every member died at once, or a rerun of the job found the dead run's
+        keys still held) calls `all_gone`, which must end the round: nobody else is left to.
         False when round r was ending already (it re-forms): on to the next round, no wait."""
         if store.get(self.keys.change(r)):
             return False
-        line = f"waiting as a spare: round {r} is full ({full} nodes); this node takes the place of a node that is lost"
+        line = (
+            f"waiting as a spare: round {r} is full ({members} of {members} nodes); "
+            "this node takes the place of a node that is lost"
+        )
         if not self.number:
             self.register(store)
             log.info(line)
         store.add(self.keys.waiting(r), 1)
         if told is not None:
             told(WaitReport(line, WaitKind.SPARE))
+        held = bool(HELD & capabilities_of(store))
+        alive = [self.keys.alive(r, k) for k in range(1, members + 1)]
+        gone_looks = 0
         while not store.wait([self.keys.change(r)], SPARE_LOOK):
             check_closed()
+            gone_looks = gone_looks + 1 if held and not any_set(store, alive) else 0
+            if gone_looks == 2:  # a second look, a second apart: a member between two keys is not gone
+                all_gone()
         check_closed()
         return True
 

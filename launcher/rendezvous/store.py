@@ -72,6 +72,12 @@ class LivenessStore(Store, Protocol):
 HELD = frozenset({Capability.LIVENESS, Capability.CRASH})  # the stores that `hold` an alive key per member
 
 
+def any_set(store: Store, keys: Sequence[str], chunk: int = 16) -> bool:
+    """Whether any of `keys` is set: read `chunk` at a time, stopping at the first set (a live job's
+    first members hold their alive keys, so a look at a live job costs one request)."""
+    return any(any(store.multi_get(keys[at : at + chunk])) for at in range(0, len(keys), chunk))
+
+
 def capabilities_of(store: Store) -> frozenset[Capability]:
     """The optional parts `store` declares; none when it declares nothing."""
     return frozenset(getattr(store, "capabilities", ()))

@@ -374,14 +374,10 @@ def test_a_remote_ranks_exception_is_the_root_cause_on_every_host(cluster, two_h
 # ---------------------------------------------------------------------------- the rendezvous store
 
 
-# The frozen store's rerun is intermittent: the dead-run check (rendezvous/rerun.py) runs at a node's
-# first look only, and a node that looks before the resumed store has processed the dead run's closed
-# connections becomes a spare of that run for good. Known; the fix (a spare re-running the check while
-# it waits) is the next step.
-FREEZE_RACE = pytest.mark.xfail(reason="dead-run check only at the first look (rerun.py)", strict=False)
-
-
-@pytest.mark.parametrize("fault", ["kill", pytest.param("freeze", marks=FREEZE_RACE)])
+# A frozen store resumed as the rerun starts may still hold the dead run's alive keys for a moment: a
+# rerun node that looks then waits as a spare of the dead run, and ends its round once the keys are gone
+# (spares.SpareSeat.wait; tests/integration/test_spares_all_gone.py makes that moment long).
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
 def test_store_lost_every_node_fails_cleanly_then_a_rerun_resumes(cluster, tmp_path, fault):
     """c10d has no second copy of the store: losing it ends the job on every node, promptly, with a
     clear message and exit 1, workers stopped; a rerun on a restarted store resumes from the checkpoint."""

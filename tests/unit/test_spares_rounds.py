@@ -105,3 +105,33 @@ def test_a_finished_jobs_close_tells_a_spare_it_succeeded():
     with pytest.raises(RendezvousClosedError) as e:
         late.next_round(Cause.START)
     assert e.value.succeeded and "it finished (round 0 ended on all 1 nodes)" in str(e.value)
+
+
+@pytest.mark.parametrize("first", ["finished", "lost"])
+def test_a_member_lost_as_the_other_finished_ends_the_job_as_finished(first):
+    """SPMD ranks end together: a member lost while (or after) the other finished the round was finishing
+    too. Whichever is told first, the job closes as finished (a spare ends with exit 0), with no charge."""
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2), port=30000 + i) for i, name in enumerate("ab"))
+    join_all([a, b])
+    lost = b.current.group_rank
+    if first == "finished":
+        a.shutdown(succeeded=True)
+        assert "job/closed" not in store.data  # not the last: b may still be finishing
+        lose(store, a, 0, 2, lost)
+    else:
+        lose(store, a, 0, 2, lost)
+        a.shutdown(succeeded=True)
+    assert store.data["job/closed"] == b"it finished (round 0 ended on all 2 nodes; 1 lost as the others finished)" + (
+        b"; closed by node a"
+    )
+    assert store.data.get("job/restarts", b"0") == b"0" or first == "lost"  # told first, the loss was charged
+
+
+def test_a_loss_told_twice_counts_once():
+    store = MemoryStore()
+    a, b, c = (agent(store, node(name, lo=1, hi=3), port=30000 + i) for i, name in enumerate("abc"))
+    join_all([a, b, c])
+    lose(store, a, 0, 3, 2)
+    lose(store, b, 0, 3, 2)  # a second teller (a spare that found the round empty, the node itself)
+    assert store.data["job/r0/left"] == b"1"
