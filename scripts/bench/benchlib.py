@@ -1,6 +1,6 @@
 """Helpers the benchmarks here share: the launcher's revision, a private loopback network, a free
 port, how busy the rest of the machine was meanwhile, and the runner that releases many simulated
-nodes at once. Scripts import it as `benchlib` (their own folder is first on sys.path)."""
+nodes at once; the launchers compared side by side and the DDP worker's model. Scripts import it as `benchlib` (their own folder is first on sys.path)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,25 @@ import traceback
 from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
+TOOLS = {  # the launchers a restart benchmark compares, by the name its table gives them
+    "torchrun": [TORCHRUN],
+    "launcher": [PY, "-m", "launcher"],
+    "launcher --preload": [PY, "-m", "launcher", "--preload"],
+}
+# A DDP worker's first lines (its output folder is argv[1]) and its model, for the benchmarks' workers.
+DDP_IMPORTS = """import os, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+out = sys.argv[1]
+"""
+DDP_MODEL = """dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+"""
 
 
 def revision() -> str:

@@ -41,34 +41,21 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from benchlib import cpu_snapshot, free_port, other_load, revision
+from benchlib import DDP_IMPORTS, DDP_MODEL, TOOLS, cpu_snapshot, free_port, other_load, revision
 
-PY = sys.executable
-TORCHRUN = str(Path(PY).with_name("torchrun"))
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = {
-    "torchrun": [TORCHRUN],
-    "launcher": [PY, "-m", "launcher"],
-    "launcher --preload": [PY, "-m", "launcher", "--preload"],
-}
 
-WORKER = """import os, sys, time
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-out = sys.argv[1]
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(32, 64)
-step = 0
+WORKER = (
+    DDP_IMPORTS
+    + """rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+"""
+    + DDP_MODEL
+    + """step = 0
 while not os.path.exists(f"{out}/stop"):
     loss = model(x).square().mean()
     opt.zero_grad()
@@ -82,6 +69,7 @@ while not os.path.exists(f"{out}/stop"):
     time.sleep(0.02)
 os._exit(0)
 """
+)
 
 
 def stamps(out: str) -> list[tuple[float, int, int]]:

@@ -34,32 +34,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import cpu_snapshot, other_load, revision
+from benchlib import DDP_IMPORTS, DDP_MODEL, PY, TOOLS, cpu_snapshot, other_load, revision
 
-PY = sys.executable
-TORCHRUN = str(Path(PY).with_name("torchrun"))
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = {
-    "torchrun": [TORCHRUN],
-    "launcher": [PY, "-m", "launcher"],
-    "launcher --preload": [PY, "-m", "launcher", "--preload"],
-}
 
-WORKER = """import os, sys, time
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-out = sys.argv[1]
-attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+WORKER = (
+    DDP_IMPORTS
+    + """attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
 def stamp(name, text=""):
     with open(f"{out}/{name}.tmp", "w") as f:
         f.write(f"{time.time()!r} {os.getpid()} {text}")
     os.rename(f"{out}/{name}.tmp", f"{out}/{name}")
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(32, 64)
-for step in range(1000000):
+"""
+    + DDP_MODEL
+    + """for step in range(1000000):
     loss = model(x).square().mean()
     opt.zero_grad()
     loss.backward()
@@ -76,6 +64,7 @@ for step in range(1000000):
 dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
 dist.destroy_process_group()
 """
+)
 
 # Start-up and imports only: os._exit skips the ~0.6 s an interpreter with torch takes to tear down.
 ZYGOTE_IMPORT = (

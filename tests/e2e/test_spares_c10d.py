@@ -16,13 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.launcher_runs import Agent as Launched
+from support.ports import free_port
 from support.processes import procs_with_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +32,6 @@ STEPS = 20
 
 
 # ---------------------------------------------------------------------------- helpers (this file's own)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
@@ -50,33 +45,13 @@ def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
-class Agent:
-    """One launcher process; its output read by threads into lists; its events file parsed on demand."""
+class Agent(Launched):
+    """One launcher agent of the job (support's Agent), with its events file parsed on demand."""
 
     def __init__(self, name: str, cmd: list[str], env: dict, events: Path, token: str):
-        self.name, self.events_path, self.token = name, events, token
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(pipe, into), daemon=True)
-            for pipe, into in ((self.popen.stdout, self.out), (self.popen.stderr, self.err))
-        ]
-        for t in self._readers:
-            t.start()
-
-    @staticmethod
-    def _read(pipe, into: list[str]) -> None:
-        for line in pipe:
-            into.append(line.rstrip("\n"))
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.err)
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        super().__init__(popen, token, name)
+        self.events_path = events
 
     def events(self, kind: str | None = None) -> list[dict]:
         try:
@@ -91,37 +66,13 @@ class Agent:
 
     def line(self, pattern: str, timeout: float = 60) -> re.Match:
         """The first line of its stderr (the launcher's own lines) matching `pattern`."""
-        rx = re.compile(pattern)
-
-        def found():
-            return next((m for line in list(self.err) if (m := rx.search(line))), None)
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = found()
-            if m:
-                return m
-            if self.popen.poll() is not None:
-                for t in self._readers:
-                    t.join(2)
-                m = found()
-                if m:
-                    return m
-                break
-            time.sleep(0.02)
-        pytest.fail(f"{self.name}: no line matching {pattern!r} (rc {self.popen.poll()})\n{self.stderr[-4000:]}")
+        return self.wait_for(pattern, timeout, stream="err")
 
     def wait(self, timeout: float = 90) -> int:
         try:
-            rc = self.popen.wait(timeout)
+            return super().wait(timeout)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{self.name} did not end within {timeout} s\n{self.stderr[-4000:]}")
-        for t in self._readers:
-            t.join(5)
-        return rc
-
-    def signal(self, sig: int) -> None:
-        self.popen.send_signal(sig)
 
 
 class Job:
