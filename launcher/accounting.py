@@ -184,16 +184,16 @@ def conclude(
     run_id: str,
     host: str,
     emit: Callable[..., None],
-    goes_on: bool = False,
+    leaves: str = "",
 ) -> str:
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
-    events file (`goodput`); returns the line to print last. `goes_on`: this node leaves a job that
-    goes on without it (quarantined): no job-wide figure to agree on."""
+    events file (`goodput`); returns the line to print last. `leaves`: why this node leaves a job that
+    may go on without it (quarantined, stopped by a signal): no job-wide figure to agree on."""
     node = accountant.finish()
-    if goes_on:
+    if leaves:
         # The others re-form once this node has left (after this): a wait here for group rank 0's
         # figure would only hold them in a round they no longer have, for JOB_WAIT.
-        job, why = None, "this node left the job, which goes on without it"
+        job, why = None, f"this node left the job ({leaves}), which may go on without it"
     else:
         # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one would
         # wait out the whole connect timeout when the store's host is gone; this one gives up within

@@ -148,9 +148,11 @@ def run(config: LaunchConfig) -> int:
         monitor.stop()  # this node's last report, before the store may go with the rendezvous
         if supervisor.closing is not None:  # a deterministic failure or no progress: the job ends everywhere
             rendezvous.close(supervisor.closing, f"{result.message} (exit {result.exit_code}: do not requeue)")
-        goes_on = supervisor.stopped_by is Stop.QUARANTINE  # this node leaves; the others re-form without it
+        # Quarantined or stopped by a signal, this node leaves alone as far as it knows; the others re-form
+        # without it (a spare takes its place) once it has left, so it does not wait for their figures.
+        leaves = "quarantined" if supervisor.stopped_by is Stop.QUARANTINE else why if result.signal else ""
         goodput = conclude(
-            accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit, goes_on
+            accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit, leaves
         )
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
