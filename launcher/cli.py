@@ -317,9 +317,16 @@ def command(**flags) -> None:
         raise ConfigError(deps.problem(absent))
     if config.metrics and deps.missing(("prometheus_client",)):
         raise ConfigError("--metrics_port needs prometheus_client: pip install 'launcher[metrics]'")
-    from .run import run  # the machinery loads only once the flags are good
+    try:
+        from .run import run  # the machinery loads only once the flags are good
 
-    sys.exit(run(config))
+        code = run(config)
+    except KeyboardInterrupt:
+        # Ctrl-C before the supervisor takes the signals over (it says what it stopped after that): one
+        # line, not click's empty one. Nothing is left behind: the guard process stops marked workers.
+        sys.stderr.write("launcher: got SIGINT; stopped\n")
+        code = 130
+    sys.exit(code)
 
 
 def check_command(command: str) -> None:

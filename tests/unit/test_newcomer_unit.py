@@ -78,3 +78,22 @@ def test_status_right_after_a_round_formed_says_what_it_waits_for():
     forming = shown({**job, "state": "forming", "forming": {"round": 4, "joined": 1}})
     assert "round 4 is forming (1 joined)" in forming
     assert "no such job in this store" in shown({**job, "state": "absent"})
+
+
+def test_ctrl_c_before_the_supervisor_takes_the_signals_is_one_line_and_130(monkeypatch, capsys, tmp_path):
+    """Outside run()'s own connect-phase handler, click would print an empty line and exit silently."""
+    import launcher.run
+    from launcher.cli import main
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher.run, "run", interrupted)
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    try:
+        main(["--nproc_per_node", "1", str(script)])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 130 and err == "launcher: got SIGINT; stopped\n", err
