@@ -44,6 +44,9 @@ changes (every worker of every round sees 4); a member lost (killed, frozen, or 
 timeout) while the spare is untouched is replaced by the spare, which runs workers in a later round; every
 node that was neither killed, frozen nor cut ends with the same exit code, the spare included (the job's
 verdict); a lost member is charged to the budget: no more restarts than workers killed plus nodes lost.
+The spares shape also runs `--quarantine after=1,window=2`, each agent named by SLURMD_NODENAME (the three
+share a host name): a node whose worker was killed is quarantined at once, exits 69 and never runs a worker
+again (no quarantined node is admitted), and the spare takes its place like a lost member's.
 
 A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
 are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with
@@ -153,21 +156,21 @@ class Proc:
         self.out: list[str] = []
         self.out_at: list[float] = []
         self.err: list[str] = []
+        self.err_at: list[float] = []
         self.ended_at: float | None = None  # when its stdout closed: it ended
         self.readers = [
             threading.Thread(target=self._read, args=(s, into, at), daemon=True)
-            for s, into, at in ((self.popen.stdout, self.out, self.out_at), (self.popen.stderr, self.err, None))
+            for s, into, at in ((self.popen.stdout, self.out, self.out_at), (self.popen.stderr, self.err, self.err_at))
         ]
         for t in self.readers:
             t.start()
         self.killed = False  # by the campaign: its lines may be lost with it
 
-    def _read(self, stream, into: list[str], at: list[float] | None) -> None:
+    def _read(self, stream, into: list[str], at: list[float]) -> None:
         for line in stream:
-            if at is not None:
-                at.append(time.monotonic())
+            at.append(time.monotonic())
             into.append(line.rstrip("\n"))
-        if at is not None:
+        if stream is self.popen.stdout:
             self.ended_at = time.monotonic()
 
     def workers(self) -> list[int]:
@@ -504,7 +507,13 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
         env = {"CKPT_DIR": str(ckpt), "STEPS": str(steps), "STEP_TIME": "0.05"}
         members = 2 if spares else NODES  # the spares shape starts its third node once the two members run
-        agents = [Proc(f"node{i}", args, env, net.nodes[i] if net else None) for i in range(members)]
+        if spares:  # quarantine at the first failure; each agent its own node name (they share a host name)
+            args[args.index(str(STEPS)) : args.index(str(STEPS))] = ["--quarantine", "after=1,window=2"]
+
+        def node_env(i: int) -> dict[str, str]:
+            return env | ({"SLURMD_NODENAME": f"node{i}"} if spares else {})
+
+        agents = [Proc(f"node{i}", args, node_env(i), net.nodes[i] if net else None) for i in range(members)]
         world = World(agents, store, net, logs if mounted else None)
         t_start = time.monotonic()
         while sum(len(a.starts()) for a in agents) < 2 * members:
@@ -513,7 +522,7 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
                 return ep
             time.sleep(0.02)
         if spares:
-            agents.append(Proc(f"node{members}", args, env, net.nodes[members] if net else None))
+            agents.append(Proc(f"node{members}", args, node_env(members), net.nodes[members] if net else None))
             while not any("waiting as a spare" in line for line in agents[-1].err):
                 if time.monotonic() - t_start > bound / 2 or agents[-1].popen.poll() is not None:
                     ep.violations.append(f"the third node never said it waits as a spare: {agents[-1].err[-3:]}")
@@ -565,7 +574,8 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
             pid = rng.choice(workers)
             signal_all([pid], signal.SIGKILL)
             ep.done.append(f"SIGKILL worker {pid} of {victim.name}")
-            ep.expect.append(("the killed worker", rf"pid {pid}|killed by SIGKILL|: failure\)"))
+            why = rf"pid {pid}|killed by SIGKILL|: failure\)|quarantined: its workers failed"  # spares: quarantined
+            ep.expect.append(("the killed worker", why))
     elif fault is Fault.AGENT_KILL:
         signal_all([victim.popen.pid], signal.SIGKILL)
         victim.killed = True
@@ -730,10 +740,23 @@ def check_spares(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], by
     touched = {name for name in ep.victims} | ep.frozen | {name for name, _, _ in ep.cuts}
     # Surely lost: killed, or cut past the liveness timeout (a freeze of 2.5-4 s may or may not outlast it).
     long_cuts = {name for name, _, length in ep.cuts if length >= LIVENESS + 2.0}
+    quarantined: dict[str, float] = {}  # node -> when it said it is quarantined (and leaves, exit 69)
+    for a in agents:  # no quarantined node is admitted: it leaves, and runs no worker again
+        mark = f"launcher: {a.name} is quarantined: "
+        at = next((t for line, t in zip(list(a.err), list(a.err_at)) if mark in line), None)
+        if at is None:
+            continue
+        quarantined[a.name] = at
+        if rcs[a.name] not in (69, None) and not a.killed:
+            v.append(f"{a.name} was quarantined but exited {rcs[a.name]}, not 69")
+        late = [s for s in a.starts() if s["at"] > at]
+        if late:
+            v.append(f"{a.name} was quarantined but ran workers again: {late[0]}")
     members_lost = [
         name
         for name, fault in zip(ep.victims, ep.landed)
-        if name != spare.name and (fault is Fault.AGENT_KILL or (fault in LINK_FAULTS and name in long_cuts))
+        if name != spare.name
+        and (fault is Fault.AGENT_KILL or (fault in LINK_FAULTS and name in long_cuts) or name in quarantined)
     ]
     if members_lost and spare.name not in touched and len(ep.landed) == 1 and not spare.starts():
         v.append(f"{members_lost[0]} was lost and the spare stood by, but the spare never ran workers")
