@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from support.etcd import Member, Members
-from support.launcher_runs import Launch
+from support.launcher_runs import Cluster, Launch
 from support.rendezvous import serve_store
 
-# These modules run every test that takes `launch` (or test_faults' `cluster`) twice: with spawned
-# workers, and with workers forked from the --preload zygote; nothing they check may differ.
-BOTH_STARTS = {"test_supervise", "test_faults", "test_examples"}
+# These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with
+# workers forked from the --preload zygote; nothing they check may differ.
+BOTH_STARTS = {"test_supervise", "test_faults", "test_faults_nodes", "test_faults_store", "test_examples"}
 
 
 def pytest_generate_tests(metafunc):
@@ -29,6 +29,15 @@ def launch(workers_from):
     l = Launch(preload=workers_from == "preload")
     yield l
     l.cleanup()
+
+
+@pytest.fixture
+def cluster(workers_from):
+    """Launcher agents of a multi-node job (`start`, a standalone `store`), each with its own TEST_TOKEN;
+    whatever they left running is killed after."""
+    c = Cluster(preload=workers_from == "preload")
+    yield c
+    c.cleanup()
 
 
 @pytest.fixture

@@ -8,71 +8,29 @@ Every agent gets its own TEST_TOKEN, so one agent's processes can be told from a
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from support.launcher_runs import Agent, Cluster, assert_one_story
-from support.launcher_runs import c10d as shared_c10d
-from support.netns import network_hosts
+from support.faults import (
+    ROOTED,
+    STEPS,
+    assert_rounds_consistent,
+    c10d,
+    checkpoint,
+    starts,
+    steps_env,
+    wait_checkpoint,
+)
+from support.launcher_runs import assert_one_story
 from support.paths import worker
 from support.ports import free_port
-from support.processes import sh, wait_for, wait_gone
-from support.relay import Relay
-
-ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def cluster(workers_from):
-    c = Cluster(preload=workers_from == "preload")
-    yield c
-    c.cleanup()
-
-
-c10d = functools.partial(shared_c10d, run_id="faults")
-
-
-def starts(agent: Agent) -> list[dict]:
-    """Every "start" line of the steps worker, parsed."""
-    return [dict(re.findall(r"(\w+)=(\S+)", l)) for l in agent.out if " start rank=" in l]
-
-
-def checkpoint(ckpt_dir: Path) -> dict:
-    """The checkpoint, which must always be whole JSON (written by rename)."""
-    return json.loads((ckpt_dir / "ckpt.json").read_text())
-
-
-def steps_env(ckpt_dir: Path, steps: int = 30, step_time: float = 0.1, **more: str) -> dict:
-    return {"CKPT_DIR": str(ckpt_dir), "STEPS": str(steps), "STEP_TIME": str(step_time), **more}
-
-
-STEPS = worker("steps.py")
-
-
-def wait_checkpoint(ckpt_dir: Path, step: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if checkpoint(ckpt_dir)["step"] >= step:
-                return
-        except FileNotFoundError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"no checkpoint of step {step} within {timeout} s")
-
+from support.processes import sh
 
 # ---------------------------------------------------------------------------- workers
 
@@ -200,272 +158,6 @@ def test_a_node_stopped_by_a_signal_is_named_with_it(cluster, stopped):
         assert "closed the connection" not in stays.stderr and "lost the rendezvous store" not in stays.stderr, (
             stays.stderr
         )
-
-
-# ---------------------------------------------------------------------------- agents
-
-
-def rounds_of(agents: list[Agent]) -> dict[str, list[dict]]:
-    """round number -> the "start" lines of every worker in it, across agents."""
-    by_round: dict[str, list[dict]] = {}
-    for a in agents:
-        for s in starts(a):
-            by_round.setdefault(s["round"], []).append(s)
-    return by_round
-
-
-def assert_rounds_consistent(agents: list[Agent]) -> None:
-    """In every round each global rank ran exactly once and everyone agreed on the world size."""
-    for rnd, seen in rounds_of(agents).items():
-        worlds = {s["world"] for s in seen}
-        assert len(worlds) == 1, (rnd, seen)
-        ranks = sorted(int(s["rank"]) for s in seen)
-        assert ranks == list(range(int(worlds.pop()))), (rnd, seen)
-
-
-def first_line_after(agents: list[Agent], pattern: str, t0: float, timeout: float = 20) -> float:
-    """Seconds from t0 until any of `agents` printed a stderr line matching `pattern` (polled every 5 ms)."""
-    rx, deadline = re.compile(pattern), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(rx.search(line) for a in agents for line in list(a.err)):
-            return time.monotonic() - t0
-        time.sleep(0.005)
-    pytest.fail(
-        f"no stderr line matching {pattern!r} within {timeout} s\n" + "\n".join(a.stderr[-2000:] for a in agents)
-    )
-
-
-def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp_path):
-    """A SIGKILLed agent's store connections close at once: its neighbour's WAIT_CHANGE on the
-    agent's held `alive` key wakes, and the survivors re-form without waiting for the heartbeats."""
-    port = free_port()
-    env = steps_env(tmp_path, steps=80)
-    host = cluster.start(
-        *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=true"), STEPS, env=env, name="host"
-    )
-    others = [
-        cluster.start(
-            *c10d(port, "2:3", "--max_restarts", "0", nproc=2, conf="is_host=false"), STEPS, env=env, name=f"node{i}"
-        )
-        for i in (1, 2)
-    ]
-    for a in (host, *others):  # both workers of each: a line still in a killed agent's pipe is lost with it,
-        a.wait_for(r"start rank=\d world=6", count=2)  # and the survivors' are stopped within milliseconds
-    victim = others[1]
-    victim_workers = victim.workers()
-    assert len(victim_workers) == 2
-    t0 = time.monotonic()
-    os.kill(victim.pid, signal.SIGKILL)
-    noticed = first_line_after([host, others[0]], r"membership changed \(node with group rank \d died", t0)
-    print(f"\nSIGKILLed agent noticed by a survivor after {noticed:.3f} s")
-    assert noticed < 1.5  # connection speed (benchmark: tens of ms), not the 2 s liveness timeout
-    assert victim.wait(10) == -signal.SIGKILL
-    assert wait_gone(victim.token, timeout=5) == []  # its guard killed its workers
-    host.wait_for(r"start rank=\d world=4 restart=0", timeout=20)
-    assert time.monotonic() - t0 < 8
-    for a in (host, others[0]):
-        assert a.wait(90) == 0, a.stderr[-3000:]
-        assert "died (its connections to the store closed)" in a.stderr, a.stderr
-        assert {s["restart"] for s in starts(a)} == {"0"}  # membership changes are free: --max_restarts 0 held
-    assert_rounds_consistent([host, *others])
-    assert checkpoint(tmp_path)["step"] == 80 and checkpoint(tmp_path)["world"] == 4
-    assert cluster.leftovers() == {}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("then", ["cont", "kill"])
-def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(cluster, tmp_path, then):
-    port = free_port()
-    env = steps_env(tmp_path, steps=120)
-    host = cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=true"), STEPS, env=env, name="host")
-    others = [
-        cluster.start(*c10d(port, "2:3", "--max_restarts", "0", conf="is_host=false"), STEPS, env=env, name=f"node{i}")
-        for i in (1, 2)
-    ]
-    for a in others:
-        a.wait_for(r"start rank=\d world=3")
-    victim = next(a for a in others if starts(a)[-1]["rank"] != "0")  # a stale rank 0 would write checkpoints
-    survivor = next(a for a in others if a is not victim)
-    frozen = [victim.pid, *victim.workers()]  # the whole node stops: agent and workers (not the guard)
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    t0 = time.monotonic()
-    noticed = first_line_after(
-        [host, survivor], r"membership changed \(node with group rank \d stopped heartbeating", t0
-    )
-    assert noticed > 1.4, (
-        noticed
-    )  # a frozen agent's connections stay open: only the heartbeats tell (2 s - one 0.5 s beat)
-    for a in (host, survivor):
-        a.wait_for(r"start rank=\d world=2 restart=0", timeout=20)
-    assert time.monotonic() - t0 < 8, "survivors took longer than the liveness timeout (2 s) + re-forming"
-    wait_for(lambda: checkpoint(tmp_path)["world"] == 2, what="the survivors to train on without the frozen node")
-    if then == "cont":
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-        victim.wait_for(r"start rank=\d world=3", timeout=30)  # it notices the change, rejoins: a new round
-        assert victim.wait(90) == 0, victim.stderr[-3000:]
-    else:
-        victim.signal(signal.SIGKILL)
-        assert wait_gone(victim.token, timeout=5) == []  # the guard kills the frozen workers
-    for a in (host, survivor):
-        assert a.wait(90) == 0, a.stderr[-3000:]
-        assert {s["restart"] for s in starts(a)} == {"0"}
-    assert_rounds_consistent([host, survivor, victim])
-    ck = checkpoint(tmp_path)
-    assert ck["step"] == 120 and ck["world"] == (3 if then == "cont" else 2), ck
-    assert cluster.leftovers() == {}
-
-
-# ---------------------------------------------------------------------------- the network
-
-
-@pytest.fixture
-def two_hosts():
-    """Hosts a (10.78.0.1) and b (10.78.0.2); yields (a, b, b's link) so a test can cut b off."""
-    if not ROOTED:
-        pytest.skip("needs root and iproute2 for network namespaces")
-    with network_hosts("10.78.0") as hosts:
-        yield hosts
-
-
-def test_partitioned_host_stops_cleanly_and_the_rest_goes_on(cluster, tmp_path, two_hosts):
-    a, b, b_link = two_hosts
-    port = 29400
-    env = steps_env(tmp_path, steps=100)
-    cluster.store("10.78.0.1", port, netns=a)
-    conf = "is_host=false,read_timeout=3"
-    node_a = cluster.start(
-        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=a, name="a"
-    )
-    node_b = cluster.start(
-        *c10d(port, "1:2", "--max_restarts", "0", conf=conf, host="10.78.0.1"), STEPS, env=env, netns=b, name="b"
-    )
-    for n in (node_a, node_b):
-        n.wait_for(r"start rank=\d world=2")
-    sh("ip", "-n", b, "link", "set", b_link, "down")
-    t0 = time.monotonic()
-    node_a.wait_for(r"start rank=0 world=1 restart=0", timeout=20)  # re-formed alone (elastic 1:2)
-    assert time.monotonic() - t0 < 8
-    rc_b = node_b.wait(60)
-    assert rc_b == 1, node_b.stderr[-3000:]
-    assert time.monotonic() - t0 < 40  # bounded by read_timeout, not by TCP's minutes of retries
-    assert "rendezvous store" in node_b.stderr and "Traceback" not in node_b.stderr, node_b.stderr
-    assert wait_gone(node_b.token, timeout=5) == []  # its workers were stopped with it
-    assert node_a.wait(60) == 0, node_a.stderr[-3000:]
-    assert checkpoint(tmp_path)["step"] == 100
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-other-host", "on-the-store-host"])
-def test_a_remote_ranks_exception_is_the_root_cause_on_every_host(cluster, two_hosts, fail_rank):
-    a, b, _ = two_hosts
-    run = c10d(29400, "2", nproc=2, host="10.78.0.1")
-    env = {"FAIL_RANK": str(fail_rank), "SLEEP": "60"}
-    node_a = cluster.start(*run, worker("raise_rank.py"), env=env, netns=a, name="a")  # hosts the store: its address
-    node_b = cluster.start(*run, worker("raise_rank.py"), env=env, netns=b, name="b")
-    assert [n.wait(60) for n in (node_a, node_b)] == [1, 1], [n.stderr[-3000:] for n in (node_a, node_b)]
-    assert_one_story(
-        [node_a.stderr, node_b.stderr], fail_rank, f"RuntimeError: loss is NaN at step 7 on rank {fail_rank}"
-    )
-    assert cluster.leftovers() == {}
-
-
-# ---------------------------------------------------------------------------- the rendezvous store
-
-
-# A frozen store resumed as the rerun starts may still hold the dead run's alive keys for a moment: a
-# rerun node that looks then waits as a spare of the dead run, and ends its round once the keys are gone
-# (spares.SpareSeat.wait; tests/integration/test_spares_all_gone.py makes that moment long).
-@pytest.mark.parametrize("fault", ["kill", "freeze"])
-def test_store_lost_every_node_fails_cleanly_then_a_rerun_resumes(cluster, tmp_path, fault):
-    """c10d has no second copy of the store: losing it ends the job on every node, promptly, with a
-    clear message and exit 1, workers stopped; a rerun on a restarted store resumes from the checkpoint."""
-    port, steps = free_port(), 60 if fault == "kill" else 200  # a frozen store is noticed after 2 + 5 s
-    env = steps_env(tmp_path, steps=steps)
-    store = cluster.store("127.0.0.1", port)
-    args = c10d(port, "2", "--max_restarts", "3", conf="is_host=false,read_timeout=2")
-    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
-    wait_checkpoint(tmp_path, 5)
-    t0 = time.monotonic()
-    store.signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-    for a in agents:
-        assert a.wait(60) == 1, a.stderr[-3000:]
-        assert "reason: rendezvous store at 127.0.0.1:" in a.stderr and "Traceback" not in a.stderr, a.stderr
-    assert time.monotonic() - t0 < (10 if fault == "kill" else 35)  # read_timeout 2 s + 5 s per exchange
-    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
-    step = checkpoint(tmp_path)["step"]
-    assert 0 < step < steps
-    if fault == "kill":
-        store.wait(10)
-        store = cluster.store("127.0.0.1", port)  # a fresh, empty store on the same port
-    else:
-        store.signal(signal.SIGCONT)  # the same store, with the dead run's keys still in it
-    env["STEP_TIME"] = "0.02"
-    again = [cluster.start(*args, STEPS, env=env, name=f"again{i}") for i in range(2)]
-    for a in again:
-        assert a.wait(90) == 0, a.stderr[-3000:]
-    assert min(int(s["from"]) for a in again for s in starts(a)) >= step
-    assert checkpoint(tmp_path)["step"] == steps
-
-
-@pytest.fixture
-def relayed_store(cluster):
-    """A standalone store behind a relay whose connections a test cuts -> (store agent, store port, relay)."""
-    port = free_port()
-    store = cluster.store("127.0.0.1", port)
-    relay = Relay(("127.0.0.1", port))
-    yield store, port, relay
-    relay.close()
-
-
-def test_store_connections_cut_again_and_again_the_job_rides_it_out(cluster, tmp_path, relayed_store):
-    """Every agent's store connections are cut (FIN, then RST, in turn) every 0.25 s from the
-    rendezvous to the end, watchers in WAIT_CHANGE included: each agent reconnects in its session,
-    so no node is declared dead (a fixed-size job would close), no restart is charged, every
-    worker finishes."""
-    _, _, relay = relayed_store
-    env = steps_env(tmp_path, steps=50, step_time=0.05)
-    args = c10d(relay.port, "3", "--max_restarts", "0", conf="is_host=false")
-    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(3)]
-    cuts, deadline = 0, time.monotonic() + 60
-    while any(a.popen.poll() is None for a in agents) and time.monotonic() < deadline:
-        time.sleep(0.25)
-        cuts += relay.cut(rst=cuts % 2 == 1) > 0
-    for a in agents:
-        assert a.wait(10) == 0, a.stderr[-3000:]
-        assert not re.search(r"died|stopped heartbeating|membership changed|lost the rendezvous store", a.stderr), (
-            a.stderr
-        )
-        assert {s["restart"] for s in starts(a)} == {"0"} and {s["round"] for s in starts(a)} == {"0"}, starts(a)
-    said = sum(a.stderr.count("reconnected to the store at") for a in agents)
-    print(f"\n{cuts} cuts, {relay.accepted} connections through the relay, {said} reconnects logged")
-    assert cuts >= 8 and said >= cuts, (cuts, said)
-    assert_rounds_consistent(agents)
-    assert checkpoint(tmp_path)["step"] == 50
-    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
-
-
-@pytest.mark.timeout(90)
-def test_a_restarted_store_ends_the_job_with_a_clear_line(cluster, tmp_path, relayed_store):
-    """The store killed and started again on its port while the agents reconnect (through a relay,
-    as a socket-activated service would queue them): the new, empty store is not the one the job
-    began on, and every node ends saying so, its workers stopped."""
-    store, port, relay = relayed_store
-    env = steps_env(tmp_path, steps=200)
-    args = c10d(relay.port, "2", "--max_restarts", "3", conf="is_host=false")
-    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
-    wait_checkpoint(tmp_path, 3)
-    store.signal(signal.SIGKILL)
-    store.wait(10)
-    t0 = time.monotonic()
-    cluster.store("127.0.0.1", port)
-    for a in agents:
-        assert a.wait(30) == 1, a.stderr[-3000:]
-        assert "the rendezvous store restarted and lost the job's state" in a.stderr, a.stderr
-        assert "Traceback" not in a.stderr, a.stderr
-    assert time.monotonic() - t0 < 15
-    assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
 
 
 # ---------------------------------------------------------------------------- the disk of --log_dir

@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from support.launcher_runs import Cluster, c10d
+from support.launcher_runs import c10d
 from support.paths import LAUNCHER, worker
 from support.ports import free_port
 
@@ -32,13 +32,6 @@ TOLERANCE = 0.6
 JOB = {"STEPS": "30", "STEP_TIME": str(STEP_TIME), "CKPT_EVERY": "10", "FAIL_RANK": "1", "FAIL_AT": "16"}
 COMPONENTS = ("training", "startup", "rendezvous", "restart", "redone", "stall")
 LINE = re.compile(r"launcher: goodput (\d+\.\d) % of [^:]+: (.*)")
-
-
-@pytest.fixture
-def cluster():
-    c = Cluster()
-    yield c
-    c.cleanup()
 
 
 def goodput_event(path: Path) -> dict:

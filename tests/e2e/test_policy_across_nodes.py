@@ -12,16 +12,9 @@ import subprocess
 
 import pytest
 from support.etcd import job_flags
-from support.launcher_runs import Cluster, c10d
+from support.launcher_runs import c10d
 from support.paths import LAUNCHER, ROOT, worker
 from support.ports import free_port
-
-
-@pytest.fixture
-def cluster():
-    c = Cluster()
-    yield c
-    c.cleanup()
 
 
 def status(where: list[str], *extra: str) -> subprocess.CompletedProcess:
