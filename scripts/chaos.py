@@ -46,7 +46,8 @@ node that was neither killed, frozen nor cut ends with the same exit code, the s
 verdict); a lost member is charged to the budget: no more restarts than workers killed plus nodes lost.
 The spares shape also runs `--quarantine after=1,window=2`, each agent named by SLURMD_NODENAME (the three
 share a host name): a node whose worker was killed is quarantined at once, exits 69 and never runs a worker
-again (no quarantined node is admitted), and the spare takes its place like a lost member's.
+again (no quarantined node is admitted), and the spare takes its place like a lost member's; so there a
+worker kill is also a fault that stops a node.
 
 A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
 are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with
@@ -115,6 +116,7 @@ COMMON = [
 FAULTS = {"c10d": COMMON, "etcd": [*COMMON, Fault.MEMBER_KILL, Fault.LEADER_KILL]}
 STORE_FAULTS = {Fault.STORE_KILL, Fault.MEMBER_KILL, Fault.LEADER_KILL}  # at most one per episode
 STOPS_A_NODE = {Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.LINK_CUT, Fault.LINK_DOWN}
+QUARANTINES = {Fault.WORKER_KILL}  # the spares shape's --quarantine after=1: its node leaves the job
 LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
 RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
@@ -777,7 +779,8 @@ def check_cut(ep: Episode, agents: list[Proc], rcs: dict[str, int | None]) -> No
                 f"{name}: cut off for good, its workers still ran {last - at:.0f} s after the cut "
                 f"(at most {STOP_S:g} s)"
             )
-    if len(ep.cuts) != 1 or sum(f in STOPS_A_NODE for f in ep.landed) != 1:
+    stops = STOPS_A_NODE | (QUARANTINES if ep.shape is Shape.SPARES else set())
+    if len(ep.cuts) != 1 or sum(f in stops for f in ep.landed) != 1:
         return
     name, at, length = ep.cuts[0]
     if length < LIVENESS + 2.0:  # shorter: heartbeats late by TCP's backoff may or may not drop it
