@@ -117,8 +117,9 @@ class Governor:
         try:
             book.add(make_record(self.host, why, self.policy.quarantine_cooldown, self.node, self.wall()))
             self.known += (f"{self.host} ({why})",)
-        except Exception:  # the exit code and the line still say it
-            log.warning("could not record the quarantine in the job's store", exc_info=True)
+        except Exception as e:  # the exit code and the line still say it; the trace at debug level
+            log.warning(f"could not record the quarantine in the job's store: {e}")
+            log.debug("recording the quarantine failed", exc_info=True)
 
 
 def governor_for(config: LaunchConfig, store: Store | None, agent_id: str, environ: Mapping[str, str]) -> Governor:

@@ -180,7 +180,7 @@ class ElasticRendezvous:
                     self._ack()
                     self._wait_acks(rnd, HOST_LEAVING_WAIT)
                 else:
-                    self.losses.lost(self.store, r, rnd.group_world_size, g, left)
+                    self.losses.lost(self.store, r, rnd.group_world_size, g, left, departed=True)
             elif self.is_host:  # the others still read the verdict from this store: wait for them
                 self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
@@ -220,8 +220,9 @@ class ElasticRendezvous:
                 self.store.compare_set(self.keys.verdict, b"", encode_verdict(replace(verdict, node=self.node.node_id)))
             self._set_change(rnd.round, self._close(reason))
             self._ack()
-        except Exception:  # the exit code and the line still say it here; the others time out
-            log.warning("could not close the job in the rendezvous store", exc_info=True)
+        except Exception as e:  # the exit code and the line still say it here; the others time out
+            log.warning(f"could not close the job in the rendezvous store: {e}")
+            log.debug("closing the job failed", exc_info=True)
 
     # ------------------------------------------------------------------ joining
 

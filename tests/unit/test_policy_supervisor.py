@@ -14,6 +14,7 @@ from test_supervisor_loop import Rig
 from launcher.errors import RendezvousClosedError
 from launcher.governor import Governor
 from launcher.health import HealthGate
+from launcher.policy import RestartPolicy
 from launcher.quarantine import QuarantineBook, make_record
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.rendezvous.records import decode_verdict, encode_verdict
@@ -284,3 +285,18 @@ def test_malformed_quarantine_records_are_ignored_with_a_warning(caplog):
     assert caplog.text.count("malformed quarantine record") == 2
     record = make_record("h", "first line\nsecond line \x1b[31m", 600)
     assert record.why == "first line"  # one printable line, bounded
+
+
+def test_a_quarantine_the_store_cannot_record_is_one_warning_line_not_a_traceback(caplog):
+    class Broken(DictStore):
+        def add(self, key, amount):
+            raise ConnectionError("etcd failed mid-request (timed out)")
+
+    governor = Governor(RestartPolicy(), "testhost", "unit", book=lambda: book(Broken()), multi_node=True)
+    with caplog.at_level("DEBUG", logger="launcher.governor"):
+        governor.quarantine("its workers failed")
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warnings] == [
+        "could not record the quarantine in the job's store: etcd failed mid-request (timed out)"
+    ]
+    assert warnings[0].exc_info is None  # the trace is at debug level only

@@ -135,3 +135,13 @@ def test_a_loss_told_twice_counts_once():
     lose(store, a, 0, 3, 2)
     lose(store, b, 0, 3, 2)  # a second teller (a spare that found the round empty, the node itself)
     assert store.data["job/r0/left"] == b"1"
+
+
+def test_a_member_that_departs_unfinished_as_the_other_finishes_does_not_end_the_job_as_finished():
+    """A node that leaves alive (a signal, quarantine) says it did not finish: the round's end is a loss."""
+    store = MemoryStore()
+    a, b = (agent(store, node(name, lo=2, hi=2), port=30000 + i) for i, name in enumerate("ab"))
+    join_all([a, b])
+    b.shutdown(succeeded=False, why="quarantined")
+    a.shutdown(succeeded=True)
+    assert "job/closed" not in store.data and store.data["job/restarts"] == b"1"
