@@ -12,7 +12,6 @@ own prefix; `rerun` starts a new epoch when a job id is run again on a store tha
     r<r>/alive<k>                                 held by ticket k's agent (stores with LIVENESS or CRASH)
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
     r<r>/lost<g>  r<r>/told<g>  r<r>/dead         why group rank g was lost, its tellers; tickets and spares found dead
-    r<r>/departed                                 members that left round r alive and unfinished
     spares  spare<j>  sparealive<j>               spare j's number, entry, and alive key (held by its agent)
 Other records of a round may live under its prefix (`of_round`): the job board's (`launcher/board.py`).
 """
@@ -117,10 +116,6 @@ class Keys:
     def told(self, r: int, g: int) -> str:
         """How many nodes told group rank g's loss in round r (the first one counts it)."""
         return f"{self.prefix}r{r}/told{g}"
-
-    def departed(self, r: int) -> str:
-        """How many members left round r alive and unfinished (a signal, quarantine): it cannot end as finished."""
-        return f"{self.prefix}r{r}/departed"
 
     def dead(self, r: int) -> str:
         """How many of round r's tickets died while it formed, and of its spares were found dead."""

@@ -41,16 +41,13 @@ class Losses:
         self.close = close
         self.change = change
 
-    def lost(self, st: Store, r: int, n: int, g: int, why: str, departed: bool = False) -> None:
-        """Group rank g of round r (n members) is lost, because `why`; `departed`: the node itself leaves
-        (a signal, quarantine): alive, and it did not finish, so the round does not end as finished."""
+    def lost(self, st: Store, r: int, n: int, g: int, why: str) -> None:
+        """Group rank g of round r (n members) is lost, because `why`."""
         k, node = self.keys, self.node
         if st.add(k.told(r, g), 1) != 1:  # told already (by its neighbour, a spare, itself): counted once
             self.change(r, why, st)
             return
         st.set(k.lost(r, g), why[:LOST_TEXT].encode())
-        if departed:  # before `left`: whoever reads `left` and finds it counted sees this too
-            st.add(k.departed(r), 1)
         left = st.add(k.left(r), 1)
         if self._finished(st, r, n, left):  # the others finished: it was lost as they did (SPMD ranks end together)
             self.change(r, why, st)
@@ -72,10 +69,11 @@ class Losses:
 
     def _finished(self, st: Store, r: int, n: int, left: int, done: int | None = None) -> bool:
         """Close the job as finished when some member of round r finished and every other one finished
-        too or died (none departed); each side counts itself before it reads the other, so one of them
-        sees both."""
+        too or was lost: SPMD ranks exit 0 only past their last collective, so the others were past theirs
+        too, and a member lost then (died, stopped, quarantined) was lost in teardown. Each side counts
+        itself before it reads the other, so one of them sees both."""
         done = st.add(self.keys.finished(r), 0) if done is None else done
-        if not done or done + left < n or (left and st.add(self.keys.departed(r), 0)):
+        if not done or done + left < n:
             return False
         lost = f"; {left} lost as the others finished" if left else ""
         self.close(f"{FINISHED} (round {r} ended on all {n} nodes{lost})", st)
@@ -97,7 +95,7 @@ class Losses:
         drop(st, [self.keys.alive(r, k)])
         if why and last is not None and last.round == r - 1:
             gone = f"{self.node.node_id} left: {why}"
-            self.lost(st, last.round, last.group_world_size, last.group_rank, gone, departed=True)
+            self.lost(st, last.round, last.group_world_size, last.group_rank, gone)
 
     def refilling(self, st: Store, r: int) -> bool:
         """Round r - 1 lost members and left fewer than MIN: round r waits for replacements (3 reads)."""

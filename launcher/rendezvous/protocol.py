@@ -180,7 +180,7 @@ class ElasticRendezvous:
                     self._ack()
                     self._wait_acks(rnd, HOST_LEAVING_WAIT)
                 else:
-                    self.losses.lost(self.store, r, rnd.group_world_size, g, left, departed=True)
+                    self.losses.lost(self.store, r, rnd.group_world_size, g, left)
             elif self.is_host:  # the others still read the verdict from this store: wait for them
                 self._wait_acks(rnd)
         except Exception:  # leaving must never fail the exit
