@@ -117,6 +117,7 @@ FAULTS = {"c10d": COMMON, "etcd": [*COMMON, Fault.MEMBER_KILL, Fault.LEADER_KILL
 STORE_FAULTS = {Fault.STORE_KILL, Fault.MEMBER_KILL, Fault.LEADER_KILL}  # at most one per episode
 STOPS_A_NODE = {Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.LINK_CUT, Fault.LINK_DOWN}
 QUARANTINES = {Fault.WORKER_KILL}  # the spares shape's --quarantine after=1: its node leaves the job
+QUARANTINED = re.compile(r"reason: \S+ is quarantined: ")  # its own failure, told before the cut's (exit 69)
 LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
 RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
@@ -656,7 +657,7 @@ def check(ep: Episode, agents: list[Proc], rcs: dict[str, int | None], ckpt: Pat
             v.append(f"{a.name}: a Python traceback on the agent's stderr")
         elif rc != 0 and not re.search(r"reason: |error: ", text):
             v.append(f"{a.name}: exit {rc} with no reason given")
-        elif rc != 0 and a.name in cut and not cut[a.name].search(text):
+        elif rc != 0 and a.name in cut and not cut[a.name].search(text) and not (rc == 69 and QUARANTINED.search(text)):
             v.append(
                 f"{a.name}: its link was cut and it gave up, but its reason does not name what it lost: "
                 f"{[line for line in a.err if 'reason: ' in line]}"
