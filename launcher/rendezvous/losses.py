@@ -81,7 +81,7 @@ class Losses:
 
     def all_lost(self, st: Store, r: int, n: int, spare: str) -> None:
         """Every member of round r (n of them) is gone, as `spare` found: nobody else is left to tell."""
-        why = f"every node of round {r} was lost (their alive keys are gone; found by spare {spare})"
+        why = f"every node of round {r} was lost (their alive keys gone or heartbeats stopped; found by spare {spare})"
         for g in range(n):
             self.lost(st, r, n, g, why)
 

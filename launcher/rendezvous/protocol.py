@@ -53,7 +53,7 @@ from .records import (
 )
 from .rerun import enter_epoch
 from .settings import RendezvousSettings
-from .spares import SpareJudge, SpareSeat, live_spares, wait_spares_read, yield_to_members
+from .spares import Orphaned, SpareJudge, SpareSeat, live_spares, wait_spares_read, yield_to_members
 from .store import HELD, LivenessStore, Store, capabilities_of
 from .waiting import nodes_line
 from .watch import RoundWatch, forget_old_rounds
@@ -275,7 +275,8 @@ class ElasticRendezvous:
     def _wait_as_spare(self, r: int, sealed: int) -> None:
         """Round r is full: wait as a spare (`spares.SpareSeat.wait`) for it to end; raise once closed."""
         gone = lambda: self.losses.all_lost(self.store, r, sealed, self.node.node_id)  # noqa: E731
-        if self.seat.wait(self.store, r, sealed, self._on_wait, self._check_closed, gone):
+        orphaned = Orphaned(self.keys, r, sealed, self.settings.liveness_timeout, self.clock, gone)
+        if self.seat.wait(self.store, r, sealed, self._on_wait, self._check_closed, orphaned):
             self.group_rank = -1  # a spare takes the group rank that is free, never an old one of its own
 
     def _wait_sealed(self, r: int, k: int, deadline: float) -> None:

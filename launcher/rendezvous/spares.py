@@ -84,6 +84,45 @@ def drop(store: Store, keys: list[str]) -> None:
         store.multi_set(keys, [b""] * len(keys))
 
 
+class Orphaned:
+    """A waiting spare's judge of sealed round r (`members` of them): when every member is gone, nobody is
+    left to end the round, so `all_gone` (the losses, told by the spare) does. Gone: no member's alive key
+    held at two looks in a row (stores that hold them: killed together, or a rerun that found the dead
+    run's keys held a moment longer), or, on a store with a heartbeat ring, no member's heartbeat moved
+    for the liveness timeout (cut off: a silent connection keeps its key on our TCPStore server)."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        r: int,
+        members: int,
+        liveness: float,
+        clock: Callable[[], float],
+        all_gone: Callable[[], None],
+    ):
+        self.keys, self.r, self.liveness, self.clock, self.all_gone = keys, r, liveness, clock, all_gone
+        self.alive = [keys.alive(r, k) for k in range(1, members + 1)]
+        self.beats = [keys.hb(r, g) for g in range(members)]
+        self.keys_gone = 0  # looks in a row with no alive key held
+        self.counts: list[bytes | None] | None = None  # the heartbeats last read, and since when they stand
+        self.since = 0.0
+
+    def look(self, store: Store, began: float) -> None:
+        """One look (the wait that preceded it began at `began`); ends the round when every member is gone."""
+        caps = capabilities_of(store)
+        self.keys_gone = self.keys_gone + 1 if HELD & caps and not any_set(store, self.alive) else 0
+        silent = False
+        if Capability.LIVENESS not in caps:  # a heartbeat ring
+            counts, now = store.multi_get(self.beats), self.clock()
+            if counts != self.counts:
+                self.counts, self.since = counts, now
+            else:  # a slow store delays every heartbeat alike: the time beyond the look's own wait is its
+                self.since += max(0.0, now - began - SPARE_LOOK)
+                silent = now - self.since > self.liveness
+        if self.keys_gone == 2 or silent:  # two looks a second apart: a member between two keys is not gone
+            self.all_gone()
+
+
 class SpareSeat:
     """This node's registration as a spare of the job (number 0: not a spare)."""
 
@@ -108,13 +147,12 @@ class SpareSeat:
         members: int,
         told: Callable[[WaitReport], None] | None,
         check_closed: Callable[[], None],
-        all_gone: Callable[[], None],
+        orphaned: Orphaned,
     ) -> bool:
         """Round r is full (`members` of them, MAX): take the seat (once, saying so), be counted among the
         nodes that want round r + 1, and wait, with no deadline, for round r to end; `check_closed` raises
-        once the job is closed. On a store that holds alive keys, a spare that finds no member of round r
-        alive at two looks in a row (every member died at once, or a rerun of the job found the dead run's
-        keys still held) calls `all_gone`, which must end the round: nobody else is left to.
+        once the job is closed. `orphaned` tells, at each look, whether every member is gone (nobody is
+        left to end the round; it ends it then).
         False when round r was ending already (it re-forms): on to the next round, no wait."""
         if store.get(self.keys.change(r)):
             return False
@@ -128,14 +166,12 @@ class SpareSeat:
         store.add(self.keys.waiting(r), 1)
         if told is not None:
             told(WaitReport(line, WaitKind.SPARE))
-        held = bool(HELD & capabilities_of(store))
-        alive = [self.keys.alive(r, k) for k in range(1, members + 1)]
-        gone_looks = 0
-        while not store.wait([self.keys.change(r)], SPARE_LOOK):
+        while True:
+            began = orphaned.clock()
+            if store.wait([self.keys.change(r)], SPARE_LOOK):
+                break
             check_closed()
-            gone_looks = gone_looks + 1 if held and not any_set(store, alive) else 0
-            if gone_looks == 2:  # a second look, a second apart: a member between two keys is not gone
-                all_gone()
+            orphaned.look(store, began)
         check_closed()
         return True
 

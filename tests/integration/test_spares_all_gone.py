@@ -1,6 +1,7 @@
 """A spare whose round has no member left ends that round itself, on a real TCPStore: nobody else is left
-to. Each node is an ElasticRendezvous in a thread; a member "dies" when its store connection closes (the
-server drops its held alive key, as it does for a SIGKILLed agent)."""
+to. Each node is an ElasticRendezvous in a thread, its watcher heartbeating; a member "dies" when its
+store connections close (the server drops its held alive key, as for a SIGKILLed agent), or is "cut off"
+when its heartbeats stop while its connection stays open (its key stays held, as for a pulled cable)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,25 @@ def server(request):
 
 
 def form_round_0(port: int, nodes: list) -> None:
+    """Round 0 of `nodes`, each watching it (heartbeating) as an agent does."""
     rounds = Asking(nodes).results(20)
     assert [r.round for r in rounds if isinstance(r, Round)] == [0, 0], rounds
+    for node, rnd in zip(nodes, rounds):
+        node.watch(rnd, lambda event: None)
+
+
+def silence(node) -> None:
+    """Its heartbeats stop (the watcher ends, closing its own connection); its main connection stays."""
+    node._stop_watch.set()
+    node._watcher.join(5)
+
+
+def kill(*nodes) -> None:
+    """Every connection of `nodes` closes, all at once: silenced first, so none tells another's loss."""
+    for node in nodes:
+        silence(node)
+    for node in nodes:
+        node.store.close()
 
 
 def test_both_members_die_at_once_and_the_spare_waits_for_a_replacement_then_runs_with_it(server):
@@ -57,8 +75,7 @@ def test_both_members_die_at_once_and_the_spare_waits_for_a_replacement_then_run
     probe = client(server.port)
     waiting = Asking([spare])
     assert probe.wait(["job/spare1"], 10), "the third node never waited as a spare"
-    a.store.close()
-    b.store.close()
+    kill(a, b)
     assert probe.wait(["job/r0/change", "job/r0/lost0", "job/r0/lost1"], 10), "nobody ended round 0"
     assert b"found by spare n2" in probe.get("job/r0/lost0") and b"found by spare n2" in probe.get("job/r0/lost1")
     assert probe.add("job/r1/joined", 0) <= 1  # the spare waits in round 1, alone, for a replacement
@@ -76,8 +93,25 @@ def test_a_rerun_that_finds_the_dead_runs_keys_still_held_takes_the_job_over(ser
     and wait as its spares; once the keys are gone they end it and form round 1 together."""
     a, b, c, d = agents(server.port, 4, 2, 2)
     form_round_0(server.port, [a, b])
-    a.store.close()
-    b.store.close()
+    kill(a, b)
     rounds = Asking([c, d]).results(30)
     assert all(isinstance(r, Round) for r in rounds), rounds
     assert [(r.round, r.world_size) for r in rounds] == [(1, 4)] * 2
+
+
+def test_members_cut_off_together_keep_their_keys_and_the_spare_ends_their_round_by_their_heartbeats(server):
+    """One member SIGKILLed (its key goes), the other's cable pulled (its connection silent, its key held
+    by the server): no neighbour is left to judge the silent one; the spare does, by the heartbeats."""
+    a, b, spare = agents(server.port, 3, 2, 2)
+    form_round_0(server.port, [a, b])
+    probe = client(server.port)
+    waiting = Asking([spare])
+    assert probe.wait(["job/spare1"], 10), "the third node never waited as a spare"
+    silence(b)  # first: its watcher would otherwise see a's key go and tell that loss itself
+    kill(a)
+    assert probe.wait(["job/r0/change", "job/r0/lost0", "job/r0/lost1"], 15), "nobody ended round 0"
+    assert any(probe.multi_get(["job/r0/alive1", "job/r0/alive2"]))  # the silent one's key is still held
+    assert probe.add("job/r1/joined", 0) <= 1  # the spare waits in round 1 for replacements
+    b.store.close()
+    spare.shutdown(succeeded=False, why="test over")
+    waiting.results(1)
