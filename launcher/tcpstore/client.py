@@ -161,6 +161,7 @@ class StoreClient:
         start = time.monotonic()
         deadline, delay, told = start + patience, 0.02, start + TELL_AFTER - TELL_EVERY
         nonce = os.getpid() & 0xFFFFFFFF
+        why = ""
         while True:
             left = deadline - time.monotonic()
             within = max(0.001, min(self.timeout, left)) if bounded else self.timeout
@@ -192,10 +193,14 @@ class StoreClient:
                     why = "the store is at its cap of connections and refused this one"
                 except TimeoutError:
                     close_socket(sock)
-                    raise StoreError(
-                        f"accepted the connection but never answered within {within:.3g} s "
-                        "(another program on that port, or a frozen store?)"
-                    ) from None
+                    if within >= self.timeout:
+                        raise StoreError(
+                            f"accepted the connection but never answered within {within:.3g} s "
+                            "(another program on that port, or a frozen store?)"
+                        ) from None
+                    # cut short by the end of the reconnect window, not the store's silence: the last
+                    # real reason stands
+                    why = why or f"no answer within {within:.3g} s"
                 except (OSError, EOFError) as e:  # closed or reset at once: torch's backlog full, or not a store
                     close_socket(sock)
                     self._buf.clear()

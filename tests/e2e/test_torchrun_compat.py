@@ -82,7 +82,8 @@ def test_rdzv_conf_with_its_quotes_in_argv(here):
 
 @needs_torchrun
 def test_pet_module(here):
-    (here / "modjob.py").write_text("import os\nprint('module', __name__, os.environ['RANK'])\n")
+    # one write per line: two ranks share the pipe, and an unbuffered print writes each piece apart
+    (here / "modjob.py").write_text("import os\nos.write(1, f\"module {__name__} {os.environ['RANK']}\\n\".encode())\n")
     env = {"PET_MODULE": "1", "PET_NPROC_PER_NODE": "2"}
     ours, theirs = run("launcher", "modjob", cwd=here, env=env), run("torchrun", "modjob", cwd=here, env=env)
     for r in (ours, theirs):
