@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds between the lines that say what a forming round waits for
 HOST_LEAVING_WAIT = 10.0  # a store host that leaves a running job (a signal) waits at most this for the readers
 LOOK_EVERY = 1.0  # seconds between a would-be sealer's looks at a forming round's count
+NO_PLAN = "round {} was sealed but its plan never came (the sealing node died?)"
 
 
 class ElasticRendezvous:
@@ -322,7 +323,7 @@ class ElasticRendezvous:
             if count is not None:
                 sealed_at = sealed_at if sealed_at is not None else self.clock()
                 if self.clock() - sealed_at > 2 * self.settings.read_timeout:
-                    raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealer died?)")
+                    raise RendezvousTimeoutError(NO_PLAN.format(r))
             if self.clock() >= deadline:
                 raise self._no_round(r)
             report_at = self._tell_waiting(r, k, deadline, None, report_at)
@@ -395,7 +396,7 @@ class ElasticRendezvous:
             raw = self.store.wait_get(key, self._slice(deadline, self.settings.read_timeout))
             if raw is not None:
                 return self._plan(r, k, raw)
-        raise RendezvousTimeoutError(f"round {r} was sealed but its plan never came (the sealer died?)")
+        raise RendezvousTimeoutError(NO_PLAN.format(r))
 
     def _no_round(self, r: int) -> RendezvousError:
         if self._refill:  # no replacement came: the job ends, on every node, with that reason

@@ -25,7 +25,7 @@ from .records import decode_spare, encode_spare, sealed_members
 from .store import HELD, Capability, DeletingStore, LivenessStore, Store, any_set, capabilities_of
 
 log = logging.getLogger(__name__)
-SPARE_LOOK = 1.0  # seconds between a waiting spare's looks at the job's `closed` mark and the members' alive keys
+SPARE_LOOK = 1.0  # seconds between a waiting spare's looks at the job's `closed` mark and at its round's members
 YIELD_LOOK = 0.25  # seconds between a yielding spare's looks at which members of the last round are alive
 JUDGE_EVERY = 2.0  # seconds between the judge's looks at the spares (2 x spares reads each)
 MAX_SPARES = 1 << 16  # a spare counter beyond this is hostile, not ours
@@ -100,7 +100,7 @@ class Orphaned:
         clock: Callable[[], float],
         all_gone: Callable[[], None],
     ):
-        self.keys, self.r, self.liveness, self.clock, self.all_gone = keys, r, liveness, clock, all_gone
+        self.liveness, self.clock, self.all_gone = liveness, clock, all_gone
         self.alive = [keys.alive(r, k) for k in range(1, members + 1)]
         self.beats = [keys.hb(r, g) for g in range(members)]
         self.keys_gone = 0  # looks in a row with no alive key held
