@@ -16,13 +16,6 @@ from support.ports import free_port
 EXIT_CODE = worker("exit_code.py")
 
 
-@pytest.fixture
-def cluster():
-    c = Cluster()
-    yield c
-    c.cleanup()
-
-
 def run_job(cluster: Cluster, port: int, name: str, env: dict, rerun: bool = True) -> list[int]:
     """A 2-node job `rerun` (no restarts) on the store at `port`, to its end: the agents' exit codes. Every
     agent's worker ran (a rerun that only read the old run's end would exit 0 without one)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from support.launcher_runs import Agent as Launched
 from support.ports import free_port
-from support.processes import procs_with_token
+from support.processes import procs_with_token, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "workers" / "spare_steps.py")
@@ -32,17 +32,6 @@ STEPS = 20
 
 
 # ---------------------------------------------------------------------------- helpers (this file's own)
-
-
-def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll `predicate` (every 20 ms) until it returns something true; fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
 class Agent(Launched):
@@ -174,7 +163,9 @@ class Job:
 
 def running_in(agent: Agent, count: int = 1, timeout: float = 60) -> dict:
     """The agent's `count`-th running event (its workers of that round started)."""
-    return until(lambda: len(agent.running()) >= count and agent.running()[count - 1], timeout, f"{agent.name} running")
+    return wait_for(
+        lambda: len(agent.running()) >= count and agent.running()[count - 1], timeout, f"{agent.name} running"
+    )
 
 
 def members_then_spare(job: Job, first_conf: str = "") -> tuple[Agent, Agent, Agent]:
@@ -247,7 +238,7 @@ def node_lost_while_round_forms(job: Job, sig: int) -> None:
         b.wait()
     # Lost means the store knows it: its alive key is gone (c10d: 0.1 s after its connections closed;
     # etcd: when its lease expires, 2 s).
-    until(lambda: job.alive_keys(0, 2) == 1, 30, "the lost node's alive key to go")
+    wait_for(lambda: job.alive_keys(0, 2) == 1, 30, "the lost node's alive key to go")
     c, d = job.start("c"), job.start("d")
     job.open_gate()
     codes = {x.name: x.wait() for x in (a, c, d)}
@@ -299,16 +290,16 @@ def spares_share_the_verdict(job: Job, status: Callable[[], dict] | None) -> Non
     s2 = job.start("spare2")
     s2.line(r"waiting as a spare")
     if status is not None:
-        listed = until(lambda: len(status().get("spares", [])) == 2 and status()["spares"], 30, "two spares listed")
+        listed = wait_for(lambda: len(status().get("spares", [])) == 2 and status()["spares"], 30, "two spares listed")
         assert {s["node"].rsplit(":", 1)[1] for s in listed} == {str(s1.pid), str(s2.pid)}, listed
     assert s1.events("waiting")[0]["what"] == "spare"
     s1.signal(signal.SIGKILL)
     s1.wait()
     head = a if a.running()[0]["group_rank"] == 0 else b
     head.line(rf"spare \S+:{s1.pid} died; dropped", timeout=30)
-    until(lambda: any(e["node"].endswith(f":{s1.pid}") for e in head.events("spare_lost")), 10, "spare_lost")
+    wait_for(lambda: any(e["node"].endswith(f":{s1.pid}") for e in head.events("spare_lost")), 10, "spare_lost")
     if status is not None:
-        until(lambda: len(status().get("spares", [])) == 1, 30, "one spare listed")
+        wait_for(lambda: len(status().get("spares", [])) == 1, 30, "one spare listed")
     job.open_gate()
     codes = {x.name: x.wait() for x in (a, b, s2)}
     assert codes == {"a": 0, "b": 0, "spare2": 0}, "\n\n".join(x.stderr[-3000:] for x in (a, b, s2))
@@ -345,7 +336,7 @@ class C10dJob(Job):
             assert first is None or first.popen.poll() is None, first.stderr
             return _connects(self.port)
 
-        until(listening, 30, "the store to listen")
+        wait_for(listening, 30, "the store to listen")
 
     def alive_keys(self, r: int, tickets: int) -> int:
         from launcher.rendezvous.c10d import TCPStoreAdapter
@@ -385,7 +376,7 @@ class StandaloneJob(C10dJob):
         self.others.append(store)
 
     def wait_serving(self, first: Agent | None) -> None:
-        until(lambda: _connects(self.port), 30, "the standalone store to listen")
+        wait_for(lambda: _connects(self.port), 30, "the standalone store to listen")
 
 
 def _connects(port: int) -> bool:

@@ -8,19 +8,12 @@ import subprocess
 import time
 
 import pytest
-from support.launcher_runs import Cluster, c10d
+from support.launcher_runs import c10d
 from support.paths import LAUNCHER, ROOT, worker
 from support.ports import free_port
 from support.processes import wait_for
 
 STEPPER = worker("stepper.py")
-
-
-@pytest.fixture
-def cluster():
-    c = Cluster()
-    yield c
-    c.cleanup()
 
 
 def status(port: int, *extra: str, run_id: str = "job", env: dict | None = None) -> subprocess.CompletedProcess:

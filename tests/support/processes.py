@@ -74,11 +74,13 @@ def is_helper(pid: int) -> bool:
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
-    """Poll `predicate` until true; on timeout fail with `what` (and the launcher's output if it ended)."""
+    """Poll `predicate` until it returns something true, and return that; on timeout fail with `what` (and
+    the launcher's output if it ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        got = predicate()
+        if got:
+            return got
         if proc is not None and proc.poll() is not None:
             out, err = proc.communicate(timeout=10)
             pytest.fail(f"launcher ended (rc {proc.returncode}) while waiting for {what}\n{out}\n{err}")
