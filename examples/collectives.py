@@ -42,11 +42,11 @@ def sync():
 
 # Each check runs the op on this rank and returns True if the result is right here.
 def send_recv():
-    # A ring: send to the next rank, receive from the previous. isend/irecv so no rank blocks
-    # in send while its neighbour also sends (which can deadlock with blocking calls).
+    # A ring: send to the next rank, receive from the previous, as one batch so no rank blocks in
+    # send while its neighbour also sends; NCCL takes a send to itself (world size 1) only batched.
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     got = torch.empty(N, device=device)
-    reqs = [dist.isend(value(rank), nxt), dist.irecv(got, prv)]
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, value(rank), nxt), dist.P2POp(dist.irecv, got, prv)])
     for r in reqs:
         r.wait()
     return torch.equal(got, value(prv))
@@ -119,6 +119,9 @@ CHECKS = [
     ("all_reduce max", all_reduce_max),
     ("barrier, 1 late", barrier),
 ]
+if world == 1 and device.type == "cpu":
+    # gloo opens no connection from a rank to itself: one rank has no point-to-point to check
+    CHECKS = CHECKS[1:]
 
 ok = torch.zeros(len(CHECKS), device=device)
 seconds = torch.zeros(len(CHECKS), device=device, dtype=torch.float64)

@@ -56,21 +56,42 @@ def preload(modules: Sequence[str]) -> Reply:
         except BaseException as e:  # SystemExit and KeyboardInterrupt included: report, never die silently
             first = (str(e).strip().splitlines() or [""])[0]
             return Reply(error=f"module {name!r} failed to import ({type(e).__name__}: {first})")
-        why = unsafe_to_fork() or _cuda_driver_loaded()
+        why = unsafe_to_fork() or _cuda_driver_initialised()
         if why:
             return Reply(error=f"module {name!r} {why}")
     return Reply(seconds=round(time.perf_counter() - t0, 3))
 
 
-def _cuda_driver_loaded() -> str:
-    """A CUDA driver initialised without torch knowing (cuInit through another library) is as unsafe."""
+def _cuda_driver_initialised() -> str:
+    """A CUDA driver initialised without torch knowing (cuInit through another library) is as unsafe.
+
+    Loaded is not initialised: CUDA builds of torch (2.11 with CUDA 13, for one) map libcuda at
+    import, and a fork before cuInit is safe. The loaded driver itself says which: a call that needs
+    cuInit answers CUDA_ERROR_NOT_INITIALIZED (3) until then, and initialises nothing.
+    """
     try:
         with open("/proc/self/maps") as f:
-            if any("libcuda.so" in line for line in f):
-                return "loaded the CUDA driver (libcuda), which a forked worker cannot use"
+            if not any("libcuda.so" in line for line in f):
+                return ""
     except OSError:
-        pass
-    return ""
+        return ""
+    import ctypes
+
+    try:
+        # RTLD_NOLOAD: the handle of the copy already mapped, never a second load
+        driver = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+        count = ctypes.c_int(0)
+        code = driver.cuDeviceGetCount(ctypes.byref(count))
+    except (OSError, AttributeError) as e:
+        return f"loaded the CUDA driver (libcuda), which could not be asked whether it was initialised ({e})"
+    if code == _CUDA_ERROR_NOT_INITIALIZED:
+        return ""
+    if code == 0:
+        return "initialised the CUDA driver (cuInit), which a forked worker cannot use"
+    return f"left the CUDA driver in a state a forked worker cannot trust (cuDeviceGetCount: error {code})"
+
+
+_CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def unsafe_to_fork() -> str:
