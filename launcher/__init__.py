@@ -1,39 +1,13 @@
 """launcher: a torchrun-compatible launcher and elastic rendezvous for PyTorch distributed training."""
 
+from .worker.progress import progress  # re-exported: `launcher.progress` is the public name
+
 __version__ = "0.1.0"
-
-
-def progress(step: int | None = None) -> None:
-    """Tell the launcher this worker is making progress (see --hang_timeout); cheap, never fails.
-
-    `step`: the training step just done; the launcher derives the rank's step rate from it (shown by
-    `launcher status`, and compared with the job's median by --straggler_threshold)."""
-    import os
-
-    path = os.environ.get("LAUNCHER_PROGRESS_FILE")
-    if path and step is not None:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                os.pwrite(fd, b"%20d\n" % int(step), 0)  # one fixed-width write: a reader never sees half
-            finally:
-                os.close(fd)
-        except (OSError, ValueError, TypeError):
-            pass
-    elif path:
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            try:
-                open(path, "a").close()
-            except OSError:  # its folder is gone or read-only: the launcher watches output instead
-                pass
-        except OSError:
-            pass
+__all__ = ["__version__", "progress", "record"]
 
 
 def record(fn):
-    """torch's `@record` without importing torch: see `launcher.errorfile.record`."""
-    from .errorfile import record as _record
+    """torch's `@record` without importing torch: see `launcher.worker.errorfile.record`."""
+    from .worker.errorfile import record as _record
 
     return _record(fn)

@@ -1,11 +1,11 @@
 import sys
 
 try:
-    from launcher.cli import main
+    from launcher.cli.commands import main
 except ModuleNotFoundError as e:  # run with an interpreter that lacks click: one line, as for the others
     if (e.name or "launcher").partition(".")[0] == "launcher":
         raise
-    from launcher.deps import problem
+    from launcher.cli.deps import problem
 
     sys.stderr.write(f"launcher: error: {problem([e.name or 'a dependency'])}\n")
     sys.exit(2)

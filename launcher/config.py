@@ -21,7 +21,6 @@ from types import MappingProxyType
 
 from . import plugins
 from .errors import ConfigError
-from .numa import NumaMode, parse_numa_binding
 from .parsers import (
     parse_endpoint,
     parse_filters,
@@ -32,6 +31,8 @@ from .parsers import (
     parse_log_level,
     parse_nnodes,
     parse_nproc,
+    parse_numa_binding,
+    parse_policy,
     parse_port,
     parse_preload,
     parse_ranks,
@@ -40,11 +41,10 @@ from .parsers import (
     parse_std,
     parse_whole,
 )
-from .policy import RestartPolicy, parse_policy
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.etcd.settings import ETCD_KEYS
 from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
-from .spec import Std
+from .spec import NumaMode, RestartPolicy, Std
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job

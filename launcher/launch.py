@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from .cli import command
-from .cli import main as _main
+from .cli.commands import command
+from .cli.commands import main as _main
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from .errors import ConfigError
-from .spec import STD_NONE, Std
+from .spec import STD_NONE, NumaMode, RestartPolicy, Std
 
 
 def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
@@ -280,3 +280,58 @@ def parse_modules(text: str | None, flag: str = "--preload_modules") -> tuple[st
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
             raise ConfigError(f"{flag} {name!r} is not a module name (e.g. {flag} transformers,mypkg.model)")
     return names
+
+
+def parse_numa_binding(text: str | None) -> NumaMode | None:
+    """`--numa_binding MODE` → the mode (None: no binding)."""
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        return NumaMode(str(text).strip().lower())
+    except ValueError:
+        modes = ", ".join(m.value for m in NumaMode)
+        raise ConfigError(f"--numa_binding {text!r} is not a mode; use one of {modes}") from None
+
+
+RESTART_KEYS = {"quick", "backoff", "backoff_max", "no_progress", "deterministic"}
+QUARANTINE_KEYS = {"after": "quarantine_after", "window": "quarantine_window", "cooldown": "quarantine_cooldown"}
+
+
+def parse_policy(restart: dict[str, str], quarantine: dict[str, str]) -> RestartPolicy:
+    """The two flags' key=value maps (config.parse_kv) into one RestartPolicy; ConfigError names the fix."""
+    values: dict[str, object] = {}
+    for key, text in restart.items():
+        flag = f"--restart_policy {key}="
+        if key not in RESTART_KEYS:
+            raise ConfigError(f"--restart_policy key {key!r} is unknown; use {', '.join(sorted(RESTART_KEYS))}")
+        if key == "deterministic":
+            if text.lower() not in ("on", "off", "1", "0", "true", "false"):
+                raise ConfigError(f"{flag}{text}: say on or off")
+            values[key] = text.lower() in ("on", "1", "true")
+        elif key == "no_progress":
+            values[key] = _count(text, flag)
+        else:
+            values[key] = parse_seconds(text, flag)
+    for key, text in quarantine.items():
+        flag = f"--quarantine {key}="
+        if key not in QUARANTINE_KEYS:
+            raise ConfigError(f"--quarantine key {key!r} is unknown; use {', '.join(QUARANTINE_KEYS)}")
+        values[QUARANTINE_KEYS[key]] = parse_seconds(text, flag) if key == "cooldown" else _count(text, flag)
+    policy = RestartPolicy(**values)  # type: ignore[arg-type]
+    if policy.backoff_max < policy.backoff:
+        raise ConfigError(f"--restart_policy backoff_max={policy.backoff_max:g} is below backoff={policy.backoff:g}")
+    if policy.quarantine_window and not 1 <= policy.quarantine_after <= policy.quarantine_window:
+        raise ConfigError(
+            f"--quarantine after={policy.quarantine_after} must be from 1 to window={policy.quarantine_window}"
+        )
+    return policy
+
+
+def _count(text: str, flag: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}{text} is not a whole number") from None
+    if n < 0:
+        raise ConfigError(f"{flag}{text} must be 0 or more")
+    return n

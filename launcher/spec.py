@@ -8,6 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+# marks every process an agent started (its workers, the zygote, the health check), for the orphan sweep
+AGENT_ID_VAR = "LAUNCHER_AGENT_ID"
+
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 
 
@@ -202,3 +205,41 @@ class Snapshot:
     workers: list[WorkerRow] = field(default_factory=list)
     signal: int | None = None  # the signal that is stopping (or stopped) the job, if one is
     waiting: str = ""  # while a round forms: what it waits for
+
+
+class NumaMode(enum.Enum):
+    """`--numa_binding MODE`: torchrun's four ways to bind a worker to the CPUs near its GPU."""
+
+    NODE = "node"
+    SOCKET = "socket"
+    EXCLUSIVE = "exclusive"
+    CORE_COMPLEX = "core-complex"
+
+
+# Why these defaults (docs/policy.md): a worker dead within a minute of its start has not got past
+# imports, NCCL init and the checkpoint load, so restarting it at once keeps failing the same way;
+# a backoff from 1 s doubling to a 60 s cap costs a job that recovers on its second try nothing, and
+# a crash loop at most a minute per try. Five failures in a row that never pass the job's best step
+# is about 5 checkpoint intervals lost: past that, a person should look. Three failures of one node
+# in its last five rounds is no longer bad luck, and an hour of cooldown outlasts a Slurm requeue.
+QUICK = 60.0
+BACKOFF = 1.0
+BACKOFF_MAX = 60.0
+NO_PROGRESS = 5
+QUARANTINE_AFTER = 3
+QUARANTINE_WINDOW = 5
+QUARANTINE_COOLDOWN = 3600.0
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """`--restart_policy K=V,...` (and `--quarantine K=V,...`), parsed once."""
+
+    quick: float = QUICK  # a round that failed within this many seconds of its start failed quickly
+    backoff: float = BACKOFF  # the wait before the 2nd quick failure's restart; doubles per quick failure
+    backoff_max: float = BACKOFF_MAX  # ... up to this
+    no_progress: int = NO_PROGRESS  # stop after this many failed rounds in a row below the best step (0: off)
+    deterministic: bool = True  # stop when a rank fails twice with the same error at the same step
+    quarantine_after: int = QUARANTINE_AFTER  # k: this node's workers failed in k ...
+    quarantine_window: int = QUARANTINE_WINDOW  # ... of its last rounds (0: never quarantined for failures)
+    quarantine_cooldown: float = QUARANTINE_COOLDOWN  # seconds a quarantined host is kept out of the job

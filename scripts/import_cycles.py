@@ -1,4 +1,4 @@
-"""Import cycles among a package's modules; exit 1 if there is one.
+"""Import cycles among a package's modules, and imports that run back up launcher's layers; exit 1 if any.
 
 Run:  .venv/bin/python scripts/import_cycles.py [launcher] [--runtime]
 
@@ -25,8 +25,8 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path, known: dict[str, Path], runtime: bool) -> set[str]:
-    """The modules of `known` that `name` imports at module level."""
+def imports(name: str, path: Path, known: dict[str, Path], runtime: bool, late: bool = False) -> set[str]:
+    """The modules of `known` that `name` imports at module level (`late`: inside functions too)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     named: set[str] = set()
 
@@ -49,6 +49,10 @@ def imports(name: str, path: Path, known: dict[str, Path], runtime: bool) -> set
                 source = ".".join(base + ([node.module] if node.module else []))
                 for alias in node.names:
                     named.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source)
+            elif late and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With)):
+                visit(node.body)
+            elif late:
+                visit([child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)])
 
     visit(ast.parse(path.read_text()).body)
     deps = set()
@@ -59,6 +63,31 @@ def imports(name: str, path: Path, known: dict[str, Path], runtime: bool) -> set
             if prefix in known and prefix != name and not name.startswith(prefix + "."):
                 deps.add(prefix)
     return deps
+
+
+# The groups of launcher/, top to bottom: a module may import its own group and the groups below it
+# (docs/layout.md). `entry` is the package's faces (`launcher`, `python -m launcher`, `launcher.launch`);
+# `vocabulary` is every other root module but `config`, which composes the subsystems' settings.
+LAYERS = ("entry", "cli", "agent", "policy", "telemetry", "config", "rendezvous", "tcpstore", "worker", "vocabulary")
+ENTRY = {"launcher", "launcher.__main__", "launcher.launch"}
+
+
+def group_of(name: str) -> str:
+    """The layer of module `name` (a dotted name under launcher)."""
+    if name in ENTRY:
+        return "entry"
+    part = name.split(".")[1]
+    if part in LAYERS:
+        return part  # a subpackage, or a module in one
+    return "config" if part == "config" else "vocabulary"
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that run back up: from a module to one of a group above its own."""
+    rank = {group: i for i, group in enumerate(LAYERS)}
+    return sorted(
+        (name, dep) for name, deps in graph.items() for dep in deps if rank[group_of(dep)] < rank[group_of(name)]
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -106,7 +135,12 @@ def main(argv: list[str]) -> int:
     print(f"{len(known)} modules, {edges} module-level imports, {len(found)} import cycles")
     for component in found:
         print("  cycle:", " <-> ".join(component))
-    return 1 if found else 0
+    everything = {name: imports(name, path, known, False, late=True) for name, path in known.items()}
+    up = upward(everything) if all(name.startswith("launcher") for name in known) else []
+    print(f"{len(up)} imports run back up the layers ({' > '.join(LAYERS)}), late ones included")
+    for name, dep in up:
+        print(f"  up: {name} ({group_of(name)}) imports {dep} ({group_of(dep)})")
+    return 1 if found or up else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ own prefix; `rerun` starts a new epoch when a job id is run again on a store tha
     r<r>/cause                                    the root cause of the failure that ended round r (a verdict)
     r<r>/lost<g>  r<r>/told<g>  r<r>/dead         why group rank g was lost, its tellers; tickets and spares found dead
     spares  spare<j>  sparealive<j>               spare j's number, entry, and alive key (held by its agent)
-Other records of a round may live under its prefix (`of_round`): the job board's (`launcher/board.py`).
+Other records of a round may live under its prefix (`of_round`): the job board's (`launcher/telemetry/board.py`).
 """
 
 from __future__ import annotations

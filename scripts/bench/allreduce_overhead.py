@@ -3,10 +3,10 @@
 Run:  .venv/bin/python scripts/bench/allreduce_overhead.py [--reps 7] [--nproc 2] [-- bench args]
       (bench args default: -b 1K -e 16M -f 4 -w 5 -n 50: the sizes of docs/examples.md's example, more iterations)
 
-Each repetition runs the benchmark (`python -m launcher.allreduce ARGS -J rows.json`) twice, in an
+Each repetition runs the benchmark (`python -m launcher.worker.allreduce ARGS -J rows.json`) twice, in an
 order that alternates between repetitions, so drift on a shared machine hits both:
-- launcher: `python -m launcher --nproc_per_node N -m launcher.allreduce ARGS`;
-- by hand:  N processes `python -m launcher.allreduce ARGS` started here at once, with RANK,
+- launcher: `python -m launcher --nproc_per_node N -m launcher.worker.allreduce ARGS`;
+- by hand:  N processes `python -m launcher.worker.allreduce ARGS` started here at once, with RANK,
   LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, and
   OMP_NUM_THREADS=1 as the launcher (like torchrun) sets for N > 1 workers on a node, so both runs
   do the same work with the same threads; rank 0 hosts the store in both.
@@ -48,7 +48,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def with_launcher(n: int, bench: list[str], out: Path) -> dict:
-    cmd = [PY, "-m", "launcher", "--nproc_per_node", str(n), "-m", "launcher.allreduce", *bench, "-J", str(out)]
+    cmd = [PY, "-m", "launcher", "--nproc_per_node", str(n), "-m", "launcher.worker.allreduce", *bench, "-J", str(out)]
     t0, cpu = time.monotonic(), 0.0
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     while p.poll() is None:  # the agent's own CPU, sampled until it exits (the last sample is kept)
@@ -78,7 +78,10 @@ def by_hand(n: int, bench: list[str], out: Path) -> dict:
             env.setdefault("OMP_NUM_THREADS", "1")
         procs.append(
             subprocess.Popen(
-                [PY, "-m", "launcher.allreduce", *bench, "-J", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+                [PY, "-m", "launcher.worker.allreduce", *bench, "-J", str(out)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
             )
         )
     codes = [p.wait(timeout=600) for p in procs]

@@ -13,7 +13,7 @@ folder, loopback ports) and stops it at the end. Four parts, each printed as a m
   the worker writes time.time() as its first statement. Metric: max(worker start) - time.time()
   just before the first Popen. Beside it, torchrun 2.13 with c10d (torchrun's etcd backends need
   etcd's v2 API, off since etcd 3.4) and the floor: K bare `python -c "import <what the agent
-  imports>"` started together until all exit (launcher.run and the etcd backend with its engine:
+  imports>"` started together until all exit (launcher.cli.run and the etcd backend with its engine:
   the JSON gateway's by default, pyetcd with --engine grpc). Bytecode caching on for every
   process (PYTHONPYCACHEPREFIX), filled by an untimed warm-up run. Target (shared/DESIGN.md): <= 0.5 s.
 - scale: N simulated nodes = threads in --procs runner processes; each thread builds
@@ -244,7 +244,7 @@ ENGINE = "gateway"  # --engine
 def agent_imports() -> str:
     """What an etcd agent imports beyond the interpreter: the launcher, the backend, its engine."""
     engine = "launcher.rendezvous.etcd.grpc_engine" if ENGINE == "grpc" else "launcher.rendezvous.etcd.gateway"
-    return f"launcher.run, launcher.rendezvous.etcd.backend, {engine}"
+    return f"launcher.cli.run, launcher.rendezvous.etcd.backend, {engine}"
 
 
 def import_floor(k: int) -> float:

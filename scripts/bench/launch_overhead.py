@@ -97,7 +97,7 @@ def dump():
 atexit.register(dump)  # registered first, so it runs last
 if tool == "launcher":
     import runpy
-    import launcher.process as p
+    import launcher.agent.process as p
     stop = p.Guard.stop
     def measured_stop(self):
         if self.pid:

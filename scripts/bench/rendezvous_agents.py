@@ -13,7 +13,7 @@ The tools alternate inside each repetition (order rotated) so drift hits both; r
 torchrun imports torch in its agent for c10d (the TCPStore), which costs seconds on this 2-core VM
 when K interpreters import it at once; the launcher's agent speaks the TCPStore protocol itself
 (launcher/tcpstore/) and imports no torch. Extra figures, in the rotation with the tools:
-- floor: K bare `python -c "import launcher.run, launcher.rendezvous.c10d"` started together,
+- floor: K bare `python -c "import launcher.cli.run, launcher.rendezvous.c10d"` started together,
   until the last has imported them: what a launcher c10d agent pays before it can do anything;
 - torch floor: K bare `python -c "import torch.distributed"` likewise (then os._exit: torch's
   interpreter teardown takes ~1 s more): what torchrun's agent pays before it can do anything;
@@ -142,7 +142,7 @@ def torch_import_s(log: str) -> float:
     return total / 1e6
 
 
-FLOORS = {"floor": "launcher.run, launcher.rendezvous.c10d", "torch floor": "torch.distributed"}
+FLOORS = {"floor": "launcher.cli.run, launcher.rendezvous.c10d", "torch floor": "torch.distributed"}
 
 
 def import_floor(k: int, tmp: str, modules: str) -> tuple[float, float]:
@@ -212,7 +212,7 @@ def main() -> None:
         ]
         print(f"| {k} | " + " | ".join(cells) + " |")
     print(
-        "\nfloor: K bare `python -c 'import launcher.run, launcher.rendezvous.c10d'` in parallel, until all imported; "
+        "\nfloor: K bare `python -c 'import launcher.cli.run, launcher.rendezvous.c10d'` in parallel, until all imported; "
         "torch floor: the same with `import torch.distributed`. CPU: user+system of the K agents (with their workers) "
         "or K importers, summed."
     )

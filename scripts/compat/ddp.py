@@ -21,7 +21,7 @@ assert t.item() == sum(range(world)), t
 gathered = [torch.zeros_like(grads[0]) for _ in range(world)]
 dist.all_gather(gathered, grads[0])
 assert all(torch.equal(g, gathered[0]) for g in gathered), "DDP left the ranks' gradients different"
-forked = "launcher.zygote" in open("/proc/self/cmdline").read()
+forked = "launcher.agent.zygote" in open("/proc/self/cmdline").read()
 print(f"ddp ok rank={rank} world={world} forked={forked} pid={os.getpid()}", flush=True)
 dist.barrier()
 dist.destroy_process_group()

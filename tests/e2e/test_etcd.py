@@ -57,7 +57,7 @@ def test_config_errors_are_one_line(launch):
 
 
 def _loaded_by_cli() -> set[str]:
-    code = "import sys, launcher.cli, launcher.run; print(' '.join(sys.modules))"
+    code = "import sys, launcher.cli.commands, launcher.cli.run; print(' '.join(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT).stdout
     return set(out.split())
 

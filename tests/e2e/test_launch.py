@@ -55,7 +55,9 @@ def test_help_and_version(launch):
 
 
 def test_agent_does_not_import_torch():
-    code = "import sys, launcher.cli, launcher.run, launcher.supervisor; print('torch' in sys.modules)"
+    code = (
+        "import sys, launcher.cli.commands, launcher.cli.run, launcher.agent.supervisor; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.stdout.strip() == "False", out.stderr
 

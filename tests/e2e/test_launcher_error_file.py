@@ -66,5 +66,7 @@ def test_an_unwritable_launcher_error_file_is_one_line_and_keeps_the_exit_code(l
     dest = tmp_path / "no-such-folder" / "error.json"
     r = launch.run("--nproc_per_node", "1", worker("record_error.py"), env={"TORCHELASTIC_ERROR_FILE": str(dest)})
     assert r.returncode == 1, r.stderr
-    assert "launcher/run.py" not in r.stderr and "FileNotFoundError" not in r.stderr, r.stderr  # no traceback of ours
+    assert "launcher/cli/run.py" not in r.stderr and "FileNotFoundError" not in r.stderr, (
+        r.stderr
+    )  # no traceback of ours
     assert sum(f"TORCHELASTIC_ERROR_FILE={dest}" in line for line in r.stderr.splitlines()) == 1, r.stderr

@@ -47,7 +47,10 @@ def one_line_exit_2(r) -> str:
 
 def test_missing_psutil_and_torch_is_one_line_naming_the_fix():
     # the interpreter of a newcomer who ran `python3 -m launcher` without the venv: no psutil, no torch
-    blocked = "import sys; sys.modules['psutil'] = sys.modules['torch'] = None; from launcher.cli import main; main()"
+    blocked = (
+        "import sys; sys.modules['psutil'] = sys.modules['torch'] = None; "
+        "from launcher.cli.commands import main; main()"
+    )
     r = subprocess.run(
         [sys.executable, "-c", blocked, "--nproc_per_node", "1", str(WORKERS / "echo_args.py")],
         cwd=ROOT,

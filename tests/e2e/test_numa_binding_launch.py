@@ -1,6 +1,6 @@
 """--numa_binding through the launcher: the CPUs land in spawned and in forked (--preload) workers.
 
-The agent reads a fake machine (launcher.numa.SYSFS_ROOT) whose CPUs are this host's own, two
+The agent reads a fake machine (launcher.agent.numa.SYSFS_ROOT) whose CPUs are this host's own, two
 GPUs on one NUMA node of two cores: `exclusive` gives each worker one core, which the worker reads
 back with sched_getaffinity before it does anything else.
 """
@@ -21,16 +21,16 @@ ALLOWED = sorted(os.sched_getaffinity(0))
 # The launcher as `python -m launcher` runs it, with the machine read from argv[1].
 AGENT = """
 import atexit, sys
-import launcher.numa
-launcher.numa.SYSFS_ROOT = sys.argv[1]
+import launcher.agent.numa
+launcher.agent.numa.SYSFS_ROOT = sys.argv[1]
 atexit.register(lambda: print(f"agent imported torch: {'torch' in sys.modules}", file=sys.stderr))
-from launcher.cli import main
+from launcher.cli.commands import main
 main(sys.argv[2:])
 """
 
 WORKER = """
 import os
-forked = "launcher.zygote" in open("/proc/self/cmdline").read()
+forked = "launcher.agent.zygote" in open("/proc/self/cmdline").read()
 print(f"cpus={sorted(os.sched_getaffinity(0))} forked={forked}", flush=True)
 """
 

@@ -37,7 +37,7 @@ def _run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
     (tmp_path / "cyclemod.py").write_text(CYCLE_MODULE)
     (tmp_path / "job.py").write_text(
         "import cyclemod  # noqa: F401\n"
-        "forked = 'launcher.zygote' in open('/proc/self/cmdline').read()\n"
+        "forked = 'launcher.agent.zygote' in open('/proc/self/cmdline').read()\n"
         "print(f'worker ran forked={forked}', flush=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}

@@ -21,8 +21,9 @@ SMALL = ["-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "3"]  # 1K, 8K, 64
 
 def test_import_cli_stays_light():
     code = (
-        "import sys, launcher.cli; "
-        "print(sorted(m for m in ('torch', 'launcher.allreduce', 'launcher.preflight') if m in sys.modules))"
+        "import sys, launcher.cli.commands; "
+        "print(sorted(m for m in ('torch', 'launcher.worker.allreduce', 'launcher.worker.preflight') "
+        "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

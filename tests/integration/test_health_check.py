@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from launcher.health import HealthGate, run_command
+from launcher.policy.health import HealthGate, run_command
 
 
 def test_a_command_that_exits_0_passes():

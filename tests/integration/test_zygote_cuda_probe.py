@@ -21,7 +21,7 @@ int cuDeviceGetCount(int *count) { if (!initialised) return 3; *count = 1; retur
 
 PROBE = """
 import ctypes, sys
-from launcher.zygote.server import _cuda_driver_initialised
+from launcher.agent.zygote.server import _cuda_driver_initialised
 print(repr(_cuda_driver_initialised()))
 driver = ctypes.CDLL(sys.argv[1])
 if sys.argv[2] == "init":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_sizes_parse_like_nccl_tests():
-    from launcher.allreduce import parse_size, sizes
+    from launcher.worker.allreduce import parse_size, sizes
 
     assert [parse_size(s) for s in ("8", "1K", "64M", "1G", "2kb")] == [8, 1024, 64 << 20, 1 << 30, 2048]
     assert sizes(1024, 16 << 20, 4, 0) == [1024 * 4**i for i in range(8)]  # 1K .. 16M
@@ -13,7 +13,7 @@ def test_sizes_parse_like_nccl_tests():
 
 
 def test_bench_allreduce_explicit_steps_are_nccl_tests_steps():
-    from launcher.allreduce import parser, plan
+    from launcher.worker.allreduce import parser, plan
 
     def planned(*argv):
         return plan(parser().parse_args(list(argv)))

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.paths import worker
 
-from launcher import cli
 from launcher import config as cfg
+from launcher.cli import commands as cli
+from launcher.cli.run import make_run_dir
 from launcher.errors import ConfigError
 from launcher.rendezvous.etcd.settings import ETCD_KEYS
 from launcher.rendezvous.settings import RDZV_KEYS, RendezvousSettings, parse_rdzv_settings
-from launcher.run import make_run_dir
 
 SCRIPT = worker("echo_args.py")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -198,7 +198,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`launcher ARGV` in this process with the job itself stubbed out: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with (
-        mock.patch("launcher.run.run", return_value=0),
+        mock.patch("launcher.cli.run.run", return_value=0),
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
     ):

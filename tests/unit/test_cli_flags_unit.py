@@ -8,8 +8,9 @@ import os
 import click
 import pytest
 
-from launcher import cli, parsers
 from launcher import config as cfg
+from launcher import parsers
+from launcher.cli import commands as cli
 from launcher.errors import ConfigError
 
 

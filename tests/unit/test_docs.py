@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import allreduce
+from launcher.worker import allreduce
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from launcher.errorfile import record, write_error_file
-from launcher.events import EventsFile
-from launcher.summary import read_error_file
+from launcher.telemetry.events import EventsFile
+from launcher.telemetry.summary import read_error_file
+from launcher.worker.errorfile import record, write_error_file
 
 
 def test_record_writes_the_exception_where_torch_expects_it_and_reraises(tmp_path, monkeypatch):

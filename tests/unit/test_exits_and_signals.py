@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from launcher.agent.signals import SignalReceived, capture_signals, once_per_burst
 from launcher.errors import (
     EXIT_USAGE,
     ConfigError,
@@ -17,7 +18,6 @@ from launcher.errors import (
     RestartBudgetExhausted,
     exit_code_for_signal,
 )
-from launcher.signals import SignalReceived, capture_signals, once_per_burst
 from launcher.spec import Exit, Failure, GroupState, RunResult, Verdict, Worker
 
 # ---------------------------------------------------------------------------- exits and verdicts

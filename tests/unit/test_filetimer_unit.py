@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from launcher.filetimer import Expired, FileTimer, from_environ
+from launcher.agent.filetimer import Expired, FileTimer, from_environ
 
 
 class Clock:

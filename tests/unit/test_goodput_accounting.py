@@ -4,8 +4,8 @@ job-wide figure agreed over an in-memory store."""
 import json
 import os
 
-from launcher.accounting import Accountant, goodput_line, job_breakdown
-from launcher.goodput import Breakdown, total
+from launcher.telemetry.accounting import Accountant, goodput_line, job_breakdown
+from launcher.telemetry.goodput import Breakdown, total
 
 
 class DictStore:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.goodput import Breakdown, Component, Ledger, total
+from launcher.telemetry.goodput import Breakdown, Component, Ledger, total
 
 
 def approx(x):

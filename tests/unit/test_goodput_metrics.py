@@ -6,10 +6,10 @@ import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'launcher[metrics]'")
 
-from launcher.accounting import Accountant  # noqa: E402
-from launcher.metrics import AgentCollector, cause_of  # noqa: E402
-from launcher.reports import NodeReport, WorkerReport  # noqa: E402
 from launcher.spec import Exit, Failure, GroupState, Snapshot, Worker, WorkerRow  # noqa: E402
+from launcher.telemetry.accounting import Accountant  # noqa: E402
+from launcher.telemetry.metrics import AgentCollector, cause_of  # noqa: E402
+from launcher.telemetry.reports import NodeReport, WorkerReport  # noqa: E402
 
 
 def failure(returncode: int, reason: str = "", collateral: bool = False) -> Failure:

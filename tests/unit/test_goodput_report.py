@@ -5,9 +5,9 @@ import json
 import pytest
 
 from launcher import config as cfg
+from launcher.cli.report import find_files, read_node, render, report_main, verdict
 from launcher.errors import ConfigError
-from launcher.goodput import Breakdown
-from launcher.report import find_files, read_node, render, report_main, verdict
+from launcher.telemetry.goodput import Breakdown
 
 T = 1_800_000_000.0
 JOB = Breakdown(wall=10.0, training=7.0, restart=2.0, rendezvous=1.0, restarts=1, steps_known=True, nodes=2)

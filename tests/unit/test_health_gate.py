@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 from support.clock import FakeClock
 
-from launcher.governor import gate_from
-from launcher.health import HealthGate
+from launcher.policy.governor import gate_from
+from launcher.policy.health import HealthGate
 
 
 class NVMLError(Exception):

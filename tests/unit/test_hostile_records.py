@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from launcher.board import REPORT_BATCH, Board
+from launcher.cli.status import read_counter, read_status
+from launcher.cli.view import render_status
 from launcher.config import StatusConfig
 from launcher.errors import ConfigError, RendezvousError
-from launcher.events import EventsFile
 from launcher.rendezvous.records import MAX_DEPTH, decode_descriptor, decode_verdict, load, nesting, printable
 from launcher.rendezvous.records import token_check as check_of
-from launcher.status import read_counter, read_status
-from launcher.view import render_status
+from launcher.telemetry.board import REPORT_BATCH, Board
+from launcher.telemetry.events import EventsFile
 
 DEEP = b"[" * 30000 + b"]" * 30000
 
@@ -119,7 +119,7 @@ def test_status_without_a_token_says_the_job_needs_one():
 
 def test_a_full_disk_under_the_events_file_is_said_once_and_counted(caplog):
     events = EventsFile("/dev/full")  # every write fails with ENOSPC
-    with caplog.at_level(logging.WARNING, logger="launcher.events"):
+    with caplog.at_level(logging.WARNING, logger="launcher.telemetry.events"):
         for i in range(3):
             events("restart", {"round": i})
         events.close()

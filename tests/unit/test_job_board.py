@@ -1,4 +1,4 @@
-"""The job board (launcher/board.py) and the node reports (launcher/reports.py) in one process: a
+"""The job board (launcher/telemetry/board.py) and the node reports (launcher/telemetry/reports.py) in one process: a
 report read back is bounded and checked, the monitor's ticks cost O(N) store operations per interval,
 the one straggler judge flags and clears through the board (or alone without a store), and a node's
 last report outlives its thread. Ticks are driven by hand, the judge's clock is a fake one."""
@@ -10,12 +10,12 @@ import json
 import pytest
 from support.clock import FakeClock
 
-from launcher.board import REPORT_EVERY, RETRY_EVERY, Board, Monitor
 from launcher.rendezvous.records import MAX_VALUE
 from launcher.rendezvous.store import Capability
-from launcher.reports import NodeReport, WorkerReport
 from launcher.spec import Round
-from launcher.stragglers import Flagged, Judge, running_rates
+from launcher.telemetry.board import REPORT_EVERY, RETRY_EVERY, Board, Monitor
+from launcher.telemetry.reports import NodeReport, WorkerReport
+from launcher.telemetry.stragglers import Flagged, Judge, running_rates
 
 
 class DictStore:
@@ -215,6 +215,6 @@ def test_a_store_error_never_reaches_the_job(caplog):
 
     m = Monitor(Broken(), "job", Judge(0.5, 60), node_id="h:1")
     m.begin(round_of(0, 1), lambda: report_of(0), lambda e: None)
-    with caplog.at_level("DEBUG", logger="launcher.board"):
+    with caplog.at_level("DEBUG", logger="launcher.telemetry.board"):
         assert m.tick() == REPORT_EVERY
     assert "the job board failed this interval" in caplog.text

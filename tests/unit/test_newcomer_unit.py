@@ -9,10 +9,10 @@ import sys
 
 from rich.console import Console
 
-from launcher import deps
-from launcher.cli import closest_first
-from launcher.logs import LogRouter
-from launcher.view import render_status
+from launcher.agent.logs import LogRouter
+from launcher.cli import deps
+from launcher.cli.commands import closest_first
+from launcher.cli.view import render_status
 
 
 def test_a_missing_module_is_named_with_the_fix_in_one_line():
@@ -20,7 +20,7 @@ def test_a_missing_module_is_named_with_the_fix_in_one_line():
     line = deps.problem(["psutil", "torch"])
     assert "\n" not in line
     assert line.startswith(f"psutil and torch are not installed for {sys.executable}; ")
-    venv = os.path.join(os.path.dirname(os.path.dirname(deps.__file__)), ".venv", "bin", "python")
+    venv = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(deps.__file__))), ".venv", "bin", "python")
     assert ("activate the venv: source " in line) if os.path.isfile(venv) else ("setup.sh" in line)
     assert deps.problem(["psutil", "rich", "torch"]).startswith("psutil, rich and torch are not")
     assert deps.problem(["click"]).startswith("click is not installed")
@@ -82,13 +82,13 @@ def test_status_right_after_a_round_formed_says_what_it_waits_for():
 
 def test_ctrl_c_before_the_supervisor_takes_the_signals_is_one_line_and_130(monkeypatch, capsys, tmp_path):
     """Outside run()'s own connect-phase handler, click would print an empty line and exit silently."""
-    import launcher.run
-    from launcher.cli import main
+    import launcher.cli.run
+    from launcher.cli.commands import main
 
     def interrupted(config):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launcher.run, "run", interrupted)
+    monkeypatch.setattr(launcher.cli.run, "run", interrupted)
     script = tmp_path / "t.py"
     script.write_text("pass\n")
     try:

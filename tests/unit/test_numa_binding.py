@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ConfigError
-from launcher.numa import (
+from launcher.agent.numa import (
     Binding,
     NumaBound,
     NumaError,
-    NumaMode,
     Topology,
     cpus_for,
     format_cpulist,
     parse_cpulist,
-    parse_numa_binding,
     visible_gpus,
 )
-from launcher.process import inherited_affinity
+from launcher.agent.process import inherited_affinity
+from launcher.errors import ConfigError
+from launcher.parsers import parse_numa_binding
+from launcher.spec import NumaMode
 
 # ---------------------------------------------------------------------------- a fake machine
 
@@ -250,7 +250,7 @@ def test_gpus_and_virtual_local_rank_bind_the_gpu_the_worker_sees(dgx, caplog):
 
 def test_a_worker_without_a_gpu_runs_unbound_said_once(dgx, caplog):
     binding = Binding(NumaMode.NODE, dgx, dgx.gpus())
-    with caplog.at_level(logging.WARNING, logger="launcher.numa"):
+    with caplog.at_level(logging.WARNING, logger="launcher.agent.numa"):
         assert binding.cpus(worker(2, "0,1")) == frozenset()
         assert binding.cpus(worker(2, "0,1")) == frozenset()
     assert [r.getMessage() for r in caplog.records] == [
@@ -260,7 +260,7 @@ def test_a_worker_without_a_gpu_runs_unbound_said_once(dgx, caplog):
 
 def test_a_machine_without_a_gpu_says_so_in_one_line(tmp_path, caplog):
     topo = Topology(str(build(tmp_path, Machine(nodes={0: Node(0, cores(0, 2, 2))}, gpus=[]))), allowed=range(4))
-    with caplog.at_level(logging.WARNING, logger="launcher.numa"):
+    with caplog.at_level(logging.WARNING, logger="launcher.agent.numa"):
         assert Binding.create(NumaMode.SOCKET, {}, topology=topo) is None
     assert [r.getMessage() for r in caplog.records] == [
         "--numa_binding socket: no NVIDIA GPU on this machine; the workers run unbound"
@@ -274,7 +274,7 @@ def test_mixed_models_are_told_to_order_by_pci_bus(tmp_path, caplog):
         models=["NVIDIA A100", "NVIDIA T4"],
     )
     topo = Topology(str(build(tmp_path, m)), allowed=range(4))
-    with caplog.at_level(logging.WARNING, logger="launcher.numa"):
+    with caplog.at_level(logging.WARNING, logger="launcher.agent.numa"):
         Binding.create(NumaMode.NODE, {}, topology=topo)
         Binding.create(NumaMode.NODE, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, topology=topo)
     assert len(caplog.records) == 1 and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in caplog.records[0].getMessage()
@@ -334,7 +334,7 @@ def test_the_spawning_thread_holds_the_cpus_for_the_spawn_only(caplog):
     assert os.sched_getaffinity(0) == before
     with inherited_affinity(frozenset()):
         assert os.sched_getaffinity(0) == before
-    with caplog.at_level(logging.WARNING, logger="launcher.process"), inherited_affinity(frozenset({1 << 20})):
+    with caplog.at_level(logging.WARNING, logger="launcher.agent.process"), inherited_affinity(frozenset({1 << 20})):
         assert os.sched_getaffinity(0) == before  # no such CPU: said, and the worker starts unbound
     assert os.sched_getaffinity(0) == before
     assert len(caplog.records) == 1 and "runs unbound" in caplog.records[0].getMessage()

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_oom_kill_count_is_read_from_the_cgroup(tmp_path, version):
-    from launcher.oom import oom_kills
+    from launcher.agent.oom import oom_kills
 
     proc = tmp_path / "cgroup"
     root = tmp_path / "sys"

@@ -11,16 +11,15 @@ import signal
 from test_health_gate import FakeGpu, FakeNvml
 from test_supervisor_loop import Rig
 
+from launcher.agent.signals import SignalReceived
 from launcher.errors import RendezvousClosedError
-from launcher.governor import Governor
-from launcher.health import HealthGate
-from launcher.policy import RestartPolicy
-from launcher.quarantine import QuarantineBook, make_record
+from launcher.policy.governor import Governor
+from launcher.policy.health import HealthGate
+from launcher.policy.quarantine import QuarantineBook, make_record
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.rendezvous.records import decode_verdict, encode_verdict
-from launcher.signals import SignalReceived
-from launcher.spec import GroupState, Verdict
-from launcher.summary import summary_lines
+from launcher.spec import GroupState, RestartPolicy, Verdict
+from launcher.telemetry.summary import summary_lines
 
 
 class DictStore:
@@ -293,7 +292,7 @@ def test_a_quarantine_the_store_cannot_record_is_one_warning_line_not_a_tracebac
             raise ConnectionError("etcd failed mid-request (timed out)")
 
     governor = Governor(RestartPolicy(), "testhost", "unit", book=lambda: book(Broken()), multi_node=True)
-    with caplog.at_level("DEBUG", logger="launcher.governor"):
+    with caplog.at_level("DEBUG", logger="launcher.policy.governor"):
         governor.quarantine("its workers failed")
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert [r.getMessage() for r in warnings] == [

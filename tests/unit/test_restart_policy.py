@@ -14,7 +14,9 @@ from launcher.errors import (
     RestartBudgetExhausted,
 )
 from launcher.exitcodes import ExitCode, passed_through
-from launcher.policy import History, RestartPolicy, Signature, Stop, parse_policy, requeue_after
+from launcher.parsers import parse_policy
+from launcher.policy.restart import History, Signature, Stop, requeue_after
+from launcher.spec import RestartPolicy
 
 NAN = Signature(rank=1, returncode=1, error="RuntimeError: loss is NaN", step=700)
 

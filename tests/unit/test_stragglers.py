@@ -8,7 +8,7 @@ import pytest
 
 from launcher.config import from_flags
 from launcher.errors import ConfigError
-from launcher.stragglers import Judge
+from launcher.telemetry.stragglers import Judge
 
 
 def test_a_rank_below_the_threshold_is_flagged_only_after_the_period_and_cleared_when_it_catches_up():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from launcher.spec import Exit, Failure, GroupState, RunResult, Worker
-from launcher.summary import read_error_file, summary_lines
+from launcher.telemetry.summary import read_error_file, summary_lines
 
 
 def failure(rank: int, code: int, at: float, round: int = 0, collateral: bool = False, **more) -> Failure:

@@ -10,14 +10,14 @@ import signal
 import pytest
 from support.clock import FakeClock
 
-from launcher import process
+from launcher.agent import process
+from launcher.agent.signals import SignalReceived
+from launcher.agent.supervisor import Supervisor
 from launcher.config import from_flags
 from launcher.errors import RendezvousClosedError, RestartBudgetExhausted
 from launcher.rendezvous.api import Cause, MembershipChanged, WaitReport
-from launcher.signals import SignalReceived
 from launcher.spec import Exit, GroupState, Round, Verdict
-from launcher.summary import summary_lines
-from launcher.supervisor import Supervisor
+from launcher.telemetry.summary import summary_lines
 
 
 class FakeProc:
@@ -441,7 +441,7 @@ def test_the_live_view_says_what_a_forming_round_waits_for(tmp_path):
 
     from rich.console import Console
 
-    from launcher.view import render
+    from launcher.cli.view import render
 
     rig = Rig(tmp_path, nproc=1)
     release, real = threading.Event(), rig.rdzv.next_round

@@ -12,7 +12,7 @@ from launcher.spec import GroupState, Snapshot, WorkerRow
 def test_view_renders_a_table():
     from rich.console import Console
 
-    from launcher.view import render
+    from launcher.cli.view import render
 
     snap = Snapshot(
         GroupState.RUNNING,
@@ -34,8 +34,8 @@ def test_view_renders_a_table():
 def test_live_view_renders_a_signalled_round_as_stopped_by_the_signal():
     from rich.console import Console
 
+    from launcher.cli.view import render
     from launcher.spec import GroupState, Snapshot
-    from launcher.view import render
 
     def shown(snap):
         console = Console(file=io.StringIO(), width=120)

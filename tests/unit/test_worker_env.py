@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
+from launcher.agent.env import AGENT_ID_VAR, PROGRESS_VAR, worker_argv, worker_env, workers_of, zygote_env
+from launcher.agent.members import worker_spec
 from launcher.config import JOIN_TOKEN_ENV, LaunchConfig
-from launcher.env import AGENT_ID_VAR, PROGRESS_VAR, worker_argv, worker_env, workers_of, zygote_env
-from launcher.members import worker_spec
 from launcher.spec import Round, Worker
 
 ROUND = Round(

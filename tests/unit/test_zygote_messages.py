@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from launcher.zygote.messages import ENTRY, ForkRequest, Program, Reply, ZygoteArgs
+from launcher.agent.zygote.messages import ENTRY, ForkRequest, Program, Reply, ZygoteArgs
 
 
 def test_the_zygotes_command_line_round_trips_and_names_the_entry_point():
     args = ZygoteArgs(sock_fd=7, agent=1234, modules=("torch", "torch._dynamo", "mypkg.model"))
     argv = args.argv("/usr/bin/python3")
-    assert argv[:3] == ["/usr/bin/python3", "-m", ENTRY] and ENTRY == "launcher.zygote"
+    assert argv[:3] == ["/usr/bin/python3", "-m", ENTRY] and ENTRY == "launcher.agent.zygote"
     # as the zygote sees it: sys.argv[0] is the module's path, not "-m"
-    assert ZygoteArgs.parse(["/x/launcher/zygote/__main__.py", *argv[3:]]) == args
+    assert ZygoteArgs.parse(["/x/launcher/agent/zygote/__main__.py", *argv[3:]]) == args
     assert ZygoteArgs.parse(["m", "3", "9"]).modules == ()
 
 

@@ -6,7 +6,7 @@ import time
 
 e = os.environ
 attempt, rank, out = e["TORCHELASTIC_RESTART_COUNT"], e["RANK"], e["DUMP_DIR"]
-forked = "launcher.zygote" in open("/proc/self/cmdline").read()
+forked = "launcher.agent.zygote" in open("/proc/self/cmdline").read()
 with open(os.path.join(out, f"{attempt}-{rank}.tmp"), "w") as f:
     f.write(f"{os.getpid()} {int(forked)}")
 os.rename(os.path.join(out, f"{attempt}-{rank}.tmp"), os.path.join(out, f"{attempt}-{rank}"))

@@ -30,7 +30,7 @@ dump = {
     "cwd": os.getcwd(),
     "faulthandler": faulthandler.is_enabled(),
     "stdout_write_through": sys.stdout.write_through,
-    "forked": "launcher.zygote" in open("/proc/self/cmdline").read(),
+    "forked": "launcher.agent.zygote" in open("/proc/self/cmdline").read(),
 }
 with open(os.path.join(os.environ["DUMP_DIR"], os.environ["RANK"] + ".json"), "w") as f:
     json.dump(dump, f)

@@ -8,6 +8,6 @@ no grpc or protobuf in the agent, a cheap import), and gRPC through pyetcd (`grp
 with `--rdzv_conf engine=grpc` and installed with `pip install 'launcher[etcd-grpc]'`: the one case
 that needs it is a client certificate with a Common Name on an etcd with --client-cert-auth and
 auth enabled, which the gateway refuses (a one-line error that names both). Neither engine is
-imported by `import launcher.cli`, and this path never imports torch. This package file imports
+imported by `import launcher.cli.commands`, and this path never imports torch. This package file imports
 nothing: `settings` is loaded at config time.
 """

@@ -1,0 +1,9 @@
+"""`python -m launcher.agent.zygote FD AGENT MODULE…`: the preloaded interpreter (see `server`)."""
+
+import sys
+
+from .server import become_worker, main, run_worker
+
+_job = main(sys.argv)  # returns only in a forked worker
+become_worker(_job)
+run_worker(_job)

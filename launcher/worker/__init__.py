@@ -1,0 +1,9 @@
+"""Code that runs inside a worker, in the user's training process.
+
+- `progress`: `launcher.progress(step=)`, the heartbeat for `--hang_timeout` and the step rate.
+- `errorfile`: `launcher.record`, torch's `@record` error file without importing torch.
+- `allreduce`: `launcher bench allreduce`; `preflight`: `launcher check`.
+
+May import only the root's vocabulary (and torch): a worker never loads the agent. This package
+file imports nothing, so that `launcher.progress` stays cheap.
+"""
