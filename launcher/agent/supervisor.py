@@ -18,10 +18,9 @@ import selectors
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
-from .. import net
 from ..config import LaunchConfig
 from ..errors import RendezvousClosedError, RendezvousError
 from ..exitcodes import ExitCode, for_signal, passed_through
@@ -29,21 +28,18 @@ from ..policy.governor import Governor
 from ..policy.restart import Stop, requeue_after
 from ..rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, WaitKind, WaitReport
 from ..spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
-from ..telemetry.board import Monitor
 from ..telemetry.reports import NodeReport
 from ..telemetry.stragglers import Flagged
 from . import process
 from .bootstrap import BootstrapStore
 from .env import PROGRESS_VAR, worker_argv
-from .filetimer import FILE_VAR, FileTimer, end_expired
-from .logs import Console, LogRouter
-from .logs_specs import PluginLogs
+from .filetimer import FILE_VAR, end_expired
 from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
 from .members import Member, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
+from .parts import Identity, Launching, Observers
 from .signals import SignalReceived, capture_signals
 
-Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
 log = logging.getLogger(__name__)
 
 
@@ -54,39 +50,21 @@ class Supervisor:
         self,
         config: LaunchConfig,
         rendezvous: RendezvousHandler,
-        logs: LogRouter,
-        run_dir: str,
+        launching: Launching,
         *,
-        starter: process.Starter | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        environ: dict[str, str] | None = None,
-        agent_id: str = "",
-        guard: process.Guard | None = None,
-        host: str = "",
-        sinks: Sequence[Sink] = (),
-        periodic: Sequence[Callable[[], None]] = (),
-        console: Console | None = None,
-        monitor: Monitor | None = None,
+        identity: Identity | None = None,
+        observers: Observers | None = None,
         governor: Governor | None = None,
-        logs_plugin: PluginLogs | None = None,
-        watchdog: FileTimer | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
         self.rendezvous = rendezvous
-        self.logs = logs
-        self.run_dir = run_dir
-        self.starter = starter or process.Spawner()
+        self.launching = launching
+        self.identity = identity or Identity.of()
+        self.observers = observers or Observers()
         self.clock = clock
-        self.environ = dict(os.environ if environ is None else environ)
-        self.agent_id = agent_id or f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.guard = guard
-        self.host = host or net.hostname()
-        self.sinks = list(sinks)
-        self.periodic = list(periodic)  # cheap checks run once per loop turn (the sd_notify watchdog)
-        self.console = console or Console()  # where worker lines shown on the console go
-        self.monitor = monitor  # the job board: this node's reports, and the straggler judge
         self.governor = governor or Governor(
-            config.restart_policy, self.host, self.agent_id, multi_node=config.multi_node
+            config.restart_policy, self.identity.host, self.identity.agent_id, multi_node=config.multi_node
         )
         self.stopped_by: Stop | None = None  # the restart policy ended the job (docs/policy.md)
         self.closing: Verdict | None = None  # ... and this is the job's verdict, for every node
@@ -96,8 +74,6 @@ class Supervisor:
         self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
         self.spec = worker_spec(config)
         self.routing = routing_of(config)
-        self.logs_plugin = logs_plugin  # --logs_specs NAME: a torch LogsSpecs places the files
-        self.watchdog = watchdog  # torch's file-timer watchdog, where TORCHELASTIC_ENABLE_FILE_TIMER=1
         self.state = GroupState.RENDEZVOUS
         self.round: Round | None = None
         self.members: list[Member] = []
@@ -106,7 +82,8 @@ class Supervisor:
         self.exit_signal: int | None = None
         self.message = ""
         self._oom_kills: int | None = None
-        self.bootstrap = BootstrapStore(self.environ)  # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
+        # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
+        self.bootstrap = BootstrapStore(self.launching.environ)
         self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
         self.waiting = ""  # what the forming round waits for, while in RENDEZVOUS
         self.wait_kind: WaitKind | None = None  # what kind of wait that is (a spare, a replacement...)
@@ -173,9 +150,9 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
-        if self.watchdog:
-            end_expired(self.watchdog, self.members, self.emit)
-        for check in self.periodic:
+        if self.observers.watchdog:
+            end_expired(self.observers.watchdog, self.members, self.emit)
+        for check in self.observers.periodic:
             check()
 
     def handle(self, event: object) -> None:
@@ -279,45 +256,46 @@ class Supervisor:
         if not watched:
             self._watch(rnd)
         self._peer_failed = False
-        attempt = os.path.join(self.run_dir, f"attempt_{rnd.round}")
+        attempt = os.path.join(self.launching.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
-        if self.watchdog:
-            self.watchdog.forget(m.proc.pid for m in self.members)
+        if self.observers.watchdog:
+            self.observers.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
         workers, envs, plan = prepare(
             self.spec,
             self.routing,
             rnd,
             self.config.nproc_per_node,
-            self.environ,
+            self.launching.environ,
             attempt,
-            self.agent_id,
-            self.logs,
-            self.logs_plugin,
+            self.identity.agent_id,
+            self.launching.logs,
+            self.launching.logs_plugin,
         )
         filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
         filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
         for worker in workers:
             env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
-            if self.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
-                env[FILE_VAR] = self.watchdog.path
+            if self.observers.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
+                env[FILE_VAR] = self.observers.watchdog.path
             error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
             argv = worker_argv(self.spec, worker)
             try:
-                proc = process.start_retrying(self.starter, argv, env, self.clock)
+                proc = process.start_retrying(self.launching.starter, argv, env, self.clock)
             except OSError as e:  # e.g. a --no_python command removed since the last round
                 return self._spawn_failed(argv[0], e)
-            if self.guard:
-                self.guard.watch(proc.pid)
+            if self.launching.guard:
+                self.launching.guard.watch(proc.pid)
             if proc.pidfd is not None:
                 self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            prefix = self.routing.prefix(worker, self.host, self.environ)
+            prefix = self.routing.prefix(worker, self.identity.host, self.launching.environ)
             # torch duplicates the tee'd streams' matching lines only
             duplicate = {
                 name: (filtered[name] if self.config.tee.has(worker.local_rank, name) else None, filters[name])
                 for name in ("stdout", "stderr")
             }
-            streams, files = route(proc, self.logs, self.console, prefix, dest, worker.rank, duplicate)
+            out = self.launching
+            streams, files = route(proc, out.logs, out.console, prefix, dest, worker.rank, duplicate)
             self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
             self.emit(
                 "spawn",
@@ -369,7 +347,7 @@ class Supervisor:
             else:
                 m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
                 hang = self.config.hang_timeout
-                self.failures.append(m.failure(ex, self.clock(), self.host, self.round, hang, self._oom_kills))
+                self.failures.append(m.failure(ex, self.clock(), self.identity.host, self.round, hang, self._oom_kills))
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
@@ -442,13 +420,13 @@ class Supervisor:
             if slow:
                 rate = event.ranks[m.worker.rank]
                 log.warning(
-                    f"rank {m.worker.rank} on {self.host} is a straggler: {rate:.2f} steps/s, "
+                    f"rank {m.worker.rank} on {self.identity.host} is a straggler: {rate:.2f} steps/s, "
                     f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
                     f"for {c.straggler_period:g} s (--straggler_threshold)"
                 )
                 self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             else:
-                log.info(f"rank {m.worker.rank} on {self.host} caught up with the job's median step rate")
+                log.info(f"rank {m.worker.rank} on {self.identity.host} caught up with the job's median step rate")
                 self.emit("straggler_cleared", rank=m.worker.rank)
 
     def check_hangs(self) -> None:
@@ -472,7 +450,8 @@ class Supervisor:
 
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
-        process.sweep(self._not_mine(), [m.proc.pid for m in self.members] + list(self.starter.helpers()), graceful)
+        mine = [m.proc.pid for m in self.members] + list(self.launching.starter.helpers())
+        process.sweep(self._not_mine(), mine, graceful)
 
     def handle_signal(self, signum: int) -> None:
         self.emit("signal", name=signal.Signals(signum).name, passthrough=signum in self.config.passthrough_signals)
@@ -528,7 +507,7 @@ class Supervisor:
         now = self.clock()
         workers = [m.report(restarts, now) for m in list(self.members)]
         return NodeReport(
-            host=self.host,
+            host=self.identity.host,
             state=self.state.value,
             round=rnd.round if rnd else 0,
             restarts=restarts,
@@ -558,7 +537,7 @@ class Supervisor:
 
     def emit(self, kind: str, **fields: object) -> None:
         """Hand one event to every sink; a failing sink never disturbs supervision."""
-        for sink in self.sinks:
+        for sink in self.observers.sinks:
             try:
                 sink(kind, fields)
             except Exception:
@@ -577,8 +556,8 @@ class Supervisor:
     def _watch(self, rnd: Round) -> None:
         """Heartbeat from now on (the rendezvous), and report this node on the job board."""
         self.rendezvous.watch(rnd, self.post)
-        if self.monitor is not None:
-            self.monitor.begin(rnd, self.report, self.post)
+        if self.observers.monitor is not None:
+            self.observers.monitor.begin(rnd, self.report, self.post)
 
     def _forget(self, proc: process.WorkerProcess) -> None:
         if proc.pidfd is not None:
@@ -589,8 +568,8 @@ class Supervisor:
         proc.close()
 
     def _not_mine(self) -> list[int]:
-        guard = [self.guard.pid] if self.guard and self.guard.pid else []
-        return guard + list(self.starter.helpers())  # the zygote is the agent's, not the workers'
+        guard = [self.launching.guard.pid] if self.launching.guard and self.launching.guard.pid else []
+        return guard + list(self.launching.starter.helpers())  # the zygote is the agent's, not the workers'
 
 
 def _pgid(pid: int) -> int:

@@ -21,6 +21,7 @@ from ..agent import process
 from ..agent.logs import Console, LogRouter, configure_console
 from ..agent.members import routing_of
 from ..agent.notify import Notifier
+from ..agent.parts import Identity, Launching, Observers
 from ..agent.supervisor import Supervisor
 from ..config import LaunchConfig
 from ..errors import EXIT_OK, LauncherError, exit_code_for_signal
@@ -108,23 +109,15 @@ def run(config: LaunchConfig) -> int:
         supervisor = Supervisor(
             config,
             rendezvous,
-            logs,
-            run_dir,
-            agent_id=agent_id,
-            guard=guard,
-            starter=starter,
-            sinks=sinks,
-            periodic=[notifier.tick, starter.check, accountant.tick],
-            console=console,
-            monitor=monitor,
+            Launching(logs, run_dir, starter, dict(os.environ), console, guard, logs_plugin),
+            identity=Identity.of(agent_id),
+            observers=Observers(sinks, [notifier.tick, starter.check, accountant.tick], monitor, watchdog),
             governor=governor,
-            logs_plugin=logs_plugin,
-            watchdog=watchdog,
         )
         if config.metrics:
             from ..telemetry.metrics import AgentCollector, serve
 
-            info = {"run_id": config.run_id, "host": supervisor.host, "backend": config.rdzv_backend}
+            info = {"run_id": config.run_id, "host": supervisor.identity.host, "backend": config.rdzv_backend}
             server = serve(*config.metrics, AgentCollector(supervisor, accountant, lambda: published[0], info))
             if server is not None:
                 cleanup.callback(server.close)
@@ -152,7 +145,7 @@ def run(config: LaunchConfig) -> int:
         # without it (a spare takes its place) once it has left, so it does not wait for their figures.
         leaves = "quarantined" if supervisor.stopped_by is Stop.QUARANTINE else why if result.signal else ""
         goodput = conclude(
-            accountant, rendezvous.shared_store(), config.run_id, supervisor.host, supervisor.emit, leaves
+            accountant, rendezvous.shared_store(), config.run_id, supervisor.identity.host, supervisor.emit, leaves
         )
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)

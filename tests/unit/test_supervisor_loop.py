@@ -11,6 +11,7 @@ import pytest
 from support.clock import FakeClock
 
 from launcher.agent import process
+from launcher.agent.parts import Identity, Launching, Observers
 from launcher.agent.signals import SignalReceived
 from launcher.agent.supervisor import Supervisor
 from launcher.config import from_flags
@@ -141,14 +142,10 @@ class Rig:
         self.sup = Supervisor(
             self.config,
             self.rdzv,
-            NoLogs(),
-            str(tmp_path),
-            starter=process.Spawner(self.spawn),
+            Launching(NoLogs(), str(tmp_path), process.Spawner(self.spawn), {"PATH": "/usr/bin"}),
+            identity=Identity("unit", "testhost"),
+            observers=Observers(sinks=[lambda kind, fields: self.events.append((kind, fields))]),
             clock=self.clock,
-            environ={"PATH": "/usr/bin"},
-            agent_id="unit",
-            host="testhost",
-            sinks=[lambda kind, fields: self.events.append((kind, fields))],
         )
 
     def turn(self, until, what: str, turns: int = 50) -> None:
@@ -197,7 +194,9 @@ def test_the_round_is_watched_before_its_workers_start(tmp_path):
     rig = Rig(tmp_path, nproc=2)
     seen: list[list[int]] = []
     spawn = rig.spawn.__call__
-    rig.sup.starter = process.Spawner(lambda argv, env: seen.append(list(rig.rdzv.watched)) or spawn(argv, env))
+    rig.sup.launching.starter = process.Spawner(
+        lambda argv, env: seen.append(list(rig.rdzv.watched)) or spawn(argv, env)
+    )
     rig.start()
     assert seen == [[0], [0]]
 
@@ -473,7 +472,7 @@ def test_a_transient_emfile_at_spawn_is_retried_not_fatal(tmp_path):
             raise failures.pop()
         return rig.spawn(argv, env)
 
-    rig.sup.starter = process.Spawner(spawn)
+    rig.sup.launching.starter = process.Spawner(spawn)
     rig.start()
     assert not failures and rig.sup.state is GroupState.RUNNING
 
@@ -485,7 +484,7 @@ def test_an_emfile_that_lasts_fails_the_spawn_after_the_retry_window(tmp_path):
         rig.clock.now += 20.0  # each try costs 20 s of the injected clock: the window closes on the third
         raise OSError(errno.EMFILE, "Too many open files")
 
-    rig.sup.starter = process.Spawner(spawn)
+    rig.sup.launching.starter = process.Spawner(spawn)
     rig.sup.begin_round(Cause.START)
     rig.turn(lambda: rig.sup.state is GroupState.FAILED, "the group failed")
     assert "Too many open files" in rig.sup.message
