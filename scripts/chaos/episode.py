@@ -1,0 +1,164 @@
+"""One episode: the cluster built (hosts, store, agents), its faults injected on schedule, and its record checked."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .faults import World, inject
+from .invariants import check
+from .net import SUBNET, Net
+from .proc import STEPS, Proc
+from .records import NODES, READ_TIMEOUT, AgentRecord, Episode, Fault, Shape
+from .stores import C10dStore, EtcdCluster
+
+ORPHAN_WAIT = 10.0  # s an ended agent's processes get to be gone before they count as left behind
+
+
+def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
+    """Every agent's command line: the shape's job on the episode's store, tests/workers/steps.py its workers."""
+    # join_timeout and replace_timeout inside the bound: nodes left below MIN wait for replacements that
+    # long (a re-forming elastic job; a fixed-size one that lost a member with no spare left), then say so
+    conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20" + (
+        ",is_host=false" if ep.backend == "c10d" else ""
+    )
+    spares = ep.shape is Shape.SPARES
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "--nnodes",
+        "2" if spares else "2:3",
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "3",
+        "--rdzv_backend",
+        ep.backend,
+        "--rdzv_endpoint",
+        endpoint,
+        "--rdzv_id",
+        f"chaos{ep.shape.value}{ep.seed}",
+        "--rdzv_conf",
+        conf,
+        "--log_dir",
+        str(logs),
+    ]
+    if spares:  # quarantine at the first failure
+        argv += ["--quarantine", "after=1,window=2"]
+    return [*argv, str(STEPS)]
+
+
+def agent_env(ep: Episode, ckpt: Path, i: int) -> dict[str, str]:
+    """Node i's environment for its workers: the checkpoint folder, the training's length, its node name."""
+    # 4 s of training; 12 s with a link cut (a cut node may give up while its workers run), 20 s with a
+    # link down for good (a node that never gives up runs its workers past STOP_S)
+    kinds = {f for _, f in ep.faults}
+    steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
+    env = {"CKPT_DIR": str(ckpt), "STEPS": str(steps), "STEP_TIME": "0.05"}
+    if ep.shape is Shape.SPARES:  # each agent its own node name (they share a host name)
+        env["SLURMD_NODENAME"] = f"node{i}"
+    return env
+
+
+def left_after(a: Proc) -> list[int]:
+    """The pids of an ended agent still alive after ORPHAN_WAIT s (none, when all went sooner)."""
+    deadline = time.monotonic() + ORPHAN_WAIT
+    while a.left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return a.left()
+
+
+def read_checkpoint(ckpt: Path) -> str | None:
+    """The checkpoint file's text, None when none was written."""
+    try:
+        return (ckpt / "ckpt.json").read_text()
+    except FileNotFoundError:
+        return None
+
+
+def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = False, netns: bool = False) -> Episode:
+    """Run `ep`'s job with its faults, check its invariants into ep.violations; everything it started is gone
+    when it returns, its folder too unless `keep`."""
+    rng = random.Random(ep.seed * 7919 + 1)  # victims, lengths and pauses
+    began = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix=f"chaos-{ep.backend}-{ep.seed}-"))
+    ckpt, logs = folder / "ckpt", folder / "logs"
+    ckpt.mkdir()
+    logs.mkdir()
+    mounted = False
+    net = store = world = None
+    agents: list[Proc] = []
+    try:
+        if any(f is Fault.DISK_FULL for _, f in ep.faults):
+            mount = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)]
+            mounted = subprocess.run(mount, capture_output=True).returncode == 0
+        net = Net(f"chaos{os.getpid()}-{ep.seed}") if netns else None
+        addr, hub = (f"{SUBNET}.1", net.hub) if net else ("127.0.0.1", None)
+        store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
+        argv = agent_argv(ep, store.endpoint, logs)
+        spares = ep.shape is Shape.SPARES
+        members = 2 if spares else NODES  # the spares shape starts its third node once the two members run
+
+        def agent(i: int) -> Proc:
+            return Proc(f"node{i}", argv, agent_env(ep, ckpt, i), net.nodes[i] if net else None)
+
+        agents = [agent(i) for i in range(members)]
+        world = World(agents, store, net, logs if mounted else None)
+        t_start = time.monotonic()
+        while sum(a.started() for a in agents) < 2 * members:
+            if time.monotonic() - t_start > bound / 2:
+                ep.violations.append("the job never started: not every worker of the first round ran")
+                return ep
+            time.sleep(0.02)
+        if spares:
+            agents.append(agent(members))
+            while not any("waiting as a spare" in line for line in agents[-1].err):
+                if time.monotonic() - t_start > bound / 2 or agents[-1].popen.poll() is not None:
+                    ep.violations.append(f"the third node never said it waits as a spare: {agents[-1].err[-3:]}")
+                    return ep
+                time.sleep(0.02)
+        t0 = time.monotonic()
+        for at, fault in ep.faults:
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            inject(ep, fault, world, rng)
+        deadline = t0 + bound
+        rcs = {a.name: (a.finish(deadline - time.monotonic()) if not a.killed else -9) for a in agents}
+        records = [a.record(rcs[a.name], left_after(a) if rcs[a.name] is not None else []) for a in agents]
+        ep.violations += check(ep, records, read_checkpoint(ckpt))
+        if ep.violations and verbose:
+            show(records)
+    except Exception as e:  # the harness itself: reported as a violation, never swallowed
+        ep.violations.append(f"harness error: {type(e).__name__}: {e}")
+    finally:
+        for t in world.timers if world else []:
+            t.cancel()
+        for a in agents:
+            a.kill_all()
+        if store is not None:
+            store.close()
+        if net is not None:
+            net.close()
+        if mounted:
+            subprocess.run(["umount", "-l", str(logs)], capture_output=True)
+        if keep:  # the agents' output beside their logs and checkpoint
+            for a in agents:
+                (folder / f"{a.name}.out").write_text("\n".join(a.out))
+                (folder / f"{a.name}.err").write_text("\n".join(a.err))
+            ep.kept = folder
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        ep.seconds = time.monotonic() - began
+    return ep
+
+
+def show(records: list[AgentRecord]) -> None:
+    """--verbose: the last lines of each agent's stderr."""
+    for a in records:
+        print(f"----- {a.name} rc={a.rc}\n" + "\n".join(a.err[-30:]), flush=True)

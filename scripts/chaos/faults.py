@@ -1,0 +1,183 @@
+"""The fault kinds: a seed's schedule of faults, and what each kind does to the episode's processes, store and links."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .net import Net
+from .proc import Proc, signal_all
+from .records import FAULTS, FOR_GOOD, STORE_FAULTS, Episode, Fault, Shape
+from .stores import C10dStore, EtcdCluster
+
+
+@dataclass
+class World:
+    """What the faults strike: the agents, the store, the hosts, the log disk; timers that undo a fault later."""
+
+    agents: list[Proc]
+    store: C10dStore | EtcdCluster
+    net: Net | None
+    disk: Path | None
+    timers: list[threading.Timer] = field(default_factory=list)
+    cut_for_good: set[tuple[int, str]] = field(default_factory=set)  # (node, end) links down until the end
+
+    def later(self, delay: float, fn, *args) -> None:
+        """Call fn(*args) in `delay` s (cancelled when the episode ends)."""
+        t = threading.Timer(delay, fn, args=args)
+        t.daemon = True
+        self.timers.append(t)
+        t.start()
+
+    def mend(self, node: int, at: str) -> None:
+        """The end of a temporary cut: the link up again, unless it was cut for good meanwhile."""
+        if (node, at) not in self.cut_for_good:
+            self.net.link(node, at, "up")
+
+
+def plan(backend: str, seed: int, skip: set[Fault] = frozenset(), shape: Shape = Shape.ELASTIC) -> Episode:
+    """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store."""
+    rng = random.Random(seed)
+    ep = Episode(backend, seed, shape)
+    kinds = [f for f in FAULTS[backend] if f not in skip]
+    for _ in range(rng.choice((1, 1, 2))):
+        fault = rng.choice(kinds)
+        if fault in STORE_FAULTS:
+            kinds = [f for f in kinds if f not in STORE_FAULTS]
+        ep.faults.append((round(rng.uniform(0.0, 1.5), 3), fault))
+    ep.faults.sort(key=lambda f: f[0])
+    return ep
+
+
+# Each kind strikes `victim` (a live agent, drawn first whatever the kind) and, when it lands, says what it
+# did in ep.done and what a survivor should name in ep.expect. Every draw from `rng` is part of the seed's
+# replay: keep their order.
+Strike = Callable[[Episode, World, Proc, random.Random], None]
+
+
+def kill_worker(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """worker-kill: one of the victim's workers SIGKILLed."""
+    workers = victim.workers()
+    if workers:
+        pid = rng.choice(workers)
+        signal_all([pid], signal.SIGKILL)
+        ep.done.append(f"SIGKILL worker {pid} of {victim.name}")
+        why = rf"pid {pid}|killed by SIGKILL|: failure\)|quarantined: its workers failed"  # spares: quarantined
+        ep.expect.append(("the killed worker", why))
+
+
+def kill_agent(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """agent-kill: the victim agent SIGKILLed (its guard stops its workers)."""
+    signal_all([victim.popen.pid], signal.SIGKILL)
+    victim.killed = True
+    ep.done.append(f"SIGKILL agent {victim.name}")
+    ep.expect.append(("the killed agent", r"died|lost its lease|stopped heartbeating|no node came to fill"))
+
+
+def freeze_node(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """node-freeze: SIGSTOP on the victim agent and its workers, SIGCONT 2.5-4 s later."""
+    pids = [victim.popen.pid, *victim.workers()]
+    signal_all(pids, signal.SIGSTOP)
+    length = rng.uniform(2.5, 4.0)
+    w.later(length, signal_all, pids, signal.SIGCONT)
+    ep.done.append(f"SIGSTOP {victim.name} for {length:.1f} s")
+    ep.frozen.add(victim.name)
+    ep.expect.append(("the frozen node", r"stopped heartbeating|lost its lease"))
+
+
+def kill_store(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """store-kill: c10d, the store SIGKILLed for good; etcd, every member killed and restarted on its data."""
+    if isinstance(w.store, C10dStore):
+        w.store.close()
+        ep.done.append("store SIGKILLed")
+        ep.expect.append(("the lost store", r"rendezvous store"))
+        return
+    for i in range(len(w.store.procs)):
+        w.store.kill(i)
+    pause = rng.uniform(0.2, 1.5)
+    time.sleep(pause)
+    w.store.start_all()
+    ep.done.append(f"every etcd member killed, restarted after {pause:.1f} s")
+    ep.expect.append(("the etcd outage", r"etcd at"))  # out longer than read_timeout: the nodes give up on it
+
+
+def kill_etcd_member(ep: Episode, w: World, victim: Proc, rng: random.Random, leader_too: bool = False) -> None:
+    """etcd-member-kill: a follower SIGKILLed, restarted on its data dir 0.5-3 s later (quorum is kept)."""
+    leader = w.store.leader()
+    if leader is None:
+        return
+    i = leader if leader_too else rng.choice([m for m in range(len(w.store.procs)) if m != leader])
+    pause = rng.uniform(0.5, 3.0)
+    w.store.kill(i)
+    w.later(pause, w.store.start, i)
+    ep.done.append(
+        f"etcd {'leader' if i == leader else 'follower'} m{i} SIGKILLed, back on its data after {pause:.1f} s"
+    )
+
+
+def kill_etcd_leader(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """etcd-leader-kill: the leader (by etcd's /v3/maintenance/status) SIGKILLed, restarted 0.5-3 s later."""
+    kill_etcd_member(ep, w, victim, rng, leader_too=True)
+
+
+def fill_disk(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """disk-full: the --log_dir disk (a 2 MiB tmpfs, as root) filled."""
+    if w.disk is None:
+        return
+    subprocess.run(["dd", "if=/dev/zero", f"of={w.disk / 'filler'}", "bs=64k"], capture_output=True)
+    ep.done.append("log disk filled")
+
+
+def cut_link(ep: Episode, w: World, victim: Proc, rng: random.Random, for_good: bool = False) -> None:
+    """link-cut: the victim's link set down, at the node or at the hub's bridge, for 1-12 s (namespaces only)."""
+    if w.net is None:
+        return
+    node, at = w.agents.index(victim), rng.choice(("node", "hub"))
+    length = FOR_GOOD if for_good else rng.uniform(1.0, 12.0)
+    w.net.link(node, at, "down")
+    if length < FOR_GOOD:
+        w.later(length, w.mend, node, at)
+    else:
+        w.cut_for_good.add((node, at))
+    ep.cuts.append((victim.name, time.monotonic(), length))
+    ep.done.append(
+        f"link of {victim.name} cut at the {at} " + (f"for {length:.1f} s" if length < FOR_GOOD else "for good")
+    )
+    ep.expect.append(("the cut link", r"stopped heartbeating|lost its lease|died|no node came to fill"))
+
+
+def link_down(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """link-down: as link-cut, down until the episode ends."""
+    cut_link(ep, w, victim, rng, for_good=True)
+
+
+STRIKES: dict[Fault, Strike] = {
+    Fault.WORKER_KILL: kill_worker,
+    Fault.AGENT_KILL: kill_agent,
+    Fault.NODE_FREEZE: freeze_node,
+    Fault.STORE_KILL: kill_store,
+    Fault.DISK_FULL: fill_disk,
+    Fault.LINK_CUT: cut_link,
+    Fault.LINK_DOWN: link_down,
+    Fault.MEMBER_KILL: kill_etcd_member,
+    Fault.LEADER_KILL: kill_etcd_leader,
+}
+
+
+def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
+    """Strike with `fault` at a live agent drawn from `rng`; a fault that landed is recorded with its victim."""
+    alive = [a for a in w.agents if not a.killed and a.popen.poll() is None]
+    if not alive:
+        return
+    victim = rng.choice(alive)
+    landed = len(ep.done)
+    STRIKES[fault](ep, w, victim, rng)
+    if len(ep.done) > landed:
+        ep.landed.append(fault)
+        ep.victims.append("store" if fault in STORE_FAULTS else victim.name)
