@@ -2,14 +2,12 @@
 
 from types import SimpleNamespace
 
-import pytest
+import prometheus_client  # a plain dependency (setup.cfg): never skipped
 
-prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'launcher[metrics]'")
-
-from launcher.accounting import Accountant  # noqa: E402
-from launcher.metrics import AgentCollector, cause_of  # noqa: E402
-from launcher.reports import NodeReport, WorkerReport  # noqa: E402
-from launcher.spec import Exit, Failure, GroupState, Snapshot, Worker, WorkerRow  # noqa: E402
+from launcher.accounting import Accountant
+from launcher.metrics import AgentCollector, cause_of
+from launcher.reports import NodeReport, WorkerReport
+from launcher.spec import Exit, Failure, GroupState, Snapshot, Worker, WorkerRow
 
 
 def failure(returncode: int, reason: str = "", collateral: bool = False) -> Failure:
