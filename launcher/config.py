@@ -113,6 +113,9 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
     }
 )
 START_METHODS = ("spawn", "fork", "forkserver")
+# What `launcher check` and `launcher bench allreduce` run (cli.WORKLOADS): tools, not training, so
+# no goodput line: a pre-flight check or a benchmark has no useful work to measure
+TOOL_MODULES = frozenset({"launcher.worker.preflight", "launcher.worker.allreduce"})
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
 
 
@@ -171,6 +174,11 @@ class LaunchConfig:
     @property
     def multi_node(self) -> bool:
         return self.max_nodes > 1
+
+    @property
+    def trains(self) -> bool:
+        """A training job, not one of the launcher's own tools (`launcher check`, `launcher bench`)."""
+        return not (self.module and self.program[-1] in TOOL_MODULES)
 
     @property
     def job(self) -> JobParams:
@@ -243,7 +251,7 @@ ETCD_V2_KEYS = MappingProxyType({"ssl_cert": "cert", "ssl_cert_key": "key", "ca_
 
 
 def _known_conf(backend: str, conf: dict[str, str], notes: list[str]) -> dict[str, str]:
-    """`conf` less the keys `backend` does not know, each named in one note with the closest known key."""
+    """`conf` less the keys `backend` does not know, each named in one note (with a near known key, if any)."""
     known = CONF_KEYS.get(backend)
     if known is None:  # a torchrun.handlers backend reads its own keys
         return conf
@@ -254,7 +262,8 @@ def _known_conf(backend: str, conf: dict[str, str], notes: list[str]) -> dict[st
             continue
         import difflib  # only for a key that needs a suggestion
 
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.0)  # always the nearest one
+        # only a near key (difflib's 0.6): `foo` got "did you mean join_timeout?", which was noise
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]}?)" if close else ""
         # the key only: an unknown key may hold a secret, and notes go to logs
         notes.append(f"--rdzv_conf {key} is not a {backend} rendezvous setting; ignored{hint}")

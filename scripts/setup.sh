@@ -29,6 +29,12 @@ if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; th
     if ! .venv/bin/python -c "import torch" 2>/dev/null; then
         quietly .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
     fi
+    # A venv made before the rename (distribution `launcher`, now torch-launcher) holds the old
+    # editable install: it would stay beside the new one, a second owner of the `launcher` command.
+    if compgen -G ".venv/lib/python*/site-packages/launcher-*.dist-info" >/dev/null; then
+        quietly .venv/bin/pip uninstall -q -y --disable-pip-version-check launcher
+        rm -rf launcher.egg-info
+    fi
     quietly .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
     echo "$stamp$extras" > .venv/.launcher-installed
 fi

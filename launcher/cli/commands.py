@@ -249,7 +249,7 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     "metrics-port",
     group=LOGS,
     metavar="PORT",
-    help="Serve Prometheus metrics (round, restarts, workers, steps, goodput) on PORT; needs launcher[metrics].",
+    help="Serve Prometheus metrics (round, restarts, workers, steps, goodput) on PORT.",
 )
 @flag(
     "metrics-host",
@@ -313,11 +313,10 @@ def command(**flags) -> None:
     config = cfg.from_flags(**flags)
     if flags.get("no_python") and not flags.get("run_path"):
         check_command(flags["training_script"])
-    absent = deps.missing(deps.NEEDED if flags.get("no_python") else deps.NEEDED + deps.WORKERS_NEED)
-    if absent:
+    needed = deps.NEEDED + (() if flags.get("no_python") else deps.WORKERS_NEED)
+    absent = deps.missing(needed + (deps.METRICS_NEED if config.metrics else ()))
+    if absent:  # every one at once
         raise ConfigError(deps.problem(absent))
-    if config.metrics and deps.missing(("prometheus_client",)):
-        raise ConfigError("--metrics_port needs prometheus_client: pip install 'launcher[metrics]'")
     try:
         from .run import run  # the machinery loads only once the flags are good
 
@@ -429,7 +428,8 @@ def report(paths: tuple[str, ...], output: str) -> None:
 
 SUBCOMMANDS = {"store": store, "status": status, "report": report}
 
-# Subcommands that are launches of a worker-side module (imported by workers only, never here):
+# Subcommands that are launches of a worker-side module (imported by workers only, never here;
+# config.TOOL_MODULES lists them: no goodput line):
 #   launcher check [launcher flags] [-- args]  ==  launcher [launcher flags] -m launcher.worker.preflight [args]
 WORKLOADS = {("check",): "launcher.worker.preflight", ("bench", "allreduce"): "launcher.worker.allreduce"}
 
@@ -475,7 +475,10 @@ def expand_prefixes(cmd: click.Command, args: list[str]) -> list[str]:
     """`--nproc_per 2` -> `--nproc_per_node 2`: an unambiguous prefix of a long option, as torchrun's
     argparse accepts, in either spelling; only before the script (what follows is the script's).
     An ambiguous or unknown option is left alone, for click's error and its suggestion."""
-    params = [p for p in cmd.get_params(click.Context(cmd)) if isinstance(p, click.Option)]
+    # The context must carry the command's settings: click (>= 8.2) keeps the help option the first
+    # context made, and a bare one's is `--help` alone (`-h` was then refused: issue 34)
+    ctx = click.Context(cmd, **cmd.context_settings)
+    params = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option)]
     names = {o: (p, o in p.secondary_opts) for p in params for o in p.opts + p.secondary_opts}
     out, i = list(args), 0
     while i < len(out) and out[i].startswith("-") and out[i] not in ("-", "--"):

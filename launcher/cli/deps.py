@@ -11,10 +11,13 @@ import importlib.util
 import os
 import sys
 
+# The name on the package index (setup.cfg's; `launcher` there is another project)
+DISTRIBUTION = "torch-launcher"
 # What every launch needs in the launcher's own interpreter (the workers run in it too, unless
 # --no_python): psutil stops worker trees, rich draws the live table and the summary.
 NEEDED = ("click", "psutil", "rich")
 WORKERS_NEED = ("torch",)
+METRICS_NEED = ("prometheus_client",)  # --metrics_port (a plain dependency, imported only with the flag)
 
 
 def missing(names: tuple[str, ...]) -> list[str]:
@@ -31,7 +34,7 @@ def fix_hint() -> str:
         return f"activate the venv: source {here}/bin/activate (or run {here}/bin/python -m launcher)"
     if os.path.isfile(os.path.join(root, "scripts", "setup.sh")):
         return f"set up the venv: bash {os.path.relpath(root)}/scripts/setup.sh, then source {here}/bin/activate"
-    return f"install the launcher into it: {sys.executable} -m pip install launcher"
+    return f"install the launcher into it: {sys.executable} -m pip install {DISTRIBUTION}"
 
 
 def problem(names: list[str]) -> str:
@@ -39,3 +42,10 @@ def problem(names: list[str]) -> str:
     listed = " and ".join(", ".join(names).rsplit(", ", 1))
     verb = "is" if len(names) == 1 else "are"
     return f"{listed} {verb} not installed for {sys.executable}; {fix_hint()}"
+
+
+def before_cli(first: str | None) -> str:
+    """The line for an interpreter that cannot import the command line (`first`, click, was the first
+    import to fail): every dependency a launch needs that is missing, not only the first one."""
+    absent = missing(NEEDED + WORKERS_NEED)
+    return problem(absent or [first or "a dependency"])

@@ -144,9 +144,11 @@ def run(config: LaunchConfig) -> int:
         # Quarantined or stopped by a signal, this node leaves alone as far as it knows; the others re-form
         # without it (a spare takes its place) once it has left, so it does not wait for their figures.
         leaves = "quarantined" if supervisor.stopped_by is Stop.QUARANTINE else why if result.signal else ""
-        goodput = conclude(
-            accountant, rendezvous.shared_store(), config.run_id, supervisor.identity.host, supervisor.emit, leaves
-        )
+        goodput = ""  # `launcher check`, `launcher bench`: no useful work to measure, no goodput line
+        if config.trains:
+            goodput = conclude(
+                accountant, rendezvous.shared_store(), config.run_id, supervisor.identity.host, supervisor.emit, leaves
+            )
         rendezvous.shutdown(result.exit_code == EXIT_OK, why)
         supervisor.emit("finished", state=result.state.value, exit_code=result.exit_code, restarts=result.restarts)
         if result.exit_code == EXIT_OK and result.restarts:
@@ -156,7 +158,8 @@ def run(config: LaunchConfig) -> int:
         problem = copy_root_cause(result, os.environ.get("TORCHELASTIC_ERROR_FILE"))
         if problem:
             log.warning(problem)
-        log.info(goodput)
+        if goodput:
+            log.info(goodput)
     if temporary and not kept:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result.exit_code

@@ -2,7 +2,7 @@
 
 Two parts, either optional: `--health_check CMD` (a shell command, bounded in time; non-zero
 keeps the node out), and built-in GPU checks when NVML is importable (`pip install
-launcher[gpu]`, module `pynvml`): the GPUs this node should have are visible, none has
+torch-launcher[gpu]`, module `pynvml`): the GPUs this node should have are visible, none has
 uncorrected ECC errors or retired pages / remapped rows pending, and the last round's workers no
 longer hold GPU memory (waited for up to `memory_wait` s). NVML is reached through a seam (`nvml=`)
 so that tests fake it; the real one cannot run on a machine without an NVIDIA driver.

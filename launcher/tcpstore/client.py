@@ -60,7 +60,9 @@ log = logging.getLogger(__name__)
 PROBES = 3  # hang-ups on SESSION in a row that tell torch's server (ours hangs up only when cut)
 SAFE, ONCE, UNSAFE = 0, 1, 2  # may a request be sent again on a new connection: yes; while its session lives; no
 MAX_UNCONFIRMED = 64  # writes kept for a resend; the next one is confirmed with a PING
-TELL_AFTER, TELL_EVERY = 2.0, 30.0  # a connection still refused or unreachable is told after, then every
+# A connection still refused or unreachable is told after TELL_AFTER s (the retry that follows it,
+# ~0.6 s in: within a second), then every TELL_EVERY s; a wait is never silent
+TELL_AFTER, TELL_EVERY = 0.5, 10.0
 QUICK_BREAK = 0.1  # a connection that breaks this soon after a request, 3 times in a row: the request is refused
 
 

@@ -47,6 +47,21 @@ def revision() -> str:
     return f"launcher at {head or '?'}" + (f" + uncommitted diff {hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
 
 
+def need(module: str, what: str, other: str = "") -> None:
+    """Stop at once, with the command that installs it, when `what` needs `module` (an extra) and this
+    interpreter lacks it: found later, in the runner processes, it read as a runner that never
+    connected, two minutes on. `other`: the way to run without it. Locates the module, imports nothing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        script = os.path.basename(sys.argv[0])
+        root = os.path.dirname(os.path.dirname(HERE))
+        root = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
+        fix = f"{sys.executable} -m pip install -e '{root}[bench]'"
+        sys.stderr.write(f"{script}: needs {module} for {what}, which {sys.executable} lacks: {fix}{other}\n")
+        sys.exit(2)
+
+
 def private_network() -> None:
     """Re-run this script in a new network namespace holding only loopback (root only; --host-net opts out)."""
     if os.environ.get("BENCH_NETNS") or "--host-net" in sys.argv or os.geteuid() != 0 or not shutil.which("unshare"):

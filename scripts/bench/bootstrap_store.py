@@ -34,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from benchlib import private_network  # noqa: E402
+from benchlib import need, private_network  # noqa: E402
 
 SERVERS = {
     "torch-libuv (worker rank 0, today)": "import torch.distributed as d\n"
@@ -215,6 +215,8 @@ def main() -> None:
     )
     p.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = p.parse_args()
+    if args.harness == "green":
+        need("greenlet", "--harness green (ranks as greenlets)", " (or --harness threads)")
     private_network()
     print(
         f"# {args.pattern} bootstrap, {args.procs} client processes ({args.harness}), {args.repeat} runs each; "

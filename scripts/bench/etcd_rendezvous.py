@@ -66,7 +66,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Counting, combine, free_port, private_network, release_together, revision
+from benchlib import Counting, combine, free_port, need, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -590,6 +590,8 @@ def main() -> None:
     ENGINE = args.engine
     if not shutil.which("etcd"):
         raise SystemExit("no etcd binary on PATH (Debian: apt-get install etcd-server)")
+    if HARNESS == "green" and ENGINE == "gateway" and "scale" in args.parts.split(","):
+        need("greenlet", "BENCH_HARNESS=green (simulated nodes as greenlets)", " (or BENCH_HARNESS=threads)")
     private_network()
     parts = args.parts.split(",")
     print(

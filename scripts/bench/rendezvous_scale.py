@@ -50,7 +50,7 @@ import sys
 import threading
 import warnings
 
-from benchlib import Counting, combine, private_network, release_together, revision
+from benchlib import Counting, combine, need, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 SERVERS = {"ours": "the launcher's pure-Python server", "torch": "torch's libuv server"}
@@ -218,6 +218,8 @@ def main() -> None:
     )
     ap.add_argument("--host-net", action="store_true", help="run in the host network namespace")
     args = ap.parse_args()
+    if HARNESS == "green" and args.ours.strip(","):
+        need("greenlet", "the launcher's rows (simulated nodes as greenlets)", " (or BENCH_HARNESS=threads)")
     private_network()
     rev = revision()
     print(f"# {datetime.date.today()}  load average before: {os.getloadavg()}; {rev}", file=sys.stderr)

@@ -480,7 +480,7 @@ def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
     refused = [line for line in r.stderr.splitlines() if REFUSED in line]
     assert (
         len(refused) == 1
-        and "pip install 'launcher[etcd-grpc]'" in refused[0]
+        and "pip install 'torch-launcher[etcd-grpc]'" in refused[0]
         and "--rdzv_conf engine=grpc" in refused[0]
     ), r.stderr
     secure_run(launch, member, certs, tmp_path, "client", conf="engine=grpc")

@@ -46,8 +46,9 @@ def test_bad_input_is_one_line_and_exit_2(launch, tmp_path, args, needle):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
-def test_help_and_version(launch):
-    r = launch.run("--help", timeout=30)
+@pytest.mark.parametrize("spelling", ["--help", "-h"])  # -h as torchrun and the subcommands take it (issue 34)
+def test_help_and_version(launch, spelling):
+    r = launch.run(spelling, timeout=30)
     assert r.returncode == 0 and "Examples:" in r.stdout and "--nproc_per_node" in r.stdout
     assert "Rendezvous:" in r.stdout and "Slurm" in r.stdout
     v = launch.run("--version", timeout=30)
@@ -80,7 +81,7 @@ def test_pet_environment_defaults(launch):
 
 
 def test_script_arguments_pass_through_untouched(launch):
-    args = ["--nproc_per_node", "5", "--max", "1", "-m", "x", "--help", "--", "--rdzv_conf=a=b"]
+    args = ["--nproc_per_node", "5", "--max", "1", "-m", "x", "--help", "-h", "--", "--rdzv_conf=a=b"]
     r = launch.run("--nproc_per_node", "1", worker("echo_args.py"), *args, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"[rank0]: rank=0 args={args}"

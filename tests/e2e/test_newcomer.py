@@ -64,9 +64,20 @@ def test_missing_psutil_and_torch_is_one_line_naming_the_fix():
     assert "source " in line or "pip install" in line or "setup.sh" in line, line
 
 
-def test_an_interpreter_without_click_is_one_line_too():
+def test_an_interpreter_without_click_is_one_line_naming_every_missing_dependency():
     r = run("--nproc_per_node", "1", str(WORKERS / "echo_args.py"), python=[sys.executable, "-S"])  # no site-packages
-    assert one_line_exit_2(r).startswith("launcher: error: click is not installed for "), r.stderr
+    # all at once (issue 34): naming only click sent the user back for psutil, then rich, then torch
+    assert one_line_exit_2(r).startswith("launcher: error: click, psutil, rich and torch are not installed for "), (
+        r.stderr
+    )
+
+
+def test_a_script_that_always_fails_ends_with_the_policys_code_once_restarts_were_allowed():
+    """README's exit codes: the worker's own 3 with --max_restarts 0; 75 (requeue) once its restart is spent."""
+    env = {"FAIL_RANK": "0", "DELAY": "0", "CODE": "3"}
+    assert run("--nproc_per_node", "1", str(WORKERS / "exit_code.py"), env=env).returncode == 3
+    r = run("--nproc_per_node", "1", "--max_restarts", "1", str(WORKERS / "exit_code.py"), env=env)
+    assert r.returncode == 75 and "exit code 75: requeue" in r.stderr, r.stderr
 
 
 def test_a_transposed_option_suggests_the_option_meant():

@@ -152,7 +152,7 @@ def test_unknown_rdzv_conf_key_is_one_warning(launch):
     r = launch.run(*c10d(free_port(), "1", conf="heartbeat=3"), worker("node_info.py"), timeout=60)
     assert r.returncode == 0, r.stderr
     notes = [line for line in r.stderr.splitlines() if "--rdzv_conf heartbeat " in line]
-    assert len(notes) == 1 and "ignored (did you mean " in notes[0], r.stderr
+    assert len(notes) == 1 and notes[0].endswith("; ignored"), r.stderr  # no key is near: no suggestion
 
 
 def start_store(launch, port: int) -> subprocess.Popen:

@@ -15,7 +15,18 @@ def test_help_lists_every_subcommand_with_one_line(launch):
 
 @pytest.mark.parametrize(
     "args",
-    [["bench", "--help"], ["bench", "-h"], ["bench", "allreduce", "--help"], ["check", "--help"], ["store", "--help"]],
+    [
+        ["bench", "--help"],
+        ["bench", "-h"],
+        ["bench", "allreduce", "--help"],
+        ["bench", "allreduce", "-h"],
+        ["check", "--help"],
+        ["check", "-h"],
+        ["store", "--help"],
+        ["store", "-h"],
+        ["status", "-h"],
+        ["report", "-h"],
+    ],
     ids=" ".join,
 )
 def test_every_subcommand_has_its_own_help(launch, args):

@@ -46,3 +46,16 @@ def test_setup_skips_reinstalling_an_unchanged_checkout(tmp_path):
     assert setup_calls(repo) == []
     (repo / ".venv" / ".launcher-installed").write_text("stale\n")  # e.g. a venv of another checkout
     assert any(c.startswith("pip install") for c in setup_calls(repo))
+
+
+def test_a_venv_from_before_the_rename_loses_the_old_distribution(tmp_path):
+    """The distribution was `launcher` (another project's name on the index), now torch-launcher: the old
+    editable install is removed first, or it would stay beside the new one, a second `launcher` command."""
+    repo = fake_checkout(tmp_path)
+    (repo / ".venv" / "lib" / "python3.11" / "site-packages" / "launcher-0.1.0.dist-info").mkdir(parents=True)
+    (repo / "launcher.egg-info").mkdir()
+    calls = [c for c in setup_calls(repo) if c.startswith("pip ")]
+    assert calls[0].startswith("pip uninstall") and calls[0].endswith(" launcher"), calls
+    assert calls[1].startswith("pip install") and calls[1].endswith("-e ."), calls
+    assert not (repo / "launcher.egg-info").exists()
+    assert setup_calls(repo) == []  # the stamp: nothing again

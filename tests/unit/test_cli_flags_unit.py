@@ -89,7 +89,7 @@ def test_rdzv_conf_quoted_whole_in_argv():
     assert c.notes == ()
 
 
-def test_unknown_rdzv_conf_key_is_one_note_naming_the_nearest_key():
+def test_unknown_rdzv_conf_key_is_one_note_naming_a_near_key_if_any():
     c = build(
         ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-conf=join_timout=5", "--no-python", "true"]
     )
@@ -97,6 +97,10 @@ def test_unknown_rdzv_conf_key_is_one_note_naming_the_nearest_key():
     assert c.notes == (
         "--rdzv_conf join_timout is not a c10d rendezvous setting; ignored (did you mean join_timeout?)",
     )
+    far = build(
+        ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-conf=foo=1", "--no-python", "true"]
+    )
+    assert far.notes == ("--rdzv_conf foo is not a c10d rendezvous setting; ignored",)  # no key is near foo
     static = build(["--rdzv-conf=join_timeout=5", "--no-python", "true"])
     assert len(static.notes) == 1 and "not a local rendezvous setting" in static.notes[0]
 

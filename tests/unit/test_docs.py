@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli import commands as cli
 from launcher.worker import allreduce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +96,71 @@ def test_the_bench_defaults_are_the_tools():
 def test_the_summary_docs_say_when_there_is_no_error_line():
     text = " ".join((DOCS / "supervision.md").read_text().split())
     assert "its summary has no `error:` line" in text and "as with torchrun" in text
+
+
+# -- every command the README shows parses (issue 34)
+
+SPAN = re.compile(r"`([^`\n]+)`")
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
+# How a command begins -> its entry point: `python -m launcher.launch` is torch.distributed.launch's
+ENTRIES = {
+    "python -m launcher.launch": "launcher.launch",
+    "python -m launcher": "launcher",
+    ".venv/bin/python -m launcher": "launcher",
+    "launcher": "launcher",
+}
+
+
+def shown_commands(text: str) -> list[tuple[str, ...]]:
+    """The launcher commands in `text`'s code blocks and code spans, each once, as (entry point,
+    *arguments), placeholders (`...`, `EVENTS…`) dropped."""
+    import shlex
+
+    found: list[str] = []
+    for block in FENCE.findall(text):
+        found += block.replace("\\\n", " ").splitlines()
+    found += SPAN.findall(FENCE.sub("", text))
+    commands: list[tuple[str, ...]] = []
+    for line in found:
+        words = shlex.split(line, comments=True)
+        start = next((s for s in ENTRIES if words[: len(s.split())] == s.split()), None)
+        if start is None:
+            continue
+        args = tuple(w for w in words[len(start.split()) :] if not w.endswith(("...", "…")))
+        if (ENTRIES[start], *args) not in commands:
+            commands.append((ENTRIES[start], *args))
+    return commands
+
+
+def with_help(args: list[str]) -> list[str]:
+    """`args` with `--help` after the subcommand's words, before anything that must parse."""
+    at = 2 if args[:2] == ["bench", "allreduce"] else 1 if args[:1] and args[0] in (*cli.SUBCOMMANDS, "check") else 0
+    return [*args[:at], "--help", *args[at:]]
+
+
+def test_the_readme_shows_its_commands():
+    shown = shown_commands(README.read_text())
+    assert ("launcher", "--nproc_per_node", "4", "train.py", "--lr", "0.1") in shown
+    assert ("launcher", "status", "--rdzv_endpoint", "n0:29400", "--rdzv_id", "job42") in shown
+    assert ("launcher.launch", "--nproc_per_node", "2", "old.py") in shown
+    assert ("launcher", "bench", "allreduce") in shown and ("launcher", "check") in shown
+    assert len(shown) >= 12, shown
+
+
+@pytest.mark.parametrize("command", shown_commands(README.read_text()), ids=" ".join)
+def test_every_command_the_readme_shows_parses(command, capsys):
+    """Its options are the launcher's (a renamed or dropped flag fails here): `--help` of it succeeds."""
+    entry, *args = command
+    with pytest.raises(SystemExit) as done:
+        # launcher.launch parses with the same command (launch.main would also set its default_map on
+        # the shared command object, for the rest of this process)
+        cli.main(with_help(args), prog_name=entry)
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    assert "usage" in out.lower() and err == "", (out, err)
+
+
+def test_a_flag_the_launcher_lacks_fails_the_check(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(with_help(["--nproc_per_nodes", "4", "train.py"]))
+    assert done.value.code == 2 and "No such option" in capsys.readouterr().err

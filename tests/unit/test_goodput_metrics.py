@@ -2,14 +2,12 @@
 
 from types import SimpleNamespace
 
-import pytest
+import prometheus_client  # a plain dependency (setup.cfg): never skipped
 
-prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'launcher[metrics]'")
-
-from launcher.spec import Exit, Failure, GroupState, Snapshot, Worker, WorkerRow  # noqa: E402
-from launcher.telemetry.accounting import Accountant  # noqa: E402
-from launcher.telemetry.metrics import AgentCollector, cause_of  # noqa: E402
-from launcher.telemetry.reports import NodeReport, WorkerReport  # noqa: E402
+from launcher.spec import Exit, Failure, GroupState, Snapshot, Worker, WorkerRow
+from launcher.telemetry.accounting import Accountant
+from launcher.telemetry.metrics import AgentCollector, cause_of
+from launcher.telemetry.reports import NodeReport, WorkerReport
 
 
 def failure(returncode: int, reason: str = "", collateral: bool = False) -> Failure:

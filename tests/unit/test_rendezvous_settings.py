@@ -122,7 +122,8 @@ def test_the_grpc_engine_needs_its_extra(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyetcd" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"engine=grpc needs etcd's gRPC client: pip install 'launcher\[etcd-grpc\]'"):
+    needs = r"engine=grpc needs etcd's gRPC client: pip install 'torch-launcher\[etcd-grpc\]'"
+    with pytest.raises(ConfigError, match=needs):
         from_flags(
             training_script="x",
             no_python=True,

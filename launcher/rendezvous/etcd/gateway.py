@@ -344,7 +344,7 @@ class Gateway:
                 ErrorKind.FATAL,
                 f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
                 f"with a Common Name (--client-cert-auth with auth enabled): pip install "
-                f"'launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
+                f"'torch-launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
                 f"without a Common Name",
             )
         try:
