@@ -68,6 +68,8 @@ class Accountant:
             if kind == "rendezvous":
                 ledger.rendezvous(now, membership=fields.get("cause") == "membership")
                 self._spawned, self._succeeded = set(), set()
+            elif kind == "starting":
+                ledger.formed(now)
             elif kind == "spawn":
                 self._spawned.add(int(fields["rank"]))
             elif kind == "running":
@@ -77,11 +79,17 @@ class Accountant:
                 self._exit(now, fields)
             elif kind == "stopping":
                 ledger.steps(now, read_steps(self.files()))
-                if fields.get("reason") in ("restart", "fail"):
+                reason = fields.get("reason")
+                if reason in ("restart", "fail"):
                     ledger.failure(now)
-                else:  # another node (membership), a signal, the job closed
+                elif reason in ("signal", "closed"):  # this node ends: the job closed, or a signal stops it
+                    ledger.shutdown(now)
+                else:  # another node joined, left or failed (the next round's restart count says which)
                     ledger.membership(now)
                 self._unflag_all(now)
+            elif kind == "signal" and not fields.get("passthrough"):
+                ledger.steps(now, read_steps(self.files()))
+                ledger.shutdown(now)
             elif kind == "hang":
                 ledger.hang(now, float(fields.get("idle", 0.0)))
             elif kind == "straggler":

@@ -29,6 +29,7 @@ COLOURS = {
     Component.RESTART: "#d9534f",
     Component.REDONE: "#f0ad4e",
     Component.STALL: "#8e44ad",
+    Component.SHUTDOWN: "#6c757d",
 }
 MARKS = {  # event -> (colour, what the marker says)
     "exit": ("#c0392b", "failure"),

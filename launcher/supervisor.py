@@ -262,6 +262,7 @@ class Supervisor:
         self._set_state(GroupState.FAILED)
 
     def spawn_workers(self, rnd: Round, watched: bool = False) -> None:
+        self.emit("starting", round=rnd.round, restarts=rnd.restart_count)  # formed: start-up (or restart) from here
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
