@@ -124,7 +124,8 @@ class Breakdown:
 
     def line(self, scope: str = "") -> str:
         """`goodput 97.1 % of 3 h 12 m: restarts 4 m (2), ...` (the lost components, largest first)."""
-        lost = sorted((c for c in LOST if self.seconds(c) >= 0.05), key=self.seconds, reverse=True)
+        shown = [c for c in LOST if self.seconds(c) >= 0.05 or (c is Component.RESTART and self.restarts)]
+        lost = sorted(shown, key=self.seconds, reverse=True)  # the restart count always, as the verdict says it
         parts = []
         for c in lost:
             text = f"{WORDS[c]} {duration(self.seconds(c))}"
