@@ -100,8 +100,9 @@ class Accountant:
     def _exit(self, now: float, fields: dict) -> None:
         if fields.get("returncode") == 0:
             self._succeeded.add(int(fields["rank"]))
+            self.ledger.steps(now, read_steps(self.files()))
+            self.ledger.finished_rank(now, int(fields["rank"]))
             if self._spawned and self._succeeded >= self._spawned:
-                self.ledger.steps(now, read_steps(self.files()))
                 self.ledger.done(now)
         elif not fields.get("collateral"):
             self.ledger.steps(now, read_steps(self.files()))
@@ -197,7 +198,7 @@ def conclude(
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
     events file (`goodput`); returns the line to print last. `leaves`: why this node leaves a job that
     may go on without it (quarantined, stopped by a signal): no job-wide figure to agree on."""
-    node = accountant.finish()
+    node = accountant.finish().rounded()  # the line from the figures the events file gets
     if leaves:
         # The others re-form once this node has left (after this): a wait here for group rank 0's
         # figure would only hold them in a round they no longer have, for JOB_WAIT.

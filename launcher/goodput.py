@@ -274,6 +274,16 @@ class Ledger:
         if self.awaiting_first_steps and rnd.ranks and set(rnd.first) >= rnd.ranks:
             self._training_begins(max(at for _, at in rnd.first.values()))
 
+    def finished_rank(self, now: float, rank: int) -> None:
+        """A rank of the round exited 0: one that made no step this round (nothing left for it to do) is
+        no longer awaited, or the window would stay open until the job's end."""
+        rnd = self.round
+        if rnd is None or rank in rnd.first or rank not in rnd.ranks:
+            return
+        rnd.ranks = rnd.ranks - {rank}
+        if self.awaiting_first_steps and rnd.ranks and rnd.first and set(rnd.first) >= rnd.ranks:
+            self._training_begins(max(at for _, at in rnd.first.values()))
+
     def failure(self, now: float) -> None:
         """A worker of this node failed (or hung): a restart window opens, unless the workers are
         stopped already."""

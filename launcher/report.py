@@ -336,7 +336,7 @@ def render(nodes: list[Node]) -> str:
     if replayed or (job is None and per_node):  # the machine time of every node in these files
         job = total(b for _, b in per_node)
         if agreed is not None:
-            rows.insert(0, (f"job as its nodes agreed ({agreed.nodes} nodes of the last round, mean)", agreed))
+            rows.insert(0, (f"as agreed ({agreed.nodes} nodes of the last round)", agreed))
     times = [e["time"] for n in nodes for e in n.events]
     legend = "".join(
         f'<span><span class="key" style="background:{c}"></span>{w}</span>'
@@ -370,8 +370,7 @@ def render(nodes: list[Node]) -> str:
     body.append("<h2>Goodput</h2>")
     if job is not None:
         body += [f"<p>{html.escape(job.line())}</p>", goodput_bar(job)]
-        every = f"every node in these files, {job.nodes}" if replayed else f"{job.nodes} nodes"
-        head = "job" + (f" ({every}, mean)" if job.nodes > 1 else "")
+        head = "job" + (f" ({'all ' if replayed else ''}{job.nodes} nodes, mean)" if job.nodes > 1 else "")
         body.append(goodput_table([(head, job), *rows]))
     else:
         body.append('<p class="muted">no goodput event in these files (an older launcher, or a node killed).</p>')

@@ -193,3 +193,20 @@ def test_a_second_failure_without_steps_opens_a_second_restart():
 
 def test_one_redone_step_is_one_step():
     assert "(1 step)" in Breakdown(wall=2.0, training=1.0, redone=1.0, redone_steps=1, steps_known=True).line()
+
+
+def test_a_rank_with_nothing_left_to_do_is_not_awaited():
+    """Rank 0 had finished its steps before rank 1 failed: resumed, it exits 0 without a step."""
+    g = Ledger(0.0)
+    g.running(0.0, {0, 1}, 0)
+    steps(g, 1.0, 1)
+    g.failure(5.0)
+    g.rendezvous(5.0)
+    g.formed(5.0)
+    g.running(5.5, {0, 1}, 1)
+    g.finished_rank(5.7, 0)  # no step this round: nothing left for it to do
+    steps(g, 6.0, 3, (1,))  # rank 1's first step closes the restart
+    g.done(9.0)
+    g.finish(9.0)
+    b = g.breakdown(9.0)
+    assert (b.restart, b.restarts, b.training) == (approx(1.0), 1, approx(4.0 + 3.0)) and summed(b) == approx(b.wall)

@@ -126,4 +126,4 @@ def test_a_spare_that_replaced_a_killed_node(tmp_path):
     assert "spare took over group rank 1 in round 1 (restart 1)" in page and "spare: waiting as a spare" in page
     assert page.count("<tr>") == 1 + 2 + 3, "the header, the job (every node; as agreed) and each of 3 nodes"
     assert "b (group rank 1) (lost at +14.7 s; from its events)" in page
-    assert "job (every node in these files, 3, mean)" in page
+    assert "job (all 3 nodes, mean)" in page and "as agreed (2 nodes of the last round)" in page
