@@ -171,6 +171,7 @@ class RunResult:
     message: str = ""
     verdict: Verdict | None = None  # the job's root cause as another node published it (None: local or unknown)
     quarantined: tuple[str, ...] = ()  # "host (why)" of each host the job keeps out for now
+    round: int | None = None  # the round the group ended in (None: not known)
 
     @property
     def root_cause(self) -> Failure | None:

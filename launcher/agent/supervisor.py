@@ -240,6 +240,7 @@ class Supervisor:
         self._set_state(GroupState.FAILED)
 
     def spawn_workers(self, rnd: Round, watched: bool = False) -> None:
+        self.emit("starting", round=rnd.round, restarts=rnd.restart_count)  # formed: start-up (or restart) from here
         rnd, problem = self.bootstrap.open(rnd)
         if problem:
             log.warning(problem)
@@ -516,9 +517,9 @@ class Supervisor:
         )
 
     def result(self) -> RunResult:
-        restarts = self.round.restart_count if self.round else 0
+        restarts, last = (self.round.restart_count, self.round.round) if self.round else (0, None)
         if self.state is GroupState.SUCCEEDED:
-            return RunResult(self.state, ExitCode.OK, tuple(self.failures), restarts)
+            return RunResult(self.state, ExitCode.OK, tuple(self.failures), restarts, round=last)
         if self.exit_signal is not None:
             code = for_signal(self.exit_signal)
         elif self.stopped_by is not None:
@@ -530,8 +531,8 @@ class Supervisor:
         else:
             root = RunResult(self.state, 0, tuple(self.failures)).root_cause
             code = passed_through(self.verdict.returncode if self.verdict else root.exit.returncode if root else 0)
-        failures, known = tuple(self.failures), self.governor.known
-        return RunResult(self.state, code, failures, restarts, self.exit_signal, self.message, self.verdict, known)
+        failures, known, v = tuple(self.failures), self.governor.known, self.verdict
+        return RunResult(self.state, code, failures, restarts, self.exit_signal, self.message, v, known, last)
 
     # ------------------------------------------------------------------ helpers
 

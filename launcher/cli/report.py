@@ -12,10 +12,12 @@ import html
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..telemetry.goodput import LOST, WORDS, Breakdown, Component, duration
+from ..telemetry.accounting import Accountant
+from ..telemetry.goodput import LOST, WORDS, Breakdown, Component, duration, total
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ COLOURS = {
     Component.RESTART: "#d9534f",
     Component.REDONE: "#f0ad4e",
     Component.STALL: "#8e44ad",
+    Component.SHUTDOWN: "#6c757d",
 }
 MARKS = {  # event -> (colour, what the marker says)
     "exit": ("#c0392b", "failure"),
@@ -38,6 +41,8 @@ MARKS = {  # event -> (colour, what the marker says)
     "backoff": ("#555555", "restart backoff"),
     "policy_stop": ("#7f1d1d", "restart policy stopped the job"),
 }
+SPARE, LOST_MARK = "#16a085", "#111111"
+DIED = re.compile(r"group rank (\d+) (?:died|lost)")  # a survivor's `membership` reason for a lost node
 
 
 @dataclass
@@ -47,6 +52,16 @@ class Node:
     name: str
     events: list[dict] = field(default_factory=list)
     skipped: int = 0
+    lost: tuple[float, str] | None = None  # (when, how): its events end without `finished` (see `find_lost`)
+
+    @property
+    def finished(self) -> bool:
+        return any(e["event"] == "finished" for e in self.events)
+
+    @property
+    def end(self) -> float:
+        """Its last moment known: its death as the others saw it, or its last event."""
+        return max(self.lost[0], self.events[-1]["time"]) if self.lost else self.events[-1]["time"]
 
     @property
     def goodput(self) -> tuple[Breakdown | None, Breakdown | None]:
@@ -55,6 +70,17 @@ class Node:
         if last is None:
             return None, None
         return Breakdown.from_dict(last.get("node")), Breakdown.from_dict(last.get("job"))
+
+    def replayed(self) -> Breakdown:
+        """Its breakdown from its events, to `end` (a node killed wrote none): the agent's accountant fed
+        them on their own clock; without the workers' progress files, as a job without steps."""
+        now = [self.events[0]["time"]]
+        accountant = Accountant(lambda: [], clock=lambda: now[0])
+        for e in self.events:
+            now[0] = e["time"]
+            accountant(e["event"], e)
+        now[0] = self.end
+        return accountant.finish()
 
     @property
     def label(self) -> str:
@@ -73,7 +99,7 @@ def find_files(paths: Iterable[str]) -> list[str]:
                 out += [
                     os.path.join(folder, n)
                     for n in sorted(names)
-                    if n.endswith((".jsonl", ".ndjson")) or n.startswith("events")
+                    if n.endswith((".jsonl", ".ndjson", ".events")) or n.startswith("events")
                 ]
         else:
             out.append(path)
@@ -97,23 +123,54 @@ def read_node(path: str) -> Node:
     return node
 
 
-def verdict(nodes: list[Node]) -> tuple[bool, str, list[str]]:
-    """(succeeded, one line, the failures with their root cause first)."""
-    finished = [e for n in nodes for e in n.events if e["event"] == "finished"]
-    failures = sorted(
-        (
-            (e["time"], n, e)
+def find_lost(nodes: list[Node]) -> None:
+    """Mark each node whose events end without `finished` while another node's go on: lost (killed, or
+    its host gone) when a survivor saw its group rank die, else at its last event."""
+    for node in nodes:
+        if node.finished or not node.events:
+            continue
+        last = node.events[-1]["time"]
+        if not any(e["time"] > last for n in nodes if n is not node for e in n.events):
+            continue  # nothing after it: it may still be running
+        ranks = [e.get("group_rank") for e in node.events if e["event"] == "running"]
+        seen = [
+            (e["time"], e.get("reason", ""), n.name)
             for n in nodes
+            if n is not node
             for e in n.events
-            if e["event"] == "exit" and e.get("returncode") != 0 and not e.get("collateral")
-        ),
-        key=lambda x: x[0],
-    )
-    lines = [f"rank {e.get('rank')} on {n.label} {e.get('how', '')} at {_clock(t)}" for t, n, e in failures]
+            if e["event"] == "membership" and e["time"] >= last and ranks and _died(e, ranks[-1])
+        ]
+        if seen:
+            when, reason, by = min(seen)
+            node.lost = (when, f"lost: {reason} (seen by {by})")
+        else:
+            node.lost = (last, "lost: its events end here, without `finished` (its agent was killed?)")
+
+
+def _died(event: dict, group_rank: object) -> bool:
+    found = DIED.search(str(event.get("reason", "")))
+    return bool(found) and str(group_rank) == found.group(1)
+
+
+def verdict(nodes: list[Node]) -> tuple[bool, str, list[str]]:
+    """(succeeded, one line, the failures with their root cause first). The nodes that finished carry the
+    job's verdict; a lost node (`find_lost`) is one of its failures, not a node that did not finish."""
+    finished = [e for n in nodes for e in n.events if e["event"] == "finished"]
+    found = [
+        (e["time"], n, f"rank {e.get('rank')} on {n.label} {e.get('how', '')}")
+        for n in nodes
+        for e in n.events
+        if e["event"] == "exit" and e.get("returncode") != 0 and not e.get("collateral")
+    ]
+    found += [(n.lost[0], n, f"{n.label} {n.lost[1]}") for n in nodes if n.lost]
+    lines = [f"{what} at {_clock(t)}" for t, _, what in sorted(found, key=lambda x: x[0])]
     restarts = max((e.get("restarts", 0) for e in finished), default=0)
-    ok = bool(finished) and all(e.get("exit_code") == 0 for e in finished) and len(finished) == len(nodes)
+    unfinished = [n for n in nodes if not n.finished and not n.lost]
+    ok = bool(finished) and all(e.get("exit_code") == 0 for e in finished) and not unfinished
+    lost = sum(1 for n in nodes if n.lost)
+    also = f"; {lost} node{'' if lost == 1 else 's'} lost on the way" if lost else ""
     if ok:
-        return True, f"succeeded after {restarts} restart(s)", lines
+        return True, f"succeeded after {restarts} restart(s){also}", lines
     codes = sorted({e.get("exit_code") for e in finished if e.get("exit_code") != 0}, key=str)
     how = f"failed (exit code {', '.join(map(str, codes))})" if codes else "did not finish in these files"
     root = f"; root cause: {lines[0]}" if lines else ""
@@ -139,18 +196,25 @@ def _segments(node: Node, end: float) -> list[tuple[float, float, str]]:
             spans.append((since, e["time"], state))
         state, since = new, e["time"]
     if state is not None:
-        spans.append((since, end, state))
+        spans.append((since, node.end if node.lost else end, state))
     return spans
 
 
 def _marks(node: Node) -> list[tuple[float, str, str]]:
     """(time, colour, tooltip) for failures, hangs, stragglers, membership changes, restarts, spares, quarantine."""
-    out, restarts = [], 0
+    out, restarts, spare = [], 0, False
     for e in node.events:
         kind = e["event"]
         if kind == "exit" and (e.get("returncode") == 0 or e.get("collateral")):
             continue
-        if kind == "running" and e.get("restarts", 0) > restarts:
+        if kind == "waiting" and e.get("what") == "spare":
+            spare = True
+            out.append((e["time"], SPARE, f"spare: {e.get('line', 'waiting as a spare')}"))
+        elif kind == "running" and spare:
+            spare, restarts = False, e.get("restarts", 0)
+            took = f"spare took over group rank {e.get('group_rank')} in round {e.get('round')}"
+            out.append((e["time"], SPARE, f"{took} (restart {restarts})"))
+        elif kind == "running" and e.get("restarts", 0) > restarts:
             restarts = e["restarts"]
             out.append((e["time"], "#1a5e33", f"restart {restarts}: round {e.get('round')}"))
         elif kind in MARKS:
@@ -160,9 +224,11 @@ def _marks(node: Node) -> list[tuple[float, str, str]]:
                 detail = f"rank {e.get('rank')}: {detail}" if kind == "exit" else f"rank {e.get('rank')}"
             out.append((e["time"], colour, f"{word}: {detail}"))
         elif "spare" in kind or "quarantin" in kind:
-            colour = "#16a085" if "spare" in kind else "#7f1d1d"
+            colour = SPARE if "spare" in kind else "#7f1d1d"
             fields = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
             out.append((e["time"], colour, f"{kind}: {fields}"))
+    if node.lost:
+        out.append((node.lost[0], LOST_MARK, node.lost[1]))
     return out
 
 
@@ -178,7 +244,7 @@ def timeline(nodes: list[Node], width: int = 1000) -> str:
     for i, node in enumerate(nodes):
         y = top + i * lane
         parts.append(f'<text x="4" y="{y + 18}" class="lane">{html.escape(node.label[:34])}</text>')
-        for a, b, state in _segments(node, t1):
+        for a, b, state in _segments(node, t1):  # a lost node's last span ends where it was lost
             tip = f"{state} {duration(b - a)} from {_clock(a)}"
             parts.append(
                 f'<rect x="{x(a):.1f}" y="{y + 4}" width="{max(1.0, x(b) - x(a)):.1f}" height="{lane - 12}" '
@@ -234,7 +300,7 @@ def goodput_table(rows: list[tuple[str, Breakdown]]) -> str:
             f"{cells}<td>{b.restarts}</td><td>{b.redone_steps if b.steps_known else '?'}</td></tr>"
         )
     return (
-        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>failures</th><th>steps re-done</th></tr>"
+        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>restarts</th><th>steps re-done</th></tr>"
         + "".join(body)
         + "</table>"
     )
@@ -253,13 +319,24 @@ th{background:#f5f5f5;font-weight:600} .key{display:inline-block;width:10px;heig
 
 def render(nodes: list[Node]) -> str:
     """The page."""
+    find_lost(nodes)
     ok, line, failures = verdict(nodes)
-    job = next((j for n in nodes for _, j in [n.goodput] if j is not None), None)
-    per_node = [(n.label, b) for n in nodes for b, _ in [n.goodput] if b is not None]
-    if job is None and per_node:
-        from ..telemetry.goodput import total
-
+    agreed = next((j for n in nodes for _, j in [n.goodput] if j is not None), None)
+    per_node, replayed = [], 0
+    for n in nodes:
+        mine = n.goodput[0]
+        if mine is None and any(e["event"] == "running" for e in n.events):  # killed, or still running
+            mine, replayed = n.replayed(), replayed + 1
+            lost = f"lost at +{duration(n.end - n.events[0]['time'])}; " if n.lost else ""
+            per_node.append((f"{n.label} ({lost}from its events)", mine))
+        elif mine is not None:
+            per_node.append((n.label, mine))
+    rows = [*per_node]
+    job = agreed
+    if replayed or (job is None and per_node):  # the machine time of every node in these files
         job = total(b for _, b in per_node)
+        if agreed is not None:
+            rows.insert(0, (f"as agreed ({agreed.nodes} nodes of the last round)", agreed))
     times = [e["time"] for n in nodes for e in n.events]
     legend = "".join(
         f'<span><span class="key" style="background:{c}"></span>{w}</span>'
@@ -272,7 +349,8 @@ def render(nodes: list[Node]) -> str:
             ("▼ membership", MARKS["membership"][0]),
             ("▼ straggler", MARKS["straggler"][0]),
             ("▼ hang", MARKS["hang"][0]),
-            ("▼ spare", "#16a085"),
+            ("▼ spare", SPARE),
+            ("▼ node lost", LOST_MARK),
             ("▼ quarantine", "#7f1d1d"),
         ]
     )
@@ -292,7 +370,8 @@ def render(nodes: list[Node]) -> str:
     body.append("<h2>Goodput</h2>")
     if job is not None:
         body += [f"<p>{html.escape(job.line())}</p>", goodput_bar(job)]
-        body.append(goodput_table([("job" + (f" ({job.nodes} nodes, mean)" if job.nodes > 1 else ""), job), *per_node]))
+        head = "job" + (f" ({'all ' if replayed else ''}{job.nodes} nodes, mean)" if job.nodes > 1 else "")
+        body.append(goodput_table([(head, job), *rows]))
     else:
         body.append('<p class="muted">no goodput event in these files (an older launcher, or a node killed).</p>')
     return (

@@ -68,6 +68,8 @@ class Accountant:
             if kind == "rendezvous":
                 ledger.rendezvous(now, membership=fields.get("cause") == "membership")
                 self._spawned, self._succeeded = set(), set()
+            elif kind == "starting":
+                ledger.formed(now)
             elif kind == "spawn":
                 self._spawned.add(int(fields["rank"]))
             elif kind == "running":
@@ -77,11 +79,17 @@ class Accountant:
                 self._exit(now, fields)
             elif kind == "stopping":
                 ledger.steps(now, read_steps(self.files()))
-                if fields.get("reason") in ("restart", "fail"):
+                reason = fields.get("reason")
+                if reason in ("restart", "fail"):
                     ledger.failure(now)
-                else:  # another node (membership), a signal, the job closed
+                elif reason in ("signal", "closed"):  # this node ends: the job closed, or a signal stops it
+                    ledger.shutdown(now)
+                else:  # another node joined, left or failed (the next round's restart count says which)
                     ledger.membership(now)
                 self._unflag_all(now)
+            elif kind == "signal" and not fields.get("passthrough"):
+                ledger.steps(now, read_steps(self.files()))
+                ledger.shutdown(now)
             elif kind == "hang":
                 ledger.hang(now, float(fields.get("idle", 0.0)))
             elif kind == "straggler":
@@ -92,8 +100,9 @@ class Accountant:
     def _exit(self, now: float, fields: dict) -> None:
         if fields.get("returncode") == 0:
             self._succeeded.add(int(fields["rank"]))
+            self.ledger.steps(now, read_steps(self.files()))
+            self.ledger.finished_rank(now, int(fields["rank"]))
             if self._spawned and self._succeeded >= self._spawned:
-                self.ledger.steps(now, read_steps(self.files()))
                 self.ledger.done(now)
         elif not fields.get("collateral"):
             self.ledger.steps(now, read_steps(self.files()))
@@ -189,7 +198,7 @@ def conclude(
     """At the end, before leaving the rendezvous: the node's and the job's breakdowns, into the
     events file (`goodput`); returns the line to print last. `leaves`: why this node leaves a job that
     may go on without it (quarantined, stopped by a signal): no job-wide figure to agree on."""
-    node = accountant.finish()
+    node = accountant.finish().rounded()  # the line from the figures the events file gets
     if leaves:
         # The others re-form once this node has left (after this): a wait here for group rank 0's
         # figure would only hold them in a round they no longer have, for JOB_WAIT.

@@ -4,12 +4,13 @@ caller passes every time; tests inject them).
 The components, which sum to the wall time:
 
 - `training`: workers ran and made progress (from every rank's first step of a round to its end).
-- `startup`: the first round, from its workers' start to every rank's first step (imports, loading).
-- `rendezvous`: forming rounds and waiting for nodes: the first round, a membership change (a node
-  joined or left: not charged to the restart budget) up to every rank's first step again, and the
-  wait for the other nodes at the end.
+- `startup`: the first round, from the moment it formed (its workers being started: a preloaded
+  interpreter's imports) to every rank's first step (their imports, loading).
+- `rendezvous`: forming rounds and waiting for nodes: the first round until it formed, a membership
+  change (a node joined or left: not charged to the restart budget) up to every rank's first step
+  again, and the wait for the other nodes at the end.
 - `restart`: a failure (here, or a failed worker on another node: the next round's restart count
-  rose) until every rank's first step in the next round; a failure that ends the job, until its end.
+  rose) until every rank's first step in the next round.
 - `redone`: training time spent repeating steps after a restart: (the step reached before the
   failure - the step resumed from) / the step rate before the failure, taken from the training that
   follows the restart. Needs `launcher.progress(step=)`; without steps it is 0 and said unknown.
@@ -17,9 +18,12 @@ The components, which sum to the wall time:
   training. Stragglers are counted apart (`straggler_steps`: the steps a flagged rank fell behind the
   job's median while flagged), not subtracted: whether a slow rank slowed the job depends on how
   the training synchronises, which the launcher cannot see.
+- `shutdown`: the end of a job stopped by a signal, closed by another node, or failed for good (a
+  failure no restart followed): from then to the node's end.
 
-Without any `progress(step=)` call in the job, a round's time from its workers' start counts as
-training (the launcher cannot tell loading from training).
+Without any `progress(step=)` call in the job the lost time is measured up to each round's workers'
+start, and their time from there counts as training: an estimate, since it holds the workers' own
+start-up and any re-done steps (the line says so).
 """
 
 from __future__ import annotations
@@ -37,9 +41,17 @@ class Component(enum.Enum):
     RESTART = "restart"
     REDONE = "redone"
     STALL = "stall"
+    SHUTDOWN = "shutdown"
 
 
-LOST = (Component.RESTART, Component.REDONE, Component.RENDEZVOUS, Component.STARTUP, Component.STALL)
+LOST = (
+    Component.RESTART,
+    Component.REDONE,
+    Component.RENDEZVOUS,
+    Component.STARTUP,
+    Component.STALL,
+    Component.SHUTDOWN,
+)
 WORDS = {
     Component.TRAINING: "training",
     Component.STARTUP: "start-up",
@@ -47,7 +59,12 @@ WORDS = {
     Component.RESTART: "restarts",
     Component.REDONE: "re-done steps",
     Component.STALL: "stalls",
+    Component.SHUTDOWN: "shutdown",
 }
+ESTIMATED = (
+    "lost time measured to the workers' start; training estimated: it includes their own start-up"
+    " and any re-done steps (no launcher.progress(step=))"
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,8 @@ class Breakdown:
     restart: float = 0.0
     redone: float = 0.0
     stall: float = 0.0
-    restarts: int = 0  # failures that cost a restart window (this node's view)
+    shutdown: float = 0.0
+    restarts: int = 0  # the restart count of the last round that ran (as the verdict line says it)
     redone_steps: int = 0
     straggler_steps: float = 0.0
     steps_known: bool = False  # some worker reported steps (else redone is unknown, not 0)
@@ -106,22 +124,24 @@ class Breakdown:
 
     def line(self, scope: str = "") -> str:
         """`goodput 97.1 % of 3 h 12 m: restarts 4 m (2), ...` (the lost components, largest first)."""
-        lost = sorted((c for c in LOST if self.seconds(c) >= 0.05), key=self.seconds, reverse=True)
+        shown = [c for c in LOST if self.seconds(c) >= 0.05 or (c is Component.RESTART and self.restarts)]
+        lost = sorted(shown, key=self.seconds, reverse=True)  # the restart count always, as the verdict says it
         parts = []
         for c in lost:
             text = f"{WORDS[c]} {duration(self.seconds(c))}"
             if c is Component.RESTART and self.restarts:
                 text += f" ({self.restarts})"
             if c is Component.REDONE:
-                text += f" ({self.redone_steps} steps)"
+                text += f" ({self.redone_steps} step{'' if self.redone_steps == 1 else 's'})"
             parts.append(text)
-        if not self.steps_known:
-            parts.append("re-done steps unknown (no launcher.progress(step=))")
         if self.straggler_steps >= 1:
             parts.append(f"stragglers {self.straggler_steps:.0f} steps behind the median")
         where = f" {scope}" if scope else ""
-        return f"goodput{where} {100 * self.goodput:.1f} % of {duration(self.wall)}: " + (
-            ", ".join(parts) or "nothing lost"
+        how = "" if self.steps_known else f"; {ESTIMATED}"
+        return (
+            f"goodput{where} {100 * self.goodput:.1f} % of {duration(self.wall)}: "
+            + (", ".join(parts) or "nothing lost")
+            + how
         )
 
 
@@ -158,6 +178,15 @@ class _Window(enum.Enum):
     FIRST = "first"  # the job's first round: rendezvous, then start-up
     MEMBERSHIP = "membership"  # a node joined or left
     FAILURE = "failure"  # a worker failed: a restart
+    END = "end"  # this node's workers all succeeded: waiting for the others
+    SHUTDOWN = "shutdown"  # a signal, or the job closed: until the end
+
+
+class _Phase(enum.Enum):
+    FORMING = "forming"  # asking the rendezvous for a round
+    STARTING = "starting"  # the round formed: its workers are being started (the preload interpreter, a backoff)
+    RUNNING = "running"  # its workers run (in a window: each rank's first step is awaited)
+    STOPPED = "stopped"  # the workers are being stopped, or are gone
 
 
 @dataclass
@@ -171,17 +200,21 @@ class _Round:
 
 
 class Ledger:
-    """Feed it what the node does, in time order; `breakdown(now)` any time (from one thread)."""
+    """Feed it what the node does, in time order; `breakdown(now)` any time (from one thread).
+
+    The open span (since the last fact) is booked when it closes, by the window and phase it closes
+    in: a round whose workers run before any step was seen in the job counts as training then, and
+    as start-up or restart once a step shows the job reports them."""
 
     def __init__(self, now: float):
         self.began = now
         self.acc = dict.fromkeys(Component, 0.0)
         self.since = now  # when the current span began
         self.window: _Window | None = _Window.FIRST  # None: training
-        self.forming = True  # in a window: still before this round's workers run
+        self.phase = _Phase.FORMING
         self.round: _Round | None = None
         self.ended: float | None = None
-        self.restarts = 0
+        self.restarts = 0  # the restart count of the last round that ran (what the verdict line says)
         self.redone_steps = 0
         self.redo_debt = 0.0  # seconds of the coming training that repeat steps
         self.resume_from: int | None = None  # the step reached before the last failure
@@ -189,32 +222,41 @@ class Ledger:
         self.steps_known = False
         self.straggler_steps = 0.0
         self._last_restart_count = 0
-        self._window_rendezvous = 0.0  # rendezvous seconds of the open membership window
+        self._in_window = dict.fromkeys(Component, 0.0)  # seconds booked since the open window opened
 
     @property
     def awaiting_first_steps(self) -> bool:
         """A round runs whose ranks have not all made their first step (read the steps often now)."""
-        return self.window is not None and not self.forming and self.round is not None
+        return self.window is not None and self.phase is _Phase.RUNNING and self.round is not None
 
     # ------------------------------------------------------------------ facts
 
     def rendezvous(self, now: float, membership: bool = False) -> None:
         """A new round is asked for (the stop before it was seen by `failure` or `membership`)."""
-        if self.window is None:  # no stop seen first (not expected): count it as a membership change
-            self._close_span(now)
-            self.window = _Window.MEMBERSHIP if membership else _Window.FAILURE
-        self.forming = True
+        self._close_span(now)
+        if self.window is None:  # no stop seen first (not expected)
+            self._open(_Window.MEMBERSHIP if membership else _Window.FAILURE)
+        self.phase = _Phase.FORMING
+
+    def formed(self, now: float) -> None:
+        """The round formed: its workers are being started (a preloaded interpreter's imports are
+        waited for here, and a restart's backoff)."""
+        self._close_span(now)
+        self.phase = _Phase.STARTING
 
     def running(self, now: float, ranks: Iterable[int], restart_count: int) -> None:
         """This node's workers of a new round started."""
         self._close_span(now)
         if self.window is _Window.MEMBERSHIP and restart_count > self._last_restart_count:
             self.window = _Window.FAILURE  # a worker failed on another node: charged as a restart
-            self.restarts += 1
-            self.acc[Component.RENDEZVOUS] -= self._window_rendezvous
-            self.acc[Component.RESTART] += self._window_rendezvous
+            moved = self._in_window[Component.RENDEZVOUS]
+            self.acc[Component.RENDEZVOUS] -= moved
+            self.acc[Component.RESTART] += moved
+            self._in_window[Component.RENDEZVOUS] -= moved
+            self._in_window[Component.RESTART] += moved
         self._last_restart_count = restart_count
-        self.forming = False
+        self.restarts = max(self.restarts, restart_count)
+        self.phase = _Phase.RUNNING
         self.round = _Round(frozenset(ranks), now, {}, {})
 
     def steps(self, now: float, samples: Mapping[int, tuple[int, float]]) -> None:
@@ -229,17 +271,28 @@ class Ledger:
             at = min(max(at, rnd.started), now)
             rnd.first.setdefault(rank, (step, at))
             rnd.last[rank] = (step, at)
-        if self.window is not None and not self.forming and rnd.ranks and set(rnd.first) >= rnd.ranks:
+        if self.awaiting_first_steps and rnd.ranks and set(rnd.first) >= rnd.ranks:
+            self._training_begins(max(at for _, at in rnd.first.values()))
+
+    def finished_rank(self, now: float, rank: int) -> None:
+        """A rank of the round exited 0: one that made no step this round (nothing left for it to do) is
+        no longer awaited, or the window would stay open until the job's end."""
+        rnd = self.round
+        if rnd is None or rank in rnd.first or rank not in rnd.ranks:
+            return
+        rnd.ranks = rnd.ranks - {rank}
+        if self.awaiting_first_steps and rnd.ranks and rnd.first and set(rnd.first) >= rnd.ranks:
             self._training_begins(max(at for _, at in rnd.first.values()))
 
     def failure(self, now: float) -> None:
-        """A worker of this node failed (or hung): a restart window opens, unless one is open."""
-        if self.window is _Window.FAILURE:
+        """A worker of this node failed (or hung): a restart window opens, unless the workers are
+        stopped already."""
+        if self._stopped():
             return
         self._close_span(now)
         self._remember_progress()
-        self.restarts += 1
-        self.window = _Window.FAILURE
+        self._open(_Window.FAILURE)
+        self.phase = _Phase.STOPPED
 
     def membership(self, now: float) -> None:
         """The group stops because another node joined, left, or failed (a rising restart count says which)."""
@@ -247,20 +300,31 @@ class Ledger:
             return
         self._close_span(now)
         self._remember_progress()
-        self.window = _Window.MEMBERSHIP
-        self._window_rendezvous = 0.0
+        self._open(_Window.MEMBERSHIP)
+        self.phase = _Phase.STOPPED
+
+    def shutdown(self, now: float) -> None:
+        """A signal stops this node, or the job was closed: what follows, to the end, is its shutdown."""
+        if self.window is _Window.SHUTDOWN or self.ended is not None:
+            return
+        self._close_span(now)
+        if self.phase is _Phase.RUNNING:
+            self._remember_progress()
+        self._open(_Window.SHUTDOWN)
+        self.phase = _Phase.STOPPED
 
     def done(self, now: float) -> None:
         """This node's workers all succeeded: what follows is waiting for the others."""
         if self._stopped():
             return
         self._close_span(now)
-        self.window, self.forming = _Window.MEMBERSHIP, True
+        self._open(_Window.END)
+        self.phase = _Phase.STOPPED
 
     def hang(self, now: float, idle: float) -> None:
         """A rank was declared hung after `idle` s of silence: that silence was a stall, not training,
         and a restart window opens."""
-        if self.window is not None:
+        if self._stopped():
             return
         self._close_span(now)
         moved = min(idle, self.acc[Component.TRAINING])
@@ -274,7 +338,14 @@ class Ledger:
             self.straggler_steps += (median - rate) * seconds
 
     def finish(self, now: float) -> None:
+        """The node ends: a failure no round followed ended the job, and its time was the shutdown."""
+        if self.ended is not None:
+            return
         self._close_span(now)
+        if self.window is _Window.FAILURE and self.phase is not _Phase.RUNNING:
+            moved = self._in_window[Component.RESTART]
+            self.acc[Component.RESTART] -= moved
+            self.acc[Component.SHUTDOWN] += moved
         self.ended = now
 
     # ------------------------------------------------------------------ results
@@ -283,8 +354,7 @@ class Ledger:
         end = self.ended if self.ended is not None else now
         acc = dict(self.acc)
         if self.ended is None:
-            span, where = self._span(end)
-            for c, s in where(span):
+            for c, s in self._booked(max(0.0, end - self.since)):
                 acc[c] += s
         return Breakdown(
             wall=max(0.0, end - self.began),
@@ -297,50 +367,40 @@ class Ledger:
 
     # ------------------------------------------------------------------ spans
 
-    def _span(self, now: float):
-        """The open span's length and how it splits into components."""
-        span = max(0.0, now - self.since)
-        w = self.window
+    def _booked(self, span: float) -> list[tuple[Component, float]]:
+        """How the open span splits into components, by the window and phase it is in."""
+        w, p = self.window, self.phase
         if w is None:
+            redo = min(span, self.redo_debt)
+            return [(Component.REDONE, redo), (Component.TRAINING, span - redo)]
+        if w is _Window.SHUTDOWN:
+            return [(Component.SHUTDOWN, span)]
+        if w is _Window.END:
+            return [(Component.RENDEZVOUS, span)]
+        if p is _Phase.RUNNING and not self.steps_known:
+            # no step seen in the job yet: the workers' time from their start counts as training
+            # (estimated: it holds their own start-up, which only progress(step=) can tell apart)
+            return [(Component.TRAINING, span)]
+        if w is _Window.FAILURE:
+            return [(Component.RESTART, span)]
+        if w is _Window.FIRST and p is not _Phase.FORMING:
+            return [(Component.STARTUP, span)]
+        return [(Component.RENDEZVOUS, span)]
 
-            def where(s: float):
-                redo = min(s, self.redo_debt)
-                return [(Component.REDONE, redo), (Component.TRAINING, s - redo)]
-
-        elif w is _Window.FAILURE:
-
-            def where(s: float):
-                return [(Component.RESTART, s)]
-
-        elif not self.forming and not self.steps_known:
-            # no step seen in the job yet: a round's time once its workers run counts as training
-            def where(s: float):
-                return [(Component.TRAINING, s)]
-
-        elif w is _Window.FIRST and not self.forming:
-
-            def where(s: float):
-                return [(Component.STARTUP, s)]
-
-        else:
-
-            def where(s: float):
-                return [(Component.RENDEZVOUS, s)]
-
-        return span, where
+    def _open(self, window: _Window) -> None:
+        self.window = window
+        self._in_window = dict.fromkeys(Component, 0.0)
 
     def _stopped(self) -> bool:
-        """The workers are stopped already (a restart window, or no round running)."""
-        return self.window is _Window.FAILURE or (self.window is not None and self.forming)
+        """The workers are stopped already (a window open, and no round running in it)."""
+        return self.ended is not None or (self.window is not None and self.phase is not _Phase.RUNNING)
 
     def _close_span(self, now: float) -> None:
-        span, where = self._span(now)
-        for c, s in where(span):
+        for c, s in self._booked(max(0.0, now - self.since)):
             self.acc[c] += s
+            self._in_window[c] += s
             if c is Component.REDONE:
                 self.redo_debt -= s
-            if c is Component.RENDEZVOUS and self.window is _Window.MEMBERSHIP:
-                self._window_rendezvous += s
         self.since = max(self.since, now)
 
     def _training_begins(self, at: float) -> None:

@@ -30,7 +30,7 @@ def copy_root_cause(result: RunResult, dest: str | None) -> str:
     """torchrun's `dump_error_file`: the root cause's error file, its exit code as `errorCode`,
     into the launcher's own $TORCHELASTIC_ERROR_FILE (what a scheduler that wraps it reads).
     Nothing without a root-cause error file; returns a one-line problem, or ""."""
-    root = result.root_cause
+    root, _ = causes(result)
     if not dest or root is None or not root.error_file:
         return ""
     import json
@@ -50,6 +50,15 @@ def copy_root_cause(result: RunResult, dest: str | None) -> str:
     return ""
 
 
+def causes(result: RunResult) -> tuple[Failure | None, Failure | None]:
+    """(the root cause, an earlier failure a restart recovered from): a failure of a round before the
+    one the group ended in is not why it ended (a signal, say, stopped the restarted round)."""
+    root = result.root_cause
+    if root is not None and result.round is not None and root.round < result.round:
+        return None, root
+    return root, None
+
+
 def _who(f: Failure) -> str:
     return f"rank {f.worker.rank} (local rank {f.worker.local_rank}) on {f.host}, pid {f.pid}"
 
@@ -59,8 +68,8 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
 
     `kept`: the temporary folder left behind with the logs and error files, named last.
     """
-    root = result.root_cause
-    if result.exit_code == 0 or (root is None and not result.message and not kept and not result.verdict):
+    root, earlier = causes(result)
+    if result.exit_code == 0 or (root is None and not (earlier or result.message or kept or result.verdict)):
         return []
     how = f"stopped by {signal.Signals(result.signal).name}" if result.signal else "failed"
     meaning = f": {MEANING[result.exit_code]}" if result.exit_code in MEANING else ""  # type: ignore[index]
@@ -89,14 +98,17 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
             lines.append(f"  log: {path}")
         if root.error_file:
             lines.append(f"  error file: {root.error_file}")
-    others = [
-        f for f in result.failures if not f.collateral and f is not root and f.round == (root.round if root else -1)
-    ]
+    last = root.round if root else result.round if earlier else -1  # the round the summary is about
+    others = [f for f in result.failures if not f.collateral and f is not root and f.round == last]
     for f in others:
         lines.append(f"also failed: {_who(f)} {f.exit.describe()}")
-    stopped = [f for f in result.failures if f.collateral and f.round == (root.round if root else -1)]
+    stopped = [f for f in result.failures if f.collateral and f.round == last]
     if stopped:
-        lines.append("stopped by the launcher: " + ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped))
+        pids = ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped)
+        lines.append(f"stopped by the launcher: {pids}" + ("" if root else f" (attempt {last})"))
+    if earlier:
+        how = earlier.reason or earlier.exit.describe()
+        lines.append(f"earlier, recovered by a restart: {_who(earlier)} {how} (attempt {earlier.round})")
     if kept:
         lines.append(f"logs and error files kept in {kept}")
     return lines

@@ -30,7 +30,7 @@ from support.ports import free_port
 STEP_TIME = 0.2
 TOLERANCE = 0.6
 JOB = {"STEPS": "30", "STEP_TIME": str(STEP_TIME), "CKPT_EVERY": "10", "FAIL_RANK": "1", "FAIL_AT": "16"}
-COMPONENTS = ("training", "startup", "rendezvous", "restart", "redone", "stall")
+COMPONENTS = ("training", "startup", "rendezvous", "restart", "redone", "stall", "shutdown")
 LINE = re.compile(r"launcher: goodput (\d+\.\d) % of [^:]+: (.*)")
 
 

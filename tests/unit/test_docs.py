@@ -122,7 +122,11 @@ def shown_commands(text: str) -> list[tuple[str, ...]]:
     found += SPAN.findall(FENCE.sub("", text))
     commands: list[tuple[str, ...]] = []
     for line in found:
-        words = shlex.split(line, comments=True)
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:  # output shown in a block ("the workers' start"): not a command, unless it reads as one
+            assert not line.lstrip().startswith(tuple(ENTRIES)) or line.lstrip().startswith("launcher:"), line
+            continue
         start = next((s for s in ENTRIES if words[: len(s.split())] == s.split()), None)
         if start is None:
             continue

@@ -4,8 +4,12 @@ job-wide figure agreed over an in-memory store."""
 import json
 import os
 
+import pytest
+
 from launcher.telemetry.accounting import Accountant, goodput_line, job_breakdown
-from launcher.telemetry.goodput import Breakdown, total
+from launcher.telemetry.goodput import Breakdown, Component, total
+
+approx = pytest.approx
 
 
 class DictStore:
@@ -80,3 +84,70 @@ def test_without_the_job_figure_a_node_says_why():
     assert goodput_line(node, job, why).endswith(f"(this node; the job's figure is unknown: {why})")
     assert job_breakdown(None, "job", (0, 0, 1), node) == (node, "")
     assert job_breakdown(None, "job", None, node)[0] is None
+
+
+def replay(acc: Accountant, now: list[float], script: list[tuple[float, str, dict]]) -> None:
+    for at, kind, fields in script:
+        now[0] = at
+        acc.tick()
+        acc(kind, fields)
+
+
+DEMO = [  # scripts/demo.sh's events file (--preload, no progress(), rank 1 killed), times from its start
+    (0.000, "rendezvous", {"cause": "start"}),
+    (0.003, "starting", {"round": 0, "restarts": 0}),
+    (2.180, "spawn", {"rank": 0}),
+    (2.214, "spawn", {"rank": 1}),
+    (2.215, "running", {"round": 0, "restarts": 0, "group_rank": 0, "group_world_size": 1}),
+    (2.543, "exit", {"rank": 1, "returncode": -9, "collateral": False}),
+    (2.544, "stopping", {"reason": "restart"}),
+    (2.553, "exit", {"rank": 0, "returncode": -15, "collateral": True}),
+    (2.554, "rendezvous", {"cause": "failure"}),
+    (2.554, "starting", {"round": 1, "restarts": 1}),
+    (2.574, "spawn", {"rank": 0}),
+    (2.596, "spawn", {"rank": 1}),
+    (2.596, "running", {"round": 1, "restarts": 1, "group_rank": 0, "group_world_size": 1}),
+    (3.822, "exit", {"rank": 0, "returncode": 0, "collateral": False}),
+    (3.836, "exit", {"rank": 1, "returncode": 0, "collateral": False}),
+]
+
+
+def test_the_demo_books_the_preload_import_as_start_up_and_its_restart_to_the_workers_start():
+    now = [0.0]
+    acc = Accountant(lambda: [(0, None), (1, None)], clock=lambda: now[0])
+    replay(acc, now, DEMO)
+    now[0] = 3.870
+    b = acc.finish()
+    assert b.startup == approx(2.215 - 0.003) and b.rendezvous == approx(0.003 + 3.870 - 3.836)
+    assert b.restart == approx(2.596 - 2.543) and b.restart <= 0.5 and b.restarts == 1
+    assert b.training == approx((2.543 - 2.215) + (3.836 - 2.596)) and not b.steps_known
+    assert sum(b.seconds(c) for c in Component) == approx(b.wall)
+
+
+def test_sigterm_in_a_restarted_job_is_its_shutdown():
+    now = [0.0]
+    acc = Accountant(lambda: [(0, None)], clock=lambda: now[0])
+    script = [e for e in DEMO if e[0] <= 2.596]
+    script += [
+        (3.000, "signal", {"name": "SIGUSR1", "passthrough": True}),  # passed to the workers: nothing stops
+        (3.500, "signal", {"name": "SIGTERM", "passthrough": False}),
+        (3.501, "stopping", {"reason": "signal"}),
+        (3.600, "exit", {"rank": 0, "returncode": -15, "collateral": True}),
+        (3.610, "exit", {"rank": 1, "returncode": -15, "collateral": True}),
+    ]
+    replay(acc, now, script)
+    now[0] = 3.700
+    b = acc.finish()
+    assert (b.shutdown, b.rendezvous, b.restarts) == (approx(0.2), approx(0.003), 1)
+    assert b.training == approx((2.543 - 2.215) + (3.5 - 2.596))
+    assert sum(b.seconds(c) for c in Component) == approx(b.wall)
+
+
+def test_a_job_closed_by_another_node_is_shutdown():
+    now = [0.0]
+    acc = Accountant(lambda: [(0, None)], clock=lambda: now[0])
+    replay(acc, now, [e for e in DEMO if e[0] <= 2.215])
+    replay(acc, now, [(5.0, "membership", {"reason": "closed"}), (5.0, "stopping", {"reason": "closed"})])
+    now[0] = 6.0
+    b = acc.finish()
+    assert (b.shutdown, b.restart, b.restarts) == (approx(1.0), 0.0, 0)

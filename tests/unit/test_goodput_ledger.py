@@ -68,7 +68,9 @@ def test_a_hang_moves_its_silence_from_training_to_stalls():
     g.hang(21.0, idle=15.0)
     g.failure(21.5)
     b = g.breakdown(22.0)
-    assert (b.stall, b.training, b.restart, b.restarts) == (approx(15.0), approx(5.0), approx(1.0), 1)
+    assert (b.stall, b.training, b.restart, b.restarts) == (approx(15.0), approx(5.0), approx(1.0), 0)
+    g.running(23.0, {0}, 1)  # the restart is counted once its round runs, as the verdict line counts it
+    assert g.breakdown(23.0).restarts == 1
 
 
 def test_without_steps_a_running_round_is_training():
@@ -78,7 +80,7 @@ def test_without_steps_a_running_round_is_training():
     g.finish(9.5)
     b = g.breakdown(9.5)
     assert (b.training, b.rendezvous, b.startup, b.steps_known) == (approx(8.0), approx(1.5), 0.0, False)
-    assert "unknown" in b.line()
+    assert "training estimated" in b.line() and "no launcher.progress(step=)" in b.line()
 
 
 def test_stragglers_are_counted_apart():
@@ -99,3 +101,112 @@ def test_the_job_figure_is_machine_time():
 def test_the_line():
     b = Breakdown(wall=3 * 3600 + 12 * 60, training=11000.0, restart=520.0, redone=0.0, restarts=2, steps_known=True)
     assert b.line().startswith("goodput 95.5 % of 3 h 12 m: restarts 8 m 40 s (2)")
+
+
+def summed(b: Breakdown) -> float:
+    return sum(b.seconds(c) for c in Component)
+
+
+def test_the_preload_import_is_start_up_and_a_restart_without_steps_ends_when_its_workers_run():
+    """The demo's timeline (scripts/demo.sh: --preload, no progress(), rank 1 killed in round 0)."""
+    g = Ledger(0.0)
+    g.rendezvous(0.0)
+    g.formed(0.01)  # standalone: the round forms at once
+    g.running(2.2, {0, 1}, 0)  # the preloaded interpreter's imports: 2.19 s
+    g.failure(2.55)  # rank 1 killed
+    g.rendezvous(2.56)
+    g.formed(2.56)
+    g.running(2.60, {0, 1}, 1)  # forked again: training again 0.05 s after the kill
+    g.done(3.85)
+    g.finish(3.87)
+    b = g.breakdown(3.87)
+    assert b.rendezvous == approx(0.01 + 0.02) and b.startup == approx(2.19)
+    assert b.restart == approx(0.05) and b.restarts == 1 and b.shutdown == 0.0
+    assert b.training == approx((2.55 - 2.2) + (3.85 - 2.6)) and summed(b) == approx(b.wall)
+    line = b.line()
+    assert line.startswith("goodput 41.3 % of 3.9 s: start-up 2.2 s, restarts 0.1 s (1);"), line
+    assert "measured to the workers' start; training estimated" in line and "unknown" not in line
+
+
+def test_with_steps_the_workers_own_start_up_and_restart_are_booked_once_a_step_shows():
+    g = Ledger(0.0)
+    g.rendezvous(0.0)
+    g.formed(1.0)
+    g.running(3.0, {0}, 0)  # 2 s of the preloaded interpreter's imports
+    steps(g, 4.0, 1, (0,))  # and 1 s of the worker's own start: start-up 3 s
+    steps(g, 10.0, 7, (0,))
+    g.failure(10.5)
+    g.rendezvous(10.5)
+    g.formed(10.6)
+    g.running(10.7, {0}, 1)
+    steps(g, 11.5, 6, (0,))  # resumed from 5: step 6 first, 0.8 s after the workers' start
+    g.done(15.0)
+    g.finish(15.0)
+    b = g.breakdown(15.0)
+    assert (b.rendezvous, b.startup, b.restart) == (approx(1.0), approx(3.0), approx(1.0))
+    assert (b.restarts, b.redone_steps, b.redone) == (1, 2, approx(2.0))  # steps 6 and 7, at 1 step/s
+    assert summed(b) == approx(b.wall) and b.line().count("re-done steps 2.0 s (2 steps)") == 1
+
+
+def test_a_signal_is_the_shutdown_not_rendezvous():
+    g = Ledger(0.0)
+    g.rendezvous(0.0)
+    g.formed(0.5)
+    g.running(1.0, {0}, 0)
+    steps(g, 2.0, 1, (0,))
+    g.shutdown(8.0)  # Ctrl-C
+    g.membership(8.0)  # the stop that follows (a no-op: the workers are stopping already)
+    g.finish(9.5)
+    b = g.breakdown(9.5)
+    assert (b.shutdown, b.rendezvous, b.restart, b.training) == (approx(1.5), approx(0.5), 0.0, approx(6.0))
+    assert b.restarts == 0 and summed(b) == approx(b.wall) and "shutdown 1.5 s" in b.line()
+
+
+def test_a_failure_that_ends_the_job_is_its_shutdown_and_no_restart():
+    """--max_restarts 0: the verdict says 0 restarts, and so does the line."""
+    g = Ledger(0.0)
+    g.rendezvous(0.0)
+    g.formed(0.0)
+    g.running(1.0, {0, 1}, 0)
+    steps(g, 2.0, 1)
+    g.failure(5.0)
+    g.rendezvous(5.2)  # the rendezvous closes the job: no round follows
+    g.finish(5.5)
+    b = g.breakdown(5.5)
+    assert (b.restarts, b.restart, b.shutdown) == (0, 0.0, approx(0.5)) and summed(b) == approx(b.wall)
+    assert "restarts" not in b.line()
+
+
+def test_a_second_failure_without_steps_opens_a_second_restart():
+    g = Ledger(0.0)
+    g.running(0.0, {0}, 0)
+    for k, at in enumerate((2.0, 4.0)):
+        g.failure(at)
+        g.rendezvous(at)
+        g.formed(at + 0.1)
+        g.running(at + 0.3, {0}, k + 1)
+    g.done(6.0)
+    g.finish(6.0)
+    b = g.breakdown(6.0)
+    assert (b.restarts, b.restart, b.training) == (2, approx(0.6), approx(5.4)) and summed(b) == approx(b.wall)
+
+
+def test_one_redone_step_is_one_step():
+    assert "(1 step)" in Breakdown(wall=2.0, training=1.0, redone=1.0, redone_steps=1, steps_known=True).line()
+
+
+def test_a_rank_with_nothing_left_to_do_is_not_awaited():
+    """Rank 0 had finished its steps before rank 1 failed: resumed, it exits 0 without a step."""
+    g = Ledger(0.0)
+    g.running(0.0, {0, 1}, 0)
+    steps(g, 1.0, 1)
+    g.failure(5.0)
+    g.rendezvous(5.0)
+    g.formed(5.0)
+    g.running(5.5, {0, 1}, 1)
+    g.finished_rank(5.7, 0)  # no step this round: nothing left for it to do
+    steps(g, 6.0, 3, (1,))  # rank 1's first step closes the restart
+    g.done(9.0)
+    g.finish(9.0)
+    b = g.breakdown(9.0)
+    assert (b.restart, b.restarts, b.training) == (approx(1.0), 1, approx(4.0 + 3.0)) and summed(b) == approx(b.wall)

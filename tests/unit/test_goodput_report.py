@@ -5,12 +5,13 @@ import json
 import pytest
 
 from launcher import config as cfg
-from launcher.cli.report import find_files, read_node, render, report_main, verdict
+from launcher.cli.report import _segments, find_files, read_node, render, report_main, verdict
 from launcher.errors import ConfigError
 from launcher.telemetry.goodput import Breakdown
 
 T = 1_800_000_000.0
 JOB = Breakdown(wall=10.0, training=7.0, restart=2.0, rendezvous=1.0, restarts=1, steps_known=True, nodes=2)
+NODE = Breakdown(wall=52.0, training=50.0, restart=0.5, rendezvous=1.5, restarts=1, steps_known=True)
 
 
 def events(node: int, failing: bool) -> list[dict]:
@@ -76,3 +77,53 @@ def test_the_metrics_flags():
         cfg.parse_metrics("127.0.0.1", "x")
     with pytest.raises(ConfigError, match="--metrics_host"):
         cfg.parse_metrics(" ", "9100")
+
+
+def spare_job() -> list[list[dict]]:
+    """Events of a 2-node job with a spare whose member of group rank 1 was SIGKILLed (as recorded)."""
+    a = [
+        (0.00, "rendezvous", {"cause": "start"}),
+        (0.36, "starting", {"round": 0, "restarts": 0}),
+        (0.37, "running", {"round": 0, "restarts": 0, "group_rank": 0, "group_world_size": 2}),
+        (15.0, "membership", {"reason": "node with group rank 1 died (its connections to the store closed)"}),
+        (15.0, "stopping", {"reason": "membership"}),
+        (15.1, "exit", {"rank": 0, "returncode": -15, "how": "killed by SIGTERM", "collateral": True}),
+        (15.1, "rendezvous", {"cause": "membership"}),
+        (15.2, "starting", {"round": 1, "restarts": 1}),
+        (15.3, "running", {"round": 1, "restarts": 1, "group_rank": 0, "group_world_size": 2}),
+        (52.0, "exit", {"rank": 0, "returncode": 0, "how": "exited with code 0", "collateral": False}),
+        (52.0, "goodput", {"host": "h0", "node": NODE.to_dict(), "job": JOB.to_dict(), "why": ""}),
+        (52.0, "finished", {"state": "succeeded", "exit_code": 0, "restarts": 1}),
+    ]
+    b = [
+        (0.30, "rendezvous", {"cause": "start"}),
+        (0.36, "starting", {"round": 0, "restarts": 0}),
+        (0.38, "running", {"round": 0, "restarts": 0, "group_rank": 1, "group_world_size": 2}),
+    ]
+    spare = [
+        (0.70, "rendezvous", {"cause": "start"}),
+        (0.71, "waiting", {"what": "spare", "line": "waiting as a spare: round 0 is full (2 of 2 nodes)"}),
+        (15.2, "starting", {"round": 1, "restarts": 1}),
+        (15.3, "running", {"round": 1, "restarts": 1, "group_rank": 1, "group_world_size": 2}),
+        (52.0, "exit", {"rank": 1, "returncode": 0, "how": "exited with code 0", "collateral": False}),
+        (52.0, "goodput", {"host": "h2", "node": NODE.to_dict(), "job": JOB.to_dict(), "why": ""}),
+        (52.1, "finished", {"state": "succeeded", "exit_code": 0, "restarts": 1}),
+    ]
+    return [[{"time": T + t, "event": k, **f} for t, k, f in node] for node in (a, b, spare)]
+
+
+def test_a_spare_that_replaced_a_killed_node(tmp_path):
+    for name, rows in zip(("a", "b", "spare"), spare_job()):
+        write(tmp_path / f"{name}.jsonl", rows)
+    nodes = [read_node(f) for f in find_files([str(tmp_path)])]
+    page = render(nodes)  # marks the lost node first
+    ok, line, failures = verdict(nodes)
+    assert ok and line == "succeeded after 1 restart(s); 1 node lost on the way", line
+    assert failures == ["b (group rank 1) lost: node with group rank 1 died (its connections to the store closed)"
+                        " (seen by a) at 08:00:15.0"]  # fmt: skip
+    lane = _segments(nodes[1], T + 52.1)
+    assert lane[-1] == (T + 0.38, T + 15.0, "running"), "the lost node runs until it was lost, not to the end"
+    assert "spare took over group rank 1 in round 1 (restart 1)" in page and "spare: waiting as a spare" in page
+    assert page.count("<tr>") == 1 + 2 + 3, "the header, the job (every node; as agreed) and each of 3 nodes"
+    assert "b (group rank 1) (lost at +14.7 s; from its events)" in page
+    assert "job (all 3 nodes, mean)" in page and "as agreed (2 nodes of the last round)" in page

@@ -82,3 +82,21 @@ def test_error_files_torch_and_plain_and_broken(tmp_path):
     assert read_error_file(str(broken)) == ("", "")
     assert read_error_file(str(tmp_path / "missing.json")) == ("", "")
     assert read_error_file(None) == ("", "")
+
+
+def test_a_signal_in_a_restarted_round_names_that_round_not_the_recovered_failure():
+    """SIGTERM in round 1: round 0's kill was recovered by the restart; the stop is round 1's."""
+    failures = (
+        failure(1, -9, 1.0, round=0),
+        failure(0, -15, 1.1, round=0, collateral=True),
+        failure(0, -15, 9.0, round=1, collateral=True),
+        failure(1, -15, 9.1, round=1, collateral=True),
+    )
+    stopped = RunResult(GroupState.FAILED, 143, failures, 1, 15, round=1)
+    assert summary_lines(stopped) == [
+        "job stopped by SIGTERM (exit code 143) after 1 restart(s)",
+        "stopped by the launcher: rank 0 (pid 100), rank 1 (pid 101) (attempt 1)",
+        "earlier, recovered by a restart: rank 1 (local rank 1) on h, pid 101 killed by SIGKILL (attempt 0)",
+    ]
+    unknown = RunResult(GroupState.FAILED, 143, failures[:2], 0, 15, round=0)  # stopped in the failure's own round
+    assert summary_lines(unknown)[1].startswith("root cause: rank 1 (local rank 1) on h, pid 101 killed by SIGKILL")

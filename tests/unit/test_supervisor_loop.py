@@ -185,7 +185,7 @@ def test_every_worker_succeeds(tmp_path):
     result = rig.sup.result()
     assert result.state is GroupState.SUCCEEDED and result.exit_code == 0 and result.failures == ()
     assert all(p.closed and p.signals == [] for p in rig.spawn.procs)
-    assert rig.kinds() == ["rendezvous", "spawn", "spawn", "spawn", "running", "exit", "exit", "exit"]
+    assert rig.kinds() == ["rendezvous", "starting", "spawn", "spawn", "spawn", "running", "exit", "exit", "exit"]
     assert summary_lines(result) == []
 
 

@@ -3,7 +3,8 @@
 STEPS steps of STEP_TIME s, `launcher.progress(step=)` after each; a checkpoint every CKPT_EVERY
 steps in $CKPT_DIR/ckpt<rank> (each rank its own), resumed from on every attempt. On attempt 0,
 rank FAIL_RANK exits 7 when it is about to do step FAIL_AT (it reached FAIL_AT - 1).
-START_TIME: seconds of "loading" before the first step (every attempt).
+START_TIME: seconds of "loading" before the first step (every attempt). NO_PROGRESS=1: no progress()
+call (a plain torchrun script). Prints "step rank= n=" every step.
 """
 
 import os
@@ -36,5 +37,7 @@ for step in range(start + 1, steps + 1):
         with open(ckpt + ".tmp", "w") as f:
             f.write(str(step))
         os.replace(ckpt + ".tmp", ckpt)
-    launcher.progress(step=step)
+    if not e.get("NO_PROGRESS"):
+        launcher.progress(step=step)
+    print(f"step rank={rank} n={step}", flush=True)
 print(f"done rank={rank} from={start}", flush=True)
