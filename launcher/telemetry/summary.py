@@ -102,7 +102,7 @@ def summary_lines(result: RunResult, kept: str = "") -> list[str]:
     others = [f for f in result.failures if not f.collateral and f is not root and f.round == last]
     for f in others:
         lines.append(f"also failed: {_who(f)} {f.exit.describe()}")
-    stopped = [f for f in result.failures if f.collateral and f.round == last]
+    stopped = sorted((f for f in result.failures if f.collateral and f.round == last), key=lambda f: f.worker.rank)
     if stopped:
         pids = ", ".join(f"rank {f.worker.rank} (pid {f.pid})" for f in stopped)
         lines.append(f"stopped by the launcher: {pids}" + ("" if root else f" (attempt {last})"))
