@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import resource
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
+from .descriptors import _FDS, RESERVE, raise_descriptor_limit  # noqa: F401 - RESERVE: read by the tests
 from .ops import GRACE, Conn, StoreOps
 from .wire import MAX_REPLY, REFUSED, U32, VALIDATE, Malformed, RequestParser, close_socket, fields_cost
 
@@ -40,12 +40,15 @@ HANDSHAKE = 60.0  # seconds a new connection has to send VALIDATE
 # store), the oldest connection still silent after a turn of the loop and EVICT_AFTER s is read once
 # more and, still silent, closed for a newcomer: a client sends its VALIDATE with its connect.
 EVICT_AFTER = 0.02
-RESERVE = 256  # descriptors left to the rest of the process (workers' pipes, log files, the other store)
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
 SMALL_REPLY = 64 << 10  # a reply this small is always built (the per-connection OUT_PAUSE bounds them)
 BUDGET = 256 << 20  # unread replies, waits, parsed and half-received requests, all connections together
 TURN_WORK = 1024  # per turn and connection: work worth this many units (a request: 1 + its keys + what it copies)
-READ_AHEAD = 4 << 20  # unparsed bytes a connection may hold while its requests wait their turn
+READ_AHEAD = 4 << 20
+# A request waiting for the budget for this long closes the connections that hold a reply over
+# SMALL_REPLY and read none of it meanwhile (a client that never reads cannot hold the budget against
+# those that do; torch's and our clients read every reply at once).
+STALLED = 0.5  # unparsed bytes a connection may hold while its requests wait their turn
 
 
 class _OverBudget(Exception):
@@ -68,7 +71,7 @@ class _Conn(Conn):
         "turn",
         "stream",
     )
-    __slots__ += ("reserved",)
+    __slots__ += ("reserved", "progress")
 
     def __init__(self, sock: socket.socket, now: float, turn: int):
         super().__init__()
@@ -81,62 +84,8 @@ class _Conn(Conn):
         self.parked = 0  # what the deferred request's fields hold
         self.stream: Iterator[bytes] | None = None  # the rest of a reply built a chunk a turn
         self.reserved = 0  # the bytes of that rest (counted in the budget)
+        self.progress = 0.0  # when it last read some of its replies (or got one to read)
         self.accepted, self.turn = now, turn  # when it was accepted: a time, and the loop's turn
-
-
-class _Descriptors:
-    """The servers of this process and their connections, against one cap (they share a descriptor table)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.open = 0  # connections, every server together
-        self.cap = 0  # the most `open` may be: the soft limit less RESERVE
-        self.expect = 0  # connections the servers' jobs said they need
-        self.warned = False
-        self.servers: list[StoreServer] = []
-
-    def make_room(self, asking: StoreServer) -> None:
-        """Ask another server holding connections that never validated to close its oldest."""
-        with self.lock:
-            others = [s for s in self.servers if s is not asking and s._greeting]
-        if others:
-            others[0]._evict_soon()
-
-
-_FDS = _Descriptors()
-
-
-def raise_descriptor_limit(expect: int = 0) -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; the process's connection cap, which leaves RESERVE.
-
-    `expect`: connections one more store will serve. Says once per process (a warning) when the
-    hard limit is below what its stores expect plus RESERVE."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as e:  # a container's seccomp, or an odd hard limit: keep the soft one
-            log.debug("cannot raise the descriptor limit from %d to %d: %s", soft, hard, e)
-    cap = max(64, soft - RESERVE)
-    with _FDS.lock:
-        _FDS.cap = cap
-        _FDS.expect += expect
-        expect = _FDS.expect
-        if expect + RESERVE > soft and not _FDS.warned:
-            _FDS.warned = True
-            log.warning(
-                "the open-file limit is %d (hard %d): the store expects up to %d connections and the process "
-                "needs ~%d more; past %d connections the store refuses new ones: raise it (ulimit -n %d, "
-                "LimitNOFILE= for a service, --ulimit nofile= for a container)",
-                soft,
-                hard,
-                expect,
-                RESERVE,
-                cap,
-                expect + RESERVE,
-            )
-    return cap
 
 
 class StoreServer(StoreOps):
@@ -185,6 +134,9 @@ class StoreServer(StoreOps):
         self.held = 0  # bytes of unread replies, waits and requests (against `budget`)
         self.peak_held = 0
         self._freed = False  # budget was freed this turn: the starved requests are tried at its end
+        self._now = time.monotonic()  # the turn's start
+        self._starved_since = 0.0  # when the oldest request waiting for the budget began to
+        self.stalled = 0  # connections closed for holding the budget without reading, all told
         self.refused = 0  # connections refused at the cap, all told
         self._told_refused = 0.0
         self._sel = selectors.DefaultSelector()
@@ -216,6 +168,7 @@ class StoreServer(StoreOps):
         try:
             while not self._stop:
                 self._turns += 1
+                self._now = time.monotonic()
                 for key, events in self._sel.select(self._timeout()):
                     if key.data == "accept":
                         self._accept()
@@ -229,6 +182,8 @@ class StoreServer(StoreOps):
                 if self._ending:  # after the turn's events: a reconnect that came with the close counts
                     self._end_sessions()
                 self._expire_greetings()
+                if self._starved and self._now - self._starved_since >= STALLED:
+                    self._close_stalled()
                 if self._freed:
                     self._freed = False
                     if self._starved:
@@ -248,7 +203,8 @@ class StoreServer(StoreOps):
     def _timeout(self) -> float | None:
         if self._ready:
             return 0.0
-        now, timeout = time.monotonic(), None
+        now = time.monotonic()
+        timeout = max(0.0, self._starved_since + STALLED - now) if self._starved else None
         if self._accept_again:
             timeout = max(0.0, self._accept_again - now)
             if timeout == 0.0:
@@ -370,6 +326,9 @@ class StoreServer(StoreOps):
             self._flush(c)
         if events & selectors.EVENT_READ and not c.closed:
             self._guarded(c, self._receive)
+            if c in self._dirty:  # its answers go at once, not after the turn's other clients
+                self._dirty.discard(c)
+                self._flush(c)
 
     def _guarded(self, c: _Conn, step) -> None:
         try:
@@ -417,6 +376,8 @@ class StoreServer(StoreOps):
                 self.handlers[op](c, *fields)
             except _OverBudget:
                 c.deferred, c.parked = request, fields_cost(fields)
+                if not self._starved:
+                    self._starved_since = self._now
                 self._starved[c] = None
                 break
             work += 1 + sum(len(f) for f in fields if isinstance(f, list)) + self.spent
@@ -487,6 +448,8 @@ class StoreServer(StoreOps):
         self._ready.add(c)
 
     def _reply(self, c: Conn, data: bytes) -> None:
+        if c.sent == len(c.out):
+            c.progress = self._now
         c.out += data
         self.held += len(data)
         self.peak_held = max(self.peak_held, self.held)
@@ -505,7 +468,8 @@ class StoreServer(StoreOps):
                 return self._drop(c)
             c.sent += n
             self.held -= n
-            self._freed = self._freed or n > 0
+            if n:
+                self._freed, c.progress = True, self._now
         if c.sent == len(c.out):
             c.out.clear()
             c.sent = 0
@@ -521,6 +485,28 @@ class StoreServer(StoreOps):
         ):
             self._guarded(c, self._process)  # requests (or a reply's chunks) held back while its replies piled up
 
+    def _close_stalled(self) -> None:
+        """A request has waited STALLED s for the budget: close the connections holding a reply over
+        SMALL_REPLY that they have not read from for as long."""
+        stalled = [
+            c
+            for c in self._conns
+            if len(c.out) - c.sent + c.reserved > SMALL_REPLY and self._now - c.progress >= STALLED
+        ]
+        unread = sum(len(c.out) - c.sent + c.reserved for c in stalled)
+        for c in stalled:
+            self._drop(c)
+        if stalled:
+            self.stalled += len(stalled)
+            log.warning(
+                "closed %d store connections that left %d bytes of replies unread for %g s while other "
+                "clients waited for the store's memory budget",
+                len(stalled),
+                unread,
+                STALLED,
+            )
+        self._starved_since = self._now  # the next look, STALLED s on
+
     def _feed_starved(self) -> None:
         """Run the requests that waited for the budget, oldest first, while they fit."""
         while self._starved:
@@ -535,6 +521,7 @@ class StoreServer(StoreOps):
                 self._drop(c)
                 continue
             del self._starved[c]
+            self._starved_since = self._now
             self.held -= c.parked
             c.inheld -= c.parked
             c.deferred, c.parked = None, 0
