@@ -60,7 +60,8 @@ from .wire import (
 )
 
 BYTES_PER_UNIT = 8 << 10  # bytes an op copies worth one unit of a turn's work (a unit: about one key touched)
-WAITER = 360  # what one awaited key costs the server beyond its bytes (a set entry, a dict per key: tracemalloc)
+WAITER = 512  # what a pending wait costs beyond its list of keys (its registration on one key: tracemalloc)
+KEY_SLOT = 56  # what each key of that list costs beyond its bytes (a list slot, a bytes object's header)
 STREAM_KEYS = 1024  # keys (or values) per chunk of a large reply (a server builds one chunk a turn)
 GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
 ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
@@ -69,11 +70,14 @@ ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one
 class Conn:
     """One client connection as the ops see it: what it waits for, its session (the server adds the rest)."""
 
-    __slots__ = ("valid", "awaited", "gone", "session", "resumed", "closed", "waitheld")
+    __slots__ = ("valid", "awaited", "waitat", "gone", "session", "resumed", "closed", "waitheld")
 
     def __init__(self) -> None:
         self.valid = False  # VALIDATE seen
-        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
+        # the keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change); it is registered on one,
+        # awaited[waitat]: every key before it was there, and is looked at again only once it arrives
+        self.awaited: list[bytes] = []
+        self.waitat = 0
         self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
         self.session: Session | None = None
         self.resumed = False  # its SESSION found the session live (another connection, or within the grace)
@@ -114,6 +118,7 @@ class StoreOps:
         self.grace, self._clock = grace, clock
         self.max_reply = MAX_REPLY  # the largest reply (and so value) served
         self.spent = 0  # units of work of the op being run, beyond 1 + its keys (the server resets it)
+        self.waiting = 0  # what the pending waits hold, all together
         self.boot = random.getrandbits(64)
         self.handlers = {
             VALIDATE: self._validate,
@@ -150,7 +155,10 @@ class StoreOps:
         """Raise before a reply of `size` bytes is built if it may not be now (the server's limits)."""
 
     def _charge(self, size: int) -> None:
-        """Memory a wait holds (negative: released), for the server's budget."""
+        """Memory a wait or a reply being built holds (negative: released), for the server's budget."""
+
+    def _afford_wait(self, c: Conn, size: int) -> None:
+        """Raise (Malformed) if a wait holding `size` bytes may not be registered (the server's limits)."""
 
     def _stream(self, c: Conn, size: int, units: int, chunks: Iterator[bytes]) -> None:
         """Queue a reply of `size` bytes made of `chunks` (of STREAM_KEYS items or BYTES_PER_UNIT *
@@ -164,19 +172,21 @@ class StoreOps:
     def _has(self, key: bytes) -> bool:
         return key in self.data or bool(self.queues.get(key))
 
-    def _await(self, c: Conn, keys, cost: int = 0) -> None:
+    def _await(self, c: Conn, keys: list[bytes], cost: int = 0) -> None:
+        """Wait for `keys` (the first not there yet: keys[0]), registered on one key at a time."""
         self._unwait(c)
-        c.awaited = set(keys)
-        for k in c.awaited:
-            self._waiters.setdefault(k, {})[c] = None
-        c.waitheld = cost or _wait_cost(c.awaited)
+        c.awaited, c.waitat = keys, 0
+        self._waiters.setdefault(keys[0], {})[c] = None
+        c.waitheld = cost or _wait_cost(keys)
+        self.waiting += c.waitheld
         self._charge(c.waitheld)
 
     def _unwait(self, c: Conn) -> None:
-        for k in c.awaited:
-            _forget_waiter(self._waiters, k, c)
-        c.awaited = set()
+        if c.awaited:
+            _forget_waiter(self._waiters, c.awaited[c.waitat], c)
+            c.awaited = []
         if c.waitheld:
+            self.waiting -= c.waitheld
             self._charge(-c.waitheld)
             c.waitheld = 0
         if c.gone:
@@ -189,12 +199,19 @@ class StoreOps:
         while conns:
             c = next(iter(conns))
             del conns[c]
-            c.awaited.discard(key)
-            if not c.awaited:
-                self._unwait(c)  # a WAIT_CHANGE's other half
-                self._reply(c, U8.pack(STOP_WAITING))
-                if one:
-                    break
+            keys, at = c.awaited, c.waitat + 1
+            while at < len(keys) and self._has(keys[at]):  # each key of a wait is looked at once after its turn
+                at += 1
+            self.spent += at - c.waitat
+            if at < len(keys):
+                c.waitat = at
+                self._waiters.setdefault(keys[at], {})[c] = None
+                continue
+            c.awaited = []
+            self._unwait(c)  # its cost, and a WAIT_CHANGE's other half
+            self._reply(c, U8.pack(STOP_WAITING))
+            if one:
+                break
         if conns:
             self._waiters[key] = conns
 
@@ -247,7 +264,7 @@ class StoreOps:
         missing = [k for k in keys if not self._has(k)]
         if missing:
             cost = _wait_cost(missing)
-            self._afford(c, cost)  # what the wait holds, as a reply would: it waits for the budget
+            self._afford_wait(c, cost)
             self._await(c, missing, cost)
         else:
             self._reply(c, U8.pack(STOP_WAITING))
@@ -406,8 +423,8 @@ class StoreOps:
             self._gone_waiters.setdefault(alive, {})[c] = None
 
 
-def _wait_cost(keys) -> int:
-    return len(keys) * WAITER + sum(map(len, keys))
+def _wait_cost(keys: list[bytes]) -> int:
+    return WAITER + len(keys) * KEY_SLOT + sum(map(len, keys))
 
 
 def _values_chunks(values: list) -> Iterator[bytes]:

@@ -433,6 +433,15 @@ class StoreServer(StoreOps):
         if size > SMALL_REPLY and others + size > self.budget and others > 0:
             raise _OverBudget
 
+    def _afford_wait(self, c: Conn, size: int) -> None:
+        if size > SMALL_REPLY and self.waiting + size > self.budget // 2:
+            log.warning(
+                "closed a store connection whose WAIT would hold %d bytes: the waits hold %d, half the budget at most",
+                size,
+                self.waiting,
+            )
+            raise Malformed("a WAIT over the waits' half of the budget")
+
     def _charge(self, size: int) -> None:
         self.held += size
         if size < 0:
@@ -443,6 +452,8 @@ class StoreServer(StoreOps):
     def _stream(self, c: Conn, size: int, units: int, chunks: Iterator[bytes]) -> None:
         if units <= TURN_WORK:
             return super()._stream(c, size, units, chunks)
+        if c.sent == len(c.out):
+            c.progress = self._now
         c.stream, c.reserved = chunks, size
         self._charge(size)
         self._ready.add(c)
@@ -476,14 +487,11 @@ class StoreServer(StoreOps):
         elif c.sent > 1 << 20:
             del c.out[: c.sent]
             c.sent = 0
-        was = c.events
         self._interest(c)
-        if (
-            c.events & selectors.EVENT_READ
-            and not was & selectors.EVENT_READ
-            and not (c.parser.idle and c.stream is None)
-        ):
-            self._guarded(c, self._process)  # requests (or a reply's chunks) held back while its replies piled up
+        if len(c.out) - c.sent <= OUT_PAUSE and c.deferred is None and not (c.parser.idle and c.stream is None):
+            # requests (or a reply's chunks) held back while its replies piled up: next turn, even when
+            # one send took its replies from over OUT_PAUSE to under it, its reading never paused
+            self._ready.add(c)
 
     def _close_stalled(self) -> None:
         """A request has waited STALLED s for the budget: close the connections holding a reply over

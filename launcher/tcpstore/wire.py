@@ -87,7 +87,7 @@ MAX_FRAME = 64 << 20  # a request frame
 MAX_REPLY = 256 << 20  # a reply frame, so a value APPEND grew (the server's budget caps it lower if smaller)
 # What a parsed item costs in memory beyond its bytes on the wire (CPython objects: a bytes object's
 # header, a list slot, a pair's tuple), measured with tracemalloc: the budget counts objects, not wire.
-ITEM_EXTRA, PAIR_EXTRA = 48, 96
+ITEM_EXTRA, PAIR_EXTRA = 48, 112
 
 U8, U32, I64, U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
 
