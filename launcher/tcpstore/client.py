@@ -32,7 +32,7 @@ from .wire import (
     HOLD,
     I64,
     MAGIC,
-    MAX_FRAME,
+    MAX_REPLY,
     MULTI_GET,
     MULTI_SET,
     PING,
@@ -495,8 +495,8 @@ class StoreClient:
 
     def _value(self) -> bytes:
         n = U64.unpack(self._read(8))[0]
-        if n > MAX_FRAME:
-            raise StoreError(f"the store sent a value of {n} bytes (over {MAX_FRAME})")
+        if n > MAX_REPLY:
+            raise StoreError(f"the store sent a value of {n} bytes (over {MAX_REPLY})")
         return self._read(n)
 
     @staticmethod

@@ -11,9 +11,11 @@ version-1 server uses neither, and does not reconnect (it could not tell a resta
 from __future__ import annotations
 
 import collections
+import itertools
 import random
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .wire import (
     ADD,
@@ -33,7 +35,7 @@ from .wire import (
     I64,
     LIST_KEYS,
     MAGIC,
-    MAX_VALUE,
+    MAX_REPLY,
     MULTI_GET,
     MULTI_SET,
     NOT_READY,
@@ -57,6 +59,10 @@ from .wire import (
     str_frame,
 )
 
+BYTES_PER_UNIT = 8 << 10  # bytes an op copies worth one unit of a turn's work (a unit: about one key touched)
+WAITER = 512  # what a pending wait costs beyond its list of keys (its registration on one key: tracemalloc)
+KEY_SLOT = 56  # what each key of that list costs beyond its bytes (a list slot, a bytes object's header)
+STREAM_KEYS = 1024  # keys (or values) per chunk of a large reply (a server builds one chunk a turn)
 GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
 ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
 
@@ -64,15 +70,19 @@ ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one
 class Conn:
     """One client connection as the ops see it: what it waits for, its session (the server adds the rest)."""
 
-    __slots__ = ("valid", "awaited", "gone", "session", "resumed", "closed")
+    __slots__ = ("valid", "awaited", "waitat", "gone", "session", "resumed", "closed", "waitheld")
 
     def __init__(self) -> None:
         self.valid = False  # VALIDATE seen
-        self.awaited: set[bytes] = set()  # keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change)
+        # the keys of its pending WAIT (or BARRIER, or WAIT_CHANGE's change); it is registered on one,
+        # awaited[waitat]: every key before it was there, and is looked at again only once it arrives
+        self.awaited: list[bytes] = []
+        self.waitat = 0
         self.gone = b""  # the key whose absence its pending WAIT_CHANGE waits for
         self.session: Session | None = None
         self.resumed = False  # its SESSION found the session live (another connection, or within the grace)
         self.closed = False
+        self.waitheld = 0  # what its pending wait costs the server (charged to the budget)
 
 
 class Session:
@@ -92,9 +102,10 @@ OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more request
 
 
 class StoreOps:
-    """The store's state and one method per op; a server subclass moves the bytes (`_reply`) and
-    bounds what a reply may cost (`_afford`). `grace`: how long a session's held keys outlive its last
-    connection (`clock` tells the time). `boot` identifies this server process."""
+    """The store's state and one method per op; a server subclass moves the bytes (`_reply`, `_stream`),
+    bounds what a reply may cost (`_afford`) and counts what waits hold (`_charge`). Each op adds to
+    `spent` the units of work it did beyond one per request and key. `grace`: how long a session's held
+    keys outlive its last connection (`clock` tells the time). `boot` identifies this server process."""
 
     def __init__(self, grace: float = GRACE, clock: Callable[[], float] = time.monotonic):
         self.data: dict[bytes, bytes] = {}
@@ -105,6 +116,9 @@ class StoreOps:
         self._ending: collections.OrderedDict[int, Session] = collections.OrderedDict()  # no connection, by `ends`
         self._holder: dict[bytes, Session] = {}  # held key -> its session
         self.grace, self._clock = grace, clock
+        self.max_reply = MAX_REPLY  # the largest reply (and so value) served
+        self.spent = 0  # units of work of the op being run, beyond 1 + its keys (the server resets it)
+        self.waiting = 0  # what the pending waits hold, all together
         self.boot = random.getrandbits(64)
         self.handlers = {
             VALIDATE: self._validate,
@@ -140,21 +154,41 @@ class StoreOps:
     def _afford(self, c: Conn, size: int) -> None:
         """Raise before a reply of `size` bytes is built if it may not be now (the server's limits)."""
 
+    def _charge(self, size: int) -> None:
+        """Memory a wait or a reply being built holds (negative: released), for the server's budget."""
+
+    def _afford_wait(self, c: Conn, size: int) -> None:
+        """Raise (Malformed) if a wait holding `size` bytes may not be registered (the server's limits)."""
+
+    def _stream(self, c: Conn, size: int, units: int, chunks: Iterator[bytes]) -> None:
+        """Queue a reply of `size` bytes made of `chunks` (of STREAM_KEYS items or BYTES_PER_UNIT *
+        STREAM_KEYS bytes at most), worth `units` of work all told; a server builds a large one a chunk
+        a turn."""
+        self.spent += units
+        self._reply(c, b"".join(chunks))
+
     # -- waiting
 
     def _has(self, key: bytes) -> bool:
         return key in self.data or bool(self.queues.get(key))
 
-    def _await(self, c: Conn, keys) -> None:
+    def _await(self, c: Conn, keys: list[bytes], cost: int = 0) -> None:
+        """Wait for `keys` (the first not there yet: keys[0]), registered on one key at a time."""
         self._unwait(c)
-        c.awaited = set(keys)
-        for k in c.awaited:
-            self._waiters.setdefault(k, {})[c] = None
+        c.awaited, c.waitat = keys, 0
+        self._waiters.setdefault(keys[0], {})[c] = None
+        c.waitheld = cost or _wait_cost(keys)
+        self.waiting += c.waitheld
+        self._charge(c.waitheld)
 
     def _unwait(self, c: Conn) -> None:
-        for k in c.awaited:
-            _forget_waiter(self._waiters, k, c)
-        c.awaited = set()
+        if c.awaited:
+            _forget_waiter(self._waiters, c.awaited[c.waitat], c)
+            c.awaited = []
+        if c.waitheld:
+            self.waiting -= c.waitheld
+            self._charge(-c.waitheld)
+            c.waitheld = 0
         if c.gone:
             _forget_waiter(self._gone_waiters, c.gone, c)
             c.gone = b""
@@ -165,12 +199,19 @@ class StoreOps:
         while conns:
             c = next(iter(conns))
             del conns[c]
-            c.awaited.discard(key)
-            if not c.awaited:
-                self._unwait(c)  # a WAIT_CHANGE's other half
-                self._reply(c, U8.pack(STOP_WAITING))
-                if one:
-                    break
+            keys, at = c.awaited, c.waitat + 1
+            while at < len(keys) and self._has(keys[at]):  # each key of a wait is looked at once after its turn
+                at += 1
+            self.spent += at - c.waitat
+            if at < len(keys):
+                c.waitat = at
+                self._waiters.setdefault(keys[at], {})[c] = None
+                continue
+            c.awaited = []
+            self._unwait(c)  # its cost, and a WAIT_CHANGE's other half
+            self._reply(c, U8.pack(STOP_WAITING))
+            if one:
+                break
         if conns:
             self._waiters[key] = conns
 
@@ -190,21 +231,21 @@ class StoreOps:
 
     def _compare_set(self, c: Conn, key: bytes, expected: bytes, desired: bytes) -> None:
         """As torch's server: an absent key is created only when `expected` is empty; otherwise the
-        answer is `expected` itself and nothing is stored (torch's own comment calls that lying)."""
+        answer is `expected` itself and nothing is stored (torch's own comment calls that lying).
+        The answer is sized before anything changes: one that waits for the budget changed nothing."""
         now = self.data.get(key)
-        if now is None:
-            if expected:
-                return self._reply(c, str_frame(expected))
+        store = (now is None and not expected) or (now is not None and now == expected)
+        answer = desired if store else (expected if now is None else now)
+        self._afford(c, 8 + len(answer))
+        if store:
             self._put(key, desired)
-            now = desired
-        elif now == expected:
-            self._put(key, desired)
-            now = desired
-        self._reply(c, str_frame(now))
+        self.spent += (len(answer) + len(expected)) // BYTES_PER_UNIT
+        self._reply(c, str_frame(answer))
 
     def _get(self, c: Conn, key: bytes) -> None:
         value = self.data.get(key, b"")
         self._afford(c, 8 + len(value))
+        self.spent += len(value) // BYTES_PER_UNIT
         self._reply(c, str_frame(value))
 
     def _add(self, c: Conn, key: bytes, delta: int) -> None:
@@ -222,7 +263,9 @@ class StoreOps:
     def _wait(self, c: Conn, keys: list[bytes]) -> None:
         missing = [k for k in keys if not self._has(k)]
         if missing:
-            self._await(c, missing)
+            cost = _wait_cost(missing)
+            self._afford_wait(c, cost)
+            self._await(c, missing, cost)
         else:
             self._reply(c, U8.pack(STOP_WAITING))
 
@@ -245,16 +288,25 @@ class StoreOps:
         return 1
 
     def _append(self, c: Conn, key: bytes, value: bytes) -> None:
-        new = self.data.get(key, b"") + value
-        if len(new) > MAX_VALUE:
-            raise Malformed(f"an append that makes a value of {len(new)} bytes")
-        self._put(key, new)
+        """Grow the value in place (a bytearray): linear in what is appended, not in the value."""
+        old = self.data.get(key)
+        size = len(value) + (len(old) if old is not None else 0)
+        if size + 8 > self.max_reply:
+            raise Malformed(f"an append that makes a value of {size} bytes (a GET could not answer it)")
+        if type(old) is bytearray:
+            old += value
+        else:
+            self.spent += size // BYTES_PER_UNIT  # once: the value becomes growable
+            self._put(key, bytearray(old or b"") + value)
+        self.spent += len(value) // BYTES_PER_UNIT
 
     def _multi_get(self, c: Conn, keys: list[bytes]) -> None:
-        get = self.data.get
-        values = [get(k, b"") for k in keys]
-        self._afford(c, 8 * len(values) + sum(map(len, values)))  # sized before it is built
-        self._reply(c, b"".join(str_frame(v) for v in values))
+        values = list(map(self.data.get, keys, itertools.repeat(b"")))
+        size = 8 * len(values) + sum(map(len, values))
+        self._afford(c, size)  # sized before it is built
+        # a later APPEND grows a bytearray in place: the reply keeps the value this request saw
+        values = [v if type(v) is bytes else bytes(v) for v in values] if size > BYTES_PER_UNIT else values
+        self._stream(c, size, size // BYTES_PER_UNIT, _values_chunks(values))  # its keys are counted already
 
     def _multi_set(self, c: Conn, pairs: list[tuple[bytes, bytes]]) -> None:
         for key, value in pairs:
@@ -282,8 +334,10 @@ class StoreOps:
         self._reply(c, I64.pack(len(self.queues.get(key, ()))))
 
     def _list_keys(self, c: Conn) -> None:
-        self._afford(c, 8 + 8 * len(self.data) + sum(map(len, self.data)))
-        self._reply(c, I64.pack(len(self.data)) + b"".join(str_frame(k) for k in self.data))
+        keys = list(self.data)
+        size = 8 + 8 * len(keys) + sum(map(len, keys))
+        self._afford(c, size)
+        self._stream(c, size, len(keys) + size // BYTES_PER_UNIT, _keys_chunks(keys))
 
     def _barrier(self, c: Conn, key: bytes, world: int) -> None:
         """Count this client in at `key`; all go on together once `world` have come."""
@@ -369,6 +423,30 @@ class StoreOps:
             self._gone_waiters.setdefault(alive, {})[c] = None
 
 
+def _wait_cost(keys: list[bytes]) -> int:
+    return WAITER + len(keys) * KEY_SLOT + sum(map(len, keys))
+
+
+def _values_chunks(values: list) -> Iterator[bytes]:
+    """A MULTI_GET's answer, STREAM_KEYS values or about BYTES_PER_UNIT * STREAM_KEYS bytes at a time."""
+    at = 0
+    while at < len(values):
+        end, size = at, 0
+        while end < len(values) and end - at < STREAM_KEYS and size < BYTES_PER_UNIT * STREAM_KEYS:
+            size += len(values[end])
+            end += 1
+        yield b"".join(itertools.chain.from_iterable((U64.pack(len(v)), v) for v in values[at:end]))
+        at = end
+
+
+def _keys_chunks(keys: list[bytes]) -> Iterator[bytes]:
+    """LIST_KEYS's answer: the count, then STREAM_KEYS keys at a time."""
+    yield I64.pack(len(keys))
+    for at in range(0, len(keys), STREAM_KEYS):
+        part = keys[at : at + STREAM_KEYS]
+        yield b"".join(itertools.chain.from_iterable(zip(map(U64.pack, map(len, part)), part)))
+
+
 def _forget_waiter(waiters: dict[bytes, dict[Conn, None]], key: bytes, c: Conn) -> None:
     conns = waiters.get(key)
     if conns is not None:
@@ -377,16 +455,21 @@ def _forget_waiter(waiters: dict[bytes, dict[Conn, None]], key: bytes, c: Conn) 
             del waiters[key]
 
 
+_NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?)(0*)([0-9]{0,20})")
+
+
 def _stoll(value: bytes) -> int:
     """The number at the start of `value`, read as C's stoll does (torch's ADD): leading white
-    space, a sign, digits, anything after ignored; no digits or past int64 is an error."""
-    text = value.lstrip(b" \t\n\v\f\r")
-    digits = 1 if text[:1] in (b"+", b"-") else 0
-    while digits < len(text) and 48 <= text[digits] <= 57:
-        digits += 1
-    if digits == 0 or not text[digits - 1 : digits].isdigit():
+    space, a sign, digits, anything after ignored; no digits or past int64 is an error. Linear, in C
+    (re): an 8 MiB run of zeros or digits costs milliseconds."""
+    m = _NUMBER.match(value)
+    if m.end() == m.end(1):
         raise Malformed("ADD on a value that is not a number")
-    n = int(text[:digits])
+    if m.end(3) - m.start(3) == 20:
+        raise Malformed("ADD on a number past int64")
+    n = int(m.group(3) or b"0")
+    if m.group(1) == b"-":
+        n = -n
     if not -(1 << 63) <= n < 1 << 63:
         raise Malformed("ADD on a number past int64")
     return n

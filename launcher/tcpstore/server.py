@@ -7,26 +7,30 @@ A client that breaks the protocol or a limit loses its own connection and nothin
   server of the process), a quarter of them not validated yet; at either cap, one that has waited
   EVICT_AFTER s without validating makes room for the newcomer, else the newcomer is refused: it
   reads REFUSED where the handshake's answer would be (our client says so), and is closed;
-- each turn of the loop, a connection gets one read (256 KiB) and requests worth TURN_WORK keys at
-  most: one client cannot starve the others; requests are parsed as their bytes come (wire.RequestParser);
-- every reply is sized before it is built: over MAX_FRAME closes the connection; the unread replies
-  and half-received requests of all connections share BUDGET bytes: a reply that does not fit waits
-  (its connection is not read meanwhile) until others are read, and a half-received request that
-  does not fit closes its connection.
+- each turn of the loop, a connection gets one read (256 KiB) and requests worth TURN_WORK units of
+  work at most (a unit: a key touched, or 8 KiB copied): one client cannot starve the others; a
+  reply worth more than a turn is built a chunk a turn; requests are parsed as their bytes come
+  (wire.RequestParser);
+- every reply is sized before it is built: over the budget (or MAX_REPLY) closes the connection; the
+  unread replies, replies being built, pending waits, parsed and half-received requests of all
+  connections share BUDGET bytes: a reply or wait that does not fit waits (its connection is not read
+  meanwhile) until budget is freed (a read, a close), and a half-received request that does not fit
+  closes its connection.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import resource
 import selectors
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
+from .descriptors import _FDS, RESERVE, raise_descriptor_limit  # noqa: F401 - RESERVE: read by the tests
 from .ops import GRACE, Conn, StoreOps
-from .wire import MAX_FRAME, REFUSED, U32, VALIDATE, Malformed, RequestParser, close_socket
+from .wire import MAX_REPLY, REFUSED, U32, VALIDATE, Malformed, RequestParser, close_socket, fields_cost
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +40,15 @@ HANDSHAKE = 60.0  # seconds a new connection has to send VALIDATE
 # store), the oldest connection still silent after a turn of the loop and EVICT_AFTER s is read once
 # more and, still silent, closed for a newcomer: a client sends its VALIDATE with its connect.
 EVICT_AFTER = 0.02
-RESERVE = 256  # descriptors left to the rest of the process (workers' pipes, log files, the other store)
 OUT_PAUSE = 1 << 20  # a client with this much unread reply gets no more requests parsed until it reads
 SMALL_REPLY = 64 << 10  # a reply this small is always built (the per-connection OUT_PAUSE bounds them)
-BUDGET = 256 << 20  # unread replies and half-received requests, all connections together
-TURN_WORK = 1024  # per turn and connection: requests worth this many keys (a request counts 1 + its keys)
-READ_AHEAD = 4 << 20  # unparsed bytes a connection may hold while its requests wait their turn
+BUDGET = 256 << 20  # unread replies, waits, parsed and half-received requests, all connections together
+TURN_WORK = 1024  # per turn and connection: work worth this many units (a request: 1 + its keys + what it copies)
+READ_AHEAD = 4 << 20
+# A request waiting for the budget for this long closes the connections that hold a reply over
+# SMALL_REPLY and read none of it meanwhile (a client that never reads cannot hold the budget against
+# those that do; torch's and our clients read every reply at once).
+STALLED = 0.5  # unparsed bytes a connection may hold while its requests wait their turn
 
 
 class _OverBudget(Exception):
@@ -51,72 +58,34 @@ class _OverBudget(Exception):
 class _Conn(Conn):
     """One client connection: its socket, its request parser, its replies."""
 
-    __slots__ = ("sock", "parser", "inheld", "out", "sent", "events", "deferred", "accepted", "turn")
+    __slots__ = (
+        "sock",
+        "parser",
+        "inheld",
+        "out",
+        "sent",
+        "events",
+        "deferred",
+        "parked",
+        "accepted",
+        "turn",
+        "stream",
+    )
+    __slots__ += ("reserved", "progress")
 
     def __init__(self, sock: socket.socket, now: float, turn: int):
         super().__init__()
         self.sock = sock
         self.parser = RequestParser()
-        self.inheld = 0  # the bytes of its half-received request, as counted in the budget
+        self.inheld = 0  # its half-received and deferred requests, as counted in the budget
         self.out, self.sent = bytearray(), 0
         self.events = selectors.EVENT_READ
         self.deferred: tuple[int, list] | None = None  # a request whose reply waits for the budget
+        self.parked = 0  # what the deferred request's fields hold
+        self.stream: Iterator[bytes] | None = None  # the rest of a reply built a chunk a turn
+        self.reserved = 0  # the bytes of that rest (counted in the budget)
+        self.progress = 0.0  # when it last read some of its replies (or got one to read)
         self.accepted, self.turn = now, turn  # when it was accepted: a time, and the loop's turn
-
-
-class _Descriptors:
-    """The servers of this process and their connections, against one cap (they share a descriptor table)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.open = 0  # connections, every server together
-        self.cap = 0  # the most `open` may be: the soft limit less RESERVE
-        self.expect = 0  # connections the servers' jobs said they need
-        self.warned = False
-        self.servers: list[StoreServer] = []
-
-    def make_room(self, asking: StoreServer) -> None:
-        """Ask another server holding connections that never validated to close its oldest."""
-        with self.lock:
-            others = [s for s in self.servers if s is not asking and s._greeting]
-        if others:
-            others[0]._evict_soon()
-
-
-_FDS = _Descriptors()
-
-
-def raise_descriptor_limit(expect: int = 0) -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; the process's connection cap, which leaves RESERVE.
-
-    `expect`: connections one more store will serve. Says once per process (a warning) when the
-    hard limit is below what its stores expect plus RESERVE."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as e:  # a container's seccomp, or an odd hard limit: keep the soft one
-            log.debug("cannot raise the descriptor limit from %d to %d: %s", soft, hard, e)
-    cap = max(64, soft - RESERVE)
-    with _FDS.lock:
-        _FDS.cap = cap
-        _FDS.expect += expect
-        expect = _FDS.expect
-        if expect + RESERVE > soft and not _FDS.warned:
-            _FDS.warned = True
-            log.warning(
-                "the open-file limit is %d (hard %d): the store expects up to %d connections and the process "
-                "needs ~%d more; past %d connections the store refuses new ones: raise it (ulimit -n %d, "
-                "LimitNOFILE= for a service, --ulimit nofile= for a container)",
-                soft,
-                hard,
-                expect,
-                RESERVE,
-                cap,
-                expect + RESERVE,
-            )
-    return cap
 
 
 class StoreServer(StoreOps):
@@ -145,6 +114,7 @@ class StoreServer(StoreOps):
         # a job's workers all connect at once, each silent until its process gets the CPU: never fewer
         self.max_greeting = min(self.max_conns, max(2, self.max_conns // 4, expect))
         self.handshake, self.budget = handshake, budget
+        self.max_reply = min(MAX_REPLY, budget)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -161,8 +131,12 @@ class StoreServer(StoreOps):
         self._dirty: set[_Conn] = set()  # replies queued this turn, sent at its end
         self._ready: set[_Conn] = set()  # requests left over from a turn: served next turn
         self._starved: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # waiting for the budget
-        self.held = 0  # bytes of unread replies and half-received requests (against `budget`)
+        self.held = 0  # bytes of unread replies, waits and requests (against `budget`)
         self.peak_held = 0
+        self._freed = False  # budget was freed this turn: the starved requests are tried at its end
+        self._now = time.monotonic()  # the turn's start
+        self._starved_since = 0.0  # when the oldest request waiting for the budget began to
+        self.stalled = 0  # connections closed for holding the budget without reading, all told
         self.refused = 0  # connections refused at the cap, all told
         self._told_refused = 0.0
         self._sel = selectors.DefaultSelector()
@@ -194,6 +168,7 @@ class StoreServer(StoreOps):
         try:
             while not self._stop:
                 self._turns += 1
+                self._now = time.monotonic()
                 for key, events in self._sel.select(self._timeout()):
                     if key.data == "accept":
                         self._accept()
@@ -207,6 +182,12 @@ class StoreServer(StoreOps):
                 if self._ending:  # after the turn's events: a reconnect that came with the close counts
                     self._end_sessions()
                 self._expire_greetings()
+                if self._starved and self._now - self._starved_since >= STALLED:
+                    self._close_stalled()
+                if self._freed:
+                    self._freed = False
+                    if self._starved:
+                        self._feed_starved()
                 while self._dirty:
                     self._flush(self._dirty.pop())
         finally:
@@ -222,7 +203,8 @@ class StoreServer(StoreOps):
     def _timeout(self) -> float | None:
         if self._ready:
             return 0.0
-        now, timeout = time.monotonic(), None
+        now = time.monotonic()
+        timeout = max(0.0, self._starved_since + STALLED - now) if self._starved else None
         if self._accept_again:
             timeout = max(0.0, self._accept_again - now)
             if timeout == 0.0:
@@ -344,6 +326,9 @@ class StoreServer(StoreOps):
             self._flush(c)
         if events & selectors.EVENT_READ and not c.closed:
             self._guarded(c, self._receive)
+            if c in self._dirty:  # its answers go at once, not after the turn's other clients
+                self._dirty.discard(c)
+                self._flush(c)
 
     def _guarded(self, c: _Conn, step) -> None:
         try:
@@ -376,26 +361,46 @@ class StoreServer(StoreOps):
             if work >= TURN_WORK:
                 self._ready.add(c)
                 break
+            if c.stream is not None:  # a large reply first, a chunk a turn
+                self._pump(c)
+                work += TURN_WORK
+                continue
             request = parser.next()
             if request is None:
                 break
             op, fields = request
             if not c.valid and op != VALIDATE:
                 raise Malformed("the first frame must be VALIDATE")
-            work += 1 + sum(len(f) for f in fields if isinstance(f, list))
+            self.spent = 0
             try:
                 self.handlers[op](c, *fields)
             except _OverBudget:
-                c.deferred = request
+                c.deferred, c.parked = request, fields_cost(fields)
+                if not self._starved:
+                    self._starved_since = self._now
                 self._starved[c] = None
                 break
+            work += 1 + sum(len(f) for f in fields if isinstance(f, list)) + self.spent
+
+    def _pump(self, c: _Conn) -> None:
+        """Build the next chunk of the connection's large reply (its bytes were counted when it began)."""
+        chunk = next(c.stream, None)
+        if chunk is not None:
+            c.out += chunk
+            moved = min(len(chunk), c.reserved)
+            c.reserved -= moved
+            self.held += len(chunk) - moved
+            self._dirty.add(c)
+        if chunk is None or not c.reserved:
+            self.held -= c.reserved
+            c.stream, c.reserved = None, 0
 
     def _count_inbound(self, c: _Conn) -> None:
-        """Budget the half-received request: one that does not fit closes its connection."""
-        now = c.parser.holding
+        """Budget the parsed and half-received requests: a half-received one that does not fit closes its connection."""
+        now = c.parser.holding + c.parked
         self.held += now - c.inheld
         c.inheld = now
-        if now > SMALL_REPLY and self.held > self.budget:
+        if now - c.parked > SMALL_REPLY and self.held > self.budget:
             log.warning(
                 "closed a store connection sending a %d-byte request: the store holds %d bytes, over its budget",
                 now,
@@ -422,12 +427,40 @@ class StoreServer(StoreOps):
         self._greeting.pop(c, None)
 
     def _afford(self, c: Conn, size: int) -> None:
-        if size > MAX_FRAME:
-            raise Malformed(f"a reply of {size} bytes (over {MAX_FRAME})")
-        if size > SMALL_REPLY and self.held + size > self.budget and self.held > 0:
+        if size > self.max_reply:
+            raise Malformed(f"a reply of {size} bytes (over {self.max_reply})")
+        others = self.held - c.inheld  # not the request's own parsed fields: they go once it is served
+        if size > SMALL_REPLY and others + size > self.budget and others > 0:
             raise _OverBudget
 
+    def _afford_wait(self, c: Conn, size: int) -> None:
+        if size > SMALL_REPLY and self.waiting + size > self.budget // 2:
+            log.warning(
+                "closed a store connection whose WAIT would hold %d bytes: the waits hold %d, half the budget at most",
+                size,
+                self.waiting,
+            )
+            raise Malformed("a WAIT over the waits' half of the budget")
+
+    def _charge(self, size: int) -> None:
+        self.held += size
+        if size < 0:
+            self._freed = True
+        else:
+            self.peak_held = max(self.peak_held, self.held)
+
+    def _stream(self, c: Conn, size: int, units: int, chunks: Iterator[bytes]) -> None:
+        if units <= TURN_WORK:
+            return super()._stream(c, size, units, chunks)
+        if c.sent == len(c.out):
+            c.progress = self._now
+        c.stream, c.reserved = chunks, size
+        self._charge(size)
+        self._ready.add(c)
+
     def _reply(self, c: Conn, data: bytes) -> None:
+        if c.sent == len(c.out):
+            c.progress = self._now
         c.out += data
         self.held += len(data)
         self.peak_held = max(self.peak_held, self.held)
@@ -446,18 +479,41 @@ class StoreServer(StoreOps):
                 return self._drop(c)
             c.sent += n
             self.held -= n
-            if n and self._starved:
-                self._feed_starved()
+            if n:
+                self._freed, c.progress = True, self._now
         if c.sent == len(c.out):
             c.out.clear()
             c.sent = 0
         elif c.sent > 1 << 20:
             del c.out[: c.sent]
             c.sent = 0
-        was = c.events
         self._interest(c)
-        if c.events & selectors.EVENT_READ and not was & selectors.EVENT_READ and not c.parser.idle:
-            self._guarded(c, self._process)  # requests held back while its replies piled up
+        if len(c.out) - c.sent <= OUT_PAUSE and c.deferred is None and not (c.parser.idle and c.stream is None):
+            # requests (or a reply's chunks) held back while its replies piled up: next turn, even when
+            # one send took its replies from over OUT_PAUSE to under it, its reading never paused
+            self._ready.add(c)
+
+    def _close_stalled(self) -> None:
+        """A request has waited STALLED s for the budget: close the connections holding a reply over
+        SMALL_REPLY that they have not read from for as long."""
+        stalled = [
+            c
+            for c in self._conns
+            if len(c.out) - c.sent + c.reserved > SMALL_REPLY and self._now - c.progress >= STALLED
+        ]
+        unread = sum(len(c.out) - c.sent + c.reserved for c in stalled)
+        for c in stalled:
+            self._drop(c)
+        if stalled:
+            self.stalled += len(stalled)
+            log.warning(
+                "closed %d store connections that left %d bytes of replies unread for %g s while other "
+                "clients waited for the store's memory budget",
+                len(stalled),
+                unread,
+                STALLED,
+            )
+        self._starved_since = self._now  # the next look, STALLED s on
 
     def _feed_starved(self) -> None:
         """Run the requests that waited for the budget, oldest first, while they fit."""
@@ -473,7 +529,10 @@ class StoreServer(StoreOps):
                 self._drop(c)
                 continue
             del self._starved[c]
-            c.deferred = None
+            self._starved_since = self._now
+            self.held -= c.parked
+            c.inheld -= c.parked
+            c.deferred, c.parked = None, 0
             self._ready.add(c)  # its next requests, next turn
 
     def _drop(self, c: _Conn) -> None:
@@ -482,7 +541,9 @@ class StoreServer(StoreOps):
         c.closed = True
         with _FDS.lock:
             _FDS.open -= 1
-        self.held -= len(c.out) - c.sent + c.inheld
+        self.held -= len(c.out) - c.sent + c.inheld + c.reserved
+        self._freed = True
+        c.stream, c.reserved = None, 0
         self._unwait(c)
         self._leave_session(c)
         self._conns.discard(c)

@@ -40,7 +40,8 @@ Extension ops (ours; torch's servers drop a connection that sends them: how a cl
                                                        sent again, it answers the first sum and adds nothing
 
 Limits are torch's libuv server's (a key <= 8 KiB, a value <= 8 MiB, <= 128 Ki keys a frame) plus
-one of ours: no request or reply frame over 64 MiB. A frame past them closes that connection only.
+two of ours: no request frame over 64 MiB, no reply over 256 MiB (APPEND grows a value past 8 MiB,
+as on torch's server, up to what a GET of it can answer). A frame past them closes that connection only.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ REFUSED = 0xFFFFFFFF  # our server's answer to the handshake at its cap of conne
 MAX_KEY = 8 << 10
 MAX_VALUE = 8 << 20
 MAX_KEYS = 128 << 10
-MAX_FRAME = 64 << 20
+MAX_FRAME = 64 << 20  # a request frame
+MAX_REPLY = 256 << 20  # a reply frame, so a value APPEND grew (the server's budget caps it lower if smaller)
+# What a parsed item costs in memory beyond its bytes on the wire (CPython objects: a bytes object's
+# header, a list slot, a pair's tuple), measured with tracemalloc: the budget counts objects, not wire.
+ITEM_EXTRA, PAIR_EXTRA = 48, 112
 
 U8, U32, I64, U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
 
@@ -113,6 +118,19 @@ REQUEST = {
     SESSION_INFO: "",
     ADD_ONCE: "kqQ",
 }
+
+
+def fields_cost(fields: list) -> int:
+    """What a parsed request's fields hold in memory, counted as RequestParser.holding counts them."""
+    cost = 0
+    for f in fields:
+        if not isinstance(f, list):
+            cost += 8 + (len(f) if isinstance(f, bytes) else 0)
+        elif f and isinstance(f[0], tuple):
+            cost += 8 + len(f) * (16 + PAIR_EXTRA) + sum(len(k) + len(v) for k, v in f)
+        else:
+            cost += 8 + len(f) * (8 + ITEM_EXTRA) + sum(map(len, f))
+    return cost
 
 
 def str_frame(data: bytes) -> bytes:
@@ -154,7 +172,7 @@ class RequestParser:
     received however slowly they trickle in. Only the field being read stays in the buffer.
     """
 
-    __slots__ = ("buf", "pos", "size", "op", "shape", "fields", "field", "items", "count")
+    __slots__ = ("buf", "pos", "size", "op", "shape", "fields", "field", "items", "count", "extra")
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -164,6 +182,7 @@ class RequestParser:
         self.shape, self.fields, self.field = "", [], 0
         self.items: list | None = None  # a K or P field's items so far
         self.count = 0  # how many items that field has
+        self.extra = 0  # what the current frame's parsed items cost beyond their wire bytes
 
     def feed(self, data) -> None:
         self.buf += data
@@ -175,8 +194,9 @@ class RequestParser:
 
     @property
     def holding(self) -> int:
-        """Bytes of requests this parser holds: the current frame's so far and those not yet parsed."""
-        return (self.size + self.pos if self.op >= 0 else 0) + len(self.buf) - self.pos
+        """Memory this parser holds: the current frame's so far (its parsed items as the objects they
+        are) and the bytes not yet parsed."""
+        return (self.size + self.pos + self.extra if self.op >= 0 else 0) + len(self.buf) - self.pos
 
     @property
     def idle(self) -> bool:
@@ -193,7 +213,7 @@ class RequestParser:
             shape = REQUEST.get(self.op)
             if shape is None:
                 raise Malformed(f"unknown op {self.op}")
-            self.shape, self.fields, self.field, self.size = shape, [], 0, -pos
+            self.shape, self.fields, self.field, self.size, self.extra = shape, [], 0, -pos, 0
             pos += 1
         shape, fields = self.shape, self.fields
         while self.field < len(shape):
@@ -224,9 +244,11 @@ class RequestParser:
                             return self._rest(pos)
                         items.append((got[0], pair[0]))
                         pos = pair[1]
+                        self.extra += PAIR_EXTRA
                     else:
                         items.append(got[0])
                         pos = got[1]
+                        self.extra += ITEM_EXTRA
                 fields.append(items)
                 self.items = None
             else:
