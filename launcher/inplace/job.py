@@ -28,9 +28,10 @@ class Recovery:
     """One recovery as this rank saw it."""
 
     round: int
-    seconds: float  # from the call to `recover` to this rank holding the state in the new group
+    seconds: float  # from the call to `recover` (a newcomer: from its first step) to holding the state
     sent: int  # bytes of state this rank sent (the source), else 0
     received: bool  # this rank received the state (a newcomer, or a survivor that was behind)
+    moving: float = 0.0  # seconds of `seconds` spent sending or receiving the state
 
 
 class Job:
@@ -58,7 +59,8 @@ class Job:
         agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         # Worker rank 0's own store dies with it: nothing would be left to meet in.
         self.in_place = env.get(keys.RECOVERY_VAR) == keys.IN_PLACE and agent_store
-        self.round = int(env.get("LAUNCHER_ROUND", "0"))
+        # torchrun sets no LAUNCHER_ROUND: its restarts meet on their own prefix all the same
+        self.round = int(env.get("LAUNCHER_ROUND", env.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.step = 0
         self.timeout, self.notice = timeout, notice
         self.model: Any = None  # what `ddp`/`wrap` made, made again after each recovery
@@ -164,11 +166,12 @@ class Job:
         """Agree on who holds the state, move it, make the model, and tell the agent this rank is in."""
         began = time.monotonic() if began is None else began
         plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device)
-        sent, received = 0, False
+        sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
             sent = transfer.send(self._kept, self.step, plan.to, self.device)
         elif self.rank in plan.to:
             self.step, received = transfer.receive(self._kept, plan.source, self.device), True
+        moved = time.monotonic() - moved
         for obj in self._kept.values():
             if isinstance(obj, torch.nn.Module):
                 obj.zero_grad(set_to_none=True)  # the step in flight left partial gradients
@@ -177,10 +180,12 @@ class Job:
         self._holds_state, self._synced = True, True
         if self.in_place and self.store.add(keys.joined(self.round), 1) == self.world_size:
             self.store.set(keys.ready(self.round), b"1")
-        done = Recovery(self.round, time.monotonic() - began, sent, received)
+        done = Recovery(self.round, time.monotonic() - began, sent, received, moved)
         if not first:
             self.recoveries.append(done)
-            what = f"sent the state ({sent / 1e6:.1f} MB)" if sent else "received the state" if received else "kept"
+            rate = f", {sent / moved / 1e9:.2f} GB/s" if sent and moved > 0 else ""
+            what = "received the state" if received else "kept"
+            what = f"sent the state ({sent / 1e6:.1f} MB{rate})" if sent else what
             log.info(f"rank {self.rank}: in place in round {self.round} after {done.seconds:.3f} s; {what}")
         return done
 
