@@ -4,7 +4,9 @@ A survivor must leave the old group even while it is blocked in a collective on 
 alive but left (it raised, and is recovering). `wake` runs on the watcher thread once the agent
 opens the next round:
 - NCCL: `ProcessGroup.abort()` aborts the communicators, which NCCL allows from another thread;
-  the blocked call returns with an error.
+  the blocked call returns with an error. (Run on one H200, torch 2.11: a group destroyed and made
+  again on a new prefix works; an abort of a communicator still forming, its peer absent, did not
+  return within 60 s. A collective on a dead peer needs two GPUs to check.)
 - gloo: neither `abort()` nor `shutdown()` wakes a blocked collective (torch 2.13, measured), and
   a survivor that raised keeps its group's sockets open (its pending work holds them), so a peer
   blocked on it waits for the whole collective timeout. `wake` shuts down the group's own TCP
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Collection
 
 import torch.distributed as dist
@@ -46,10 +49,9 @@ def wake(pg: dist.ProcessGroup, backend: str, own: Collection[tuple[int, str]]) 
     """From the watcher thread, while `pg` is still the current group: make a collective blocked
     on it return. `own`: the sockets the group opened (gloo)."""
     if backend == "nccl":
-        try:
-            pg.abort()
-        except Exception:  # an abort that fails leaves the main thread to the collective's own timeout
-            log.warning("aborting the NCCL process group failed", exc_info=True)
+        # On its own thread: ProcessGroupNCCL's abort of a communicator still forming waited 60 s
+        # (torch 2.11, an H200), and the caller holds the Job's lock.
+        threading.Thread(target=_abort, args=(pg,), name="launcher-inplace-abort", daemon=True).start()
         return
     for fd, link in own:
         try:
@@ -69,6 +71,13 @@ def leave(pg: dist.ProcessGroup | None, backend: str) -> None:
     if pg is None:
         return
     if backend == "nccl":
-        wake(pg, backend, ())  # idempotent: the watcher may have aborted it already
+        _abort(pg)  # the collective returned: the communicators are aborted before they are destroyed
     # Should this raise, the worker ends with it and the agent falls back to restarting the group.
     dist.destroy_process_group()
+
+
+def _abort(pg: dist.ProcessGroup) -> None:
+    try:
+        pg.abort()  # idempotent: the watcher may have aborted it already
+    except Exception:  # an abort that fails leaves the collective to its own timeout
+        log.warning("aborting the NCCL process group failed", exc_info=True)

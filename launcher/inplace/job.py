@@ -56,6 +56,8 @@ class Job:
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         local = int(env.get("LOCAL_RANK", "0"))
         self.device = device or (torch.device("cuda", local) if self.backend == "nccl" else torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL binds each communicator to the current device
         agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         # Worker rank 0's own store dies with it: nothing would be left to meet in.
         self.in_place = env.get(keys.RECOVERY_VAR) == keys.IN_PLACE and agent_store

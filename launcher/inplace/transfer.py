@@ -83,13 +83,8 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
     slots: list[Slot] = []
     _collect(structure, slots)
     targets: list[torch.Tensor | None] = [None] * len(slots)
-    modules = {name for name, obj in kept.items() if isinstance(obj, torch.nn.Module)}
-    for name in modules:  # a module's tensors are received in place, into its own parameters and buffers
-        own = kept[name].state_dict()
-        for key, slot in structure["state"][name].items():
-            mine = own.get(key)
-            if isinstance(slot, Slot) and mine is not None and (mine.shape, mine.dtype) == (slot.shape, slot.dtype):
-                targets[slot.index] = mine
+    for name, obj in kept.items():  # received in place where the receiver holds a tensor of that shape already
+        _match(structure["state"][name], obj.state_dict(), targets)
     tensors = [
         t if t is not None and t.device == device else torch.empty(s.shape, dtype=s.dtype, device=device)
         for t, s in zip(targets, slots)
@@ -113,10 +108,11 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
         if t is not None and t is not tensors[i]:
             t.copy_(tensors[i])
         tensors[i] = t if t is not None else tensors[i].to(s.device)
-    state = _fill(structure["state"], tensors)
+    state_of = structure["state"]
+    state = _fill(state_of, tensors)
     for name, obj in kept.items():
-        if name in modules and all(targets[s.index] is not None for s in _slots(structure["state"][name])):
-            continue  # every tensor landed in place already
+        if isinstance(obj, torch.nn.Module) and all(targets[s.index] is not None for s in _slots(state_of[name])):
+            continue  # its parameters and buffers hold what was sent already
         obj.load_state_dict(state[name])
     _set_rng(_fill(structure["rng"], tensors))
     return int(structure["step"])
@@ -132,6 +128,20 @@ def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_strip(v, tensors) for v in value)
     return value
+
+
+def _match(sent: Any, own: Any, targets: list[torch.Tensor | None]) -> None:
+    """Where `own` (the receiver's state_dict) holds a tensor like the one sent, receive into it."""
+    if isinstance(sent, Slot):
+        if isinstance(own, torch.Tensor) and (tuple(own.shape), own.dtype) == (sent.shape, sent.dtype):
+            targets[sent.index] = own
+    elif isinstance(sent, Mapping) and isinstance(own, Mapping):
+        for key, value in sent.items():
+            if key in own:
+                _match(value, own[key], targets)
+    elif isinstance(sent, (list, tuple)) and isinstance(own, (list, tuple)) and len(sent) == len(own):
+        for value, mine in zip(sent, own):
+            _match(value, mine, targets)
 
 
 def _collect(value: Any, slots: list[Slot]) -> None:
