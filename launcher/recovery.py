@@ -146,7 +146,8 @@ class InPlace:
         if rnd is None:
             return "no round is running"
         if self.pending is not None:
-            return f"a worker failed while round {self.pending.round} was recovering in place"
+            stale, self.pending = self.pending, None  # the group restarts: that recovery's wait ends unheard
+            return f"a worker failed while round {stale.round} was recovering in place"
         if rnd.group_world_size > 1:
             return "the job has several nodes"
         if self.sup.bootstrap.server is None:
