@@ -36,6 +36,7 @@ from .parsers import (
     parse_port,
     parse_preload,
     parse_ranks,
+    parse_recovery,
     parse_seconds,
     parse_signals,
     parse_std,
@@ -44,7 +45,7 @@ from .parsers import (
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.etcd.settings import ETCD_KEYS
 from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
-from .spec import NumaMode, RestartPolicy, Std
+from .spec import NumaMode, RecoveryMode, RestartPolicy, Std
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
@@ -91,6 +92,8 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
         "signals_to_handle": DEFAULT_SIGNALS,
         "passthrough_signals": "",
         "restart_policy": "",  # docs/policy.md
+        "recovery": "restart",  # docs/in-place.md
+        "in_place_timeout": "60",
         "quarantine": "",
         "health_check": None,
         "health_check_timeout": "60",
@@ -166,6 +169,8 @@ class LaunchConfig:
     health_check: str | None = None  # --health_check CMD: run before each round this node joins
     health_check_timeout: float = 60.0
     quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
+    recovery: RecoveryMode = RecoveryMode.RESTART  # --recovery: in-place replaces a failed worker alone
+    in_place_timeout: float = 60.0  # an in-place recovery not done in this long falls back to a restart
 
     @property
     def run_id(self) -> str:
@@ -495,6 +500,8 @@ def from_flags(
         health_check=(f["health_check"] or "").strip() or None,
         health_check_timeout=parse_seconds(f["health_check_timeout"], "--health_check_timeout", minimum=0.1),
         quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
+        recovery=parse_recovery(f["recovery"], max_nodes, environ),
+        in_place_timeout=parse_seconds(f["in_place_timeout"], "--in_place_timeout", minimum=1.0),
     )
 
 

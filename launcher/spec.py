@@ -61,6 +61,13 @@ class Worker:
         return self.rank
 
 
+class RecoveryMode(enum.Enum):
+    """What a failed worker costs the others (--recovery; docs/in-place.md)."""
+
+    RESTART = "restart"  # stop every worker and start the group again
+    IN_PLACE = "in-place"  # replace the failed worker alone; the survivors keep their state
+
+
 class WorkerState(enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

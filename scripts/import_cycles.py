@@ -68,7 +68,7 @@ def imports(name: str, path: Path, known: dict[str, Path], runtime: bool, late: 
 # The groups of launcher/, top to bottom: a module may import its own group and the groups below it
 # (docs/layout.md). `entry` is the package's faces (`launcher`, `python -m launcher`, `launcher.launch`);
 # `vocabulary` is every other root module but `config`, which composes the subsystems' settings.
-LAYERS = ("entry", "cli", "agent", "policy", "telemetry", "config", "rendezvous", "tcpstore", "worker", "vocabulary")
+LAYERS = ("entry", "cli", "agent", "policy", "telemetry", "config", "rendezvous", "worker", "tcpstore", "vocabulary")
 ENTRY = {"launcher", "launcher.__main__", "launcher.launch"}
 
 

@@ -27,17 +27,19 @@ from ..exitcodes import ExitCode, for_signal, passed_through
 from ..policy.governor import Governor
 from ..policy.restart import Stop, requeue_after
 from ..rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, WaitKind, WaitReport
-from ..spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, WorkerState
+from ..spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot, Verdict, Worker, WorkerState
 from ..telemetry.reports import NodeReport
 from ..telemetry.stragglers import Flagged
 from . import process
 from .bootstrap import BootstrapStore
 from .env import PROGRESS_VAR, worker_argv
 from .filetimer import FILE_VAR, end_expired
+from .logs_specs import Placement
 from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
 from .members import Member, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
 from .parts import Identity, Launching, Observers
+from .recovery import Recovered, in_place
 from .signals import SignalReceived, capture_signals
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.in_place = in_place(self)  # --recovery in-place: a failed worker is replaced alone
 
     # ------------------------------------------------------------------ the loop
 
@@ -185,6 +188,8 @@ class Supervisor:
             self.emit("spare_lost", node=event.node)
         elif isinstance(event, Flagged):
             self.flag_stragglers(event)
+        elif isinstance(event, Recovered) and self.in_place and self.state is GroupState.RUNNING:
+            self.in_place.settle(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if event.closed:
                 log.info(f"the job was closed ({event.reason}); stopping the workers")
@@ -273,39 +278,9 @@ class Supervisor:
             self.launching.logs,
             self.launching.logs_plugin,
         )
-        filters = {"stdout": self.config.stdout_filters, "stderr": self.config.stderr_filters}
-        filtered = {"stdout": plan.filtered_stdout, "stderr": plan.filtered_stderr}
         for worker in workers:
-            env, dest = envs[worker.local_rank], plan.ranks[worker.local_rank]
-            if self.observers.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
-                env[FILE_VAR] = self.observers.watchdog.path
-            error_file, progress_file = dest.error_file, env[PROGRESS_VAR]
-            argv = worker_argv(self.spec, worker)
-            try:
-                proc = process.start_retrying(self.launching.starter, argv, env, self.clock)
-            except OSError as e:  # e.g. a --no_python command removed since the last round
-                return self._spawn_failed(argv[0], e)
-            if self.launching.guard:
-                self.launching.guard.watch(proc.pid)
-            if proc.pidfd is not None:
-                self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
-            prefix = self.routing.prefix(worker, self.identity.host, self.launching.environ)
-            # torch duplicates the tee'd streams' matching lines only
-            duplicate = {
-                name: (filtered[name] if self.config.tee.has(worker.local_rank, name) else None, filters[name])
-                for name in ("stdout", "stderr")
-            }
-            out = self.launching
-            streams, files = route(proc, out.logs, out.console, prefix, dest, worker.rank, duplicate)
-            self.members.append(Member(worker, proc, streams, error_file, files, self.clock(), progress_file))
-            self.emit(
-                "spawn",
-                rank=worker.rank,
-                local_rank=worker.local_rank,
-                pid=proc.pid,
-                round=rnd.round,
-                forked=proc.forked,
-            )
+            if not self.start_member(worker, envs[worker.local_rank], plan, rnd.round):
+                return
         self._set_state(GroupState.RUNNING)
         self.emit(
             "running",
@@ -316,6 +291,30 @@ class Supervisor:
             group_world_size=rnd.group_world_size,
             world_size=rnd.world_size,
         )
+
+    def start_member(self, worker: Worker, env: dict[str, str], plan: Placement, rnd: int) -> bool:
+        """Start one worker of round `rnd` and watch it; False: it could not start (the job ends)."""
+        dest, c = plan.ranks[worker.local_rank], self.config
+        if self.observers.watchdog:  # where FileTimerClient writes, as torch's agent tells its workers
+            env[FILE_VAR] = self.observers.watchdog.path
+        argv = worker_argv(self.spec, worker)
+        try:
+            proc = process.start_retrying(self.launching.starter, argv, env, self.clock)
+        except OSError as e:  # e.g. a --no_python command removed since the last round
+            self._spawn_failed(argv[0], e)
+            return False
+        if self.launching.guard:
+            self.launching.guard.watch(proc.pid)
+        if proc.pidfd is not None:
+            self._selector.register(proc.pidfd, selectors.EVENT_READ, proc)
+        prefix = self.routing.prefix(worker, self.identity.host, self.launching.environ)
+        # torch duplicates the tee'd streams' matching lines only
+        pairs = {"stdout": (plan.filtered_stdout, c.stdout_filters), "stderr": (plan.filtered_stderr, c.stderr_filters)}
+        duplicate = {n: (f if c.tee.has(worker.local_rank, n) else None, needles) for n, (f, needles) in pairs.items()}
+        streams, files = route(proc, self.launching.logs, self.launching.console, prefix, dest, worker.rank, duplicate)
+        self.members.append(Member(worker, proc, streams, dest.error_file, files, self.clock(), env[PROGRESS_VAR]))
+        self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd, forked=proc.forked)
+        return True
 
     def _spawn_failed(self, program: str, error: OSError) -> None:
         """A worker that cannot be started ends the job with that reason; restarting cannot help."""
@@ -352,6 +351,8 @@ class Supervisor:
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
+            if self.in_place and self.in_place.recover([m for m in self.members if m.state is WorkerState.FAILED]):
+                return
             cause = min(
                 (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
             )

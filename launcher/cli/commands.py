@@ -200,6 +200,14 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     help="Restart backoff and when restarting stops: quick, backoff, backoff_max, no_progress (docs/policy.md).",
 )
 @flag(
+    "recovery",
+    group=SIG,
+    metavar="MODE",
+    help="restart (default): a failed worker restarts the group; in-place: it is replaced alone, the others "
+    "keep running (the script uses launcher.worker.inplace; docs/in-place.md).",
+)
+@flag("in-place-timeout", group=SIG, metavar="SEC", help="An in-place recovery not done in SEC restarts the group.")
+@flag(
     "quarantine",
     group=SIG,
     metavar="K=V,...",

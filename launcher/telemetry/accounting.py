@@ -56,7 +56,8 @@ class Accountant:
         self.files, self.clock = files, clock
         self.ledger = Ledger(clock())
         self._lock = threading.Lock()
-        self._spawned: set[int] = set()
+        self._spawned: set[int] = set()  # the ranks of the round running
+        self._new: set[int] = set()  # ... started since its rendezvous (in place: the replacements alone)
         self._succeeded: set[int] = set()
         self._flagged: dict[int, tuple[float, float, float]] = {}  # rank -> (since, rate, median)
         self._next_read = 0.0
@@ -67,13 +68,16 @@ class Accountant:
             now, ledger = self.clock(), self.ledger
             if kind == "rendezvous":
                 ledger.rendezvous(now, membership=fields.get("cause") == "membership")
-                self._spawned, self._succeeded = set(), set()
+                self._new = set()
+                if fields.get("cause") != "in_place":  # in place, the survivors run on
+                    self._spawned, self._succeeded = set(), set()
             elif kind == "starting":
                 ledger.formed(now)
             elif kind == "spawn":
                 self._spawned.add(int(fields["rank"]))
-            elif kind == "running":
-                ledger.running(now, self._spawned, int(fields.get("restarts", 0)))
+                self._new.add(int(fields["rank"]))
+            elif kind == "running":  # the failure window closes once the new ranks step
+                ledger.running(now, self._new, int(fields.get("restarts", 0)))
                 self.round = (int(fields["round"]), int(fields["group_rank"]), int(fields["group_world_size"]))
             elif kind == "exit":
                 self._exit(now, fields)

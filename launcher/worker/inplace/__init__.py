@@ -1,0 +1,30 @@
+"""In-place recovery, the worker's side (`python -m launcher --recovery in-place`; docs/in-place.md).
+
+    from launcher.worker.inplace import Job
+
+    job = Job()                                  # joins the round's process group
+    job.keep(model=model, optimizer=optimizer)   # what a newcomer receives from a survivor
+    job.ddp(model)                               # job.model: DDP, made again after each recovery
+    for step in job.steps(args.steps):           # the step in flight comes again after a recovery
+        with step:
+            ...                                  # forward, backward, optimizer step on job.model
+
+Importing this package imports no torch; `Job` does (`keys` is what the agent shares with it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .job import Job, Recovery, Step
+
+__all__ = ["Job", "Recovery", "Step"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import job
+
+        return getattr(job, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,203 @@
+"""The newcomer's state, sent by a survivor over the new process group: never read from a file.
+
+Every rank tells the others whether it holds the job's state and at which step (one all_gather);
+the lowest rank among those furthest ahead sends it, point to point, to every rank that lacks it
+or is behind. The structure (state_dicts with the tensors taken out, the step, the RNG) goes as
+one pickled object; the tensors go as they are, small ones packed together into buckets, and a
+module's tensors land straight in the receiver's own parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+BUCKET = 16 << 20  # bytes: tensors smaller than this travel packed together
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a tensor was, in the structure sent ahead of the tensors."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str  # where the sender held it; the receiver puts it there too
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Who sends the state to whom in this round (empty `to`: nobody needs it)."""
+
+    source: int
+    to: tuple[int, ...]
+    step: int
+
+
+def plan(has_state: bool, step: int, device: torch.device) -> Plan:
+    """Agree, with every rank, on who sends the state and who receives it."""
+    world = dist.get_world_size()
+    mine = torch.tensor([int(has_state), step], dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(rows, mine)
+    told = [tuple(int(x) for x in row.tolist()) for row in rows]
+    holders = [r for r, (held, _) in enumerate(told) if held]
+    if not holders:  # the job's first round: every rank starts from the script's own state
+        return Plan(-1, (), step)
+    best = max(told[r][1] for r in holders)
+    source = min(r for r in holders if told[r][1] == best)
+    return Plan(source, tuple(r for r, (held, s) in enumerate(told) if not held or s < best), best)
+
+
+def send(kept: Mapping[str, Any], step: int, to: tuple[int, ...], device: torch.device) -> int:
+    """Send the kept objects' state, the step and this rank's RNG to ranks `to`; returns the bytes sent once."""
+    tensors: list[torch.Tensor] = []
+    structure = {
+        "state": {name: _strip(obj.state_dict(), tensors) for name, obj in kept.items()},
+        "step": step,
+        "rng": _strip(_rng(), tensors),
+    }
+    for dst in to:
+        dist.send_object_list([structure], dst=dst)
+        for group in _buckets(tensors):
+            if len(group) == 1:
+                dist.send(tensors[group[0]].to(device).contiguous(), dst=dst)
+            else:
+                dist.send(torch.cat([tensors[i].to(device).reshape(-1) for i in group]), dst=dst)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
+    """Receive from `source` what `send` sent, load it into the kept objects; returns the step."""
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=source)
+    structure = box[0]
+    slots: list[Slot] = []
+    _collect(structure, slots)
+    targets: list[torch.Tensor | None] = [None] * len(slots)
+    for name, obj in kept.items():  # received in place where the receiver holds a tensor of that shape already
+        _match(structure["state"][name], obj.state_dict(), targets)
+    tensors = [
+        t if t is not None and t.device == device else torch.empty(s.shape, dtype=s.dtype, device=device)
+        for t, s in zip(targets, slots)
+    ]
+    for group in _buckets(tensors):
+        if len(group) == 1:
+            t = tensors[group[0]]
+            buf = t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+            dist.recv(buf, src=source)
+            if buf is not t:
+                t.copy_(buf)
+        else:
+            flat = torch.empty(sum(tensors[i].numel() for i in group), dtype=tensors[group[0]].dtype, device=device)
+            dist.recv(flat, src=source)
+            at = 0
+            for i in group:
+                n = tensors[i].numel()
+                tensors[i].copy_(flat[at : at + n].view_as(tensors[i]))
+                at += n
+    for i, (t, s) in enumerate(zip(targets, slots)):  # back where the sender held each tensor
+        if t is not None and t is not tensors[i]:
+            t.copy_(tensors[i])
+        tensors[i] = t if t is not None else tensors[i].to(s.device)
+    state_of = structure["state"]
+    state = _fill(state_of, tensors)
+    for name, obj in kept.items():
+        if isinstance(obj, torch.nn.Module) and all(targets[s.index] is not None for s in _slots(state_of[name])):
+            continue  # its parameters and buffers hold what was sent already
+        obj.load_state_dict(state[name])
+    _set_rng(_fill(structure["rng"], tensors))
+    return int(structure["step"])
+
+
+def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each tensor replaced by its Slot (appended to `tensors`)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach())
+        return Slot(len(tensors) - 1, tuple(value.shape), value.dtype, str(value.device))
+    if isinstance(value, Mapping):
+        return {k: _strip(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_strip(v, tensors) for v in value)
+    return value
+
+
+def _match(sent: Any, own: Any, targets: list[torch.Tensor | None]) -> None:
+    """Where `own` (the receiver's state_dict) holds a tensor like the one sent, receive into it."""
+    if isinstance(sent, Slot):
+        if isinstance(own, torch.Tensor) and (tuple(own.shape), own.dtype) == (sent.shape, sent.dtype):
+            targets[sent.index] = own
+    elif isinstance(sent, Mapping) and isinstance(own, Mapping):
+        for key, value in sent.items():
+            if key in own:
+                _match(value, own[key], targets)
+    elif isinstance(sent, (list, tuple)) and isinstance(own, (list, tuple)) and len(sent) == len(own):
+        for value, mine in zip(sent, own):
+            _match(value, mine, targets)
+
+
+def _collect(value: Any, slots: list[Slot]) -> None:
+    slots.extend(_slots(value))
+    slots.sort(key=lambda s: s.index)
+
+
+def _slots(value: Any):
+    if isinstance(value, Slot):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _slots(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _slots(v)
+
+
+def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each Slot replaced by its received tensor."""
+    if isinstance(value, Slot):
+        return tensors[value.index]
+    if isinstance(value, Mapping):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def _buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Indexes of `tensors` in send order: a big tensor alone, runs of small ones of one dtype together."""
+    groups: list[list[int]] = []
+    size = 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        last = groups[-1] if groups else None
+        small = nbytes < BUCKET
+        if small and last and size + nbytes <= BUCKET and tensors[last[-1]].dtype == t.dtype and size:
+            last.append(i)
+            size += nbytes
+        else:
+            groups.append([i])
+            size = nbytes if small else 0
+    return groups
+
+
+def _rng() -> dict:
+    """This rank's random state: the newcomer continues the source's streams (the lost rank's are gone)."""
+    state: dict = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())

@@ -1,0 +1,92 @@
+"""--recovery in-place in process: the flag, the accountant's view of an in-place round, and the
+state transfer's pure parts (what is sent ahead of the tensors, buckets, receiving in place)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from launcher.config import from_flags
+from launcher.errors import ConfigError
+from launcher.parsers import parse_recovery
+from launcher.spec import RecoveryMode
+from launcher.telemetry.accounting import Accountant
+from launcher.worker.inplace import keys, transfer
+
+
+def test_recovery_defaults_to_restart_and_takes_in_place():
+    assert parse_recovery(None, 1, {}) is RecoveryMode.RESTART
+    assert parse_recovery("in_place", 1, {}) is RecoveryMode.IN_PLACE
+    config = from_flags(training_script=__file__, recovery="in-place", in_place_timeout="5", environ={})
+    assert (config.recovery, config.in_place_timeout) == (RecoveryMode.IN_PLACE, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "nodes", "environ", "says"),
+    [
+        ("sideways", 1, {}, "is not a mode; use one of restart, in-place"),
+        ("in-place", 2, {}, "one node for now"),
+        ("in-place", 1, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, "unset it"),
+    ],
+)
+def test_recovery_refuses_what_it_cannot_do_in_one_line(text, nodes, environ, says):
+    with pytest.raises(ConfigError, match=says):
+        parse_recovery(text, nodes, environ)
+
+
+def test_an_in_place_round_waits_for_the_replacement_alone_and_ends_with_every_rank(tmp_path):
+    now = [100.0]
+    files = {r: tmp_path / f"p{r}" for r in range(3)}
+    acc = Accountant(lambda: [(r, str(p)) for r, p in files.items()], clock=lambda: now[0])
+
+    def steps(ranks, n: int, at: float) -> None:
+        now[0] = at
+        for r in ranks:
+            files[r].write_text(f"{n:20d}\n")
+            os.utime(files[r], (at, at))
+        acc.tick()
+
+    acc("rendezvous", {"cause": "start"})
+    for r in range(3):
+        acc("spawn", {"rank": r})
+    acc("running", {"round": 0, "restarts": 0, "group_rank": 0, "group_world_size": 1})
+    for n in range(1, 11):
+        steps(range(3), n, 100.0 + n)
+    now[0] = 110.5
+    acc("exit", {"rank": 2, "returncode": -9, "collateral": False})
+    acc("rendezvous", {"cause": "in_place"})
+    acc("spawn", {"rank": 2})
+    acc("running", {"round": 1, "restarts": 1, "group_rank": 0, "group_world_size": 1, "in_place": True})
+    steps(range(3), 11, 111.0)  # the replacement received step 10 and did the step in flight
+    for r in (0, 2):
+        acc("exit", {"rank": r, "returncode": 0, "collateral": False})
+    assert acc.ledger.window is None  # training: the failure window closed at the replacement's first step
+    now[0] = 112.0
+    acc("exit", {"rank": 1, "returncode": 0, "collateral": False})
+    b = acc.finish()
+    assert (b.restarts, b.redone_steps, b.restart) == (1, 0, 0.5)
+
+
+def test_the_structure_sent_ahead_names_each_tensor_and_buckets_pack_small_ones():
+    state = {"w": torch.ones(2, 3), "inner": [torch.zeros(4, dtype=torch.int64), 7], "lr": 0.1}
+    tensors: list[torch.Tensor] = []
+    stripped = transfer._strip(state, tensors)
+    assert stripped["w"] == transfer.Slot(0, (2, 3), torch.float32, "cpu") and stripped["lr"] == 0.1
+    assert transfer._fill(stripped, tensors)["inner"][0] is tensors[1]
+    big = torch.empty(transfer.BUCKET // 4 + 1)  # over a bucket: alone
+    small = [torch.empty(10), torch.empty(10), torch.empty(10, dtype=torch.int64), big, torch.empty(3)]
+    assert transfer._buckets(small) == [[0, 1], [2], [3], [4]]
+
+
+def test_a_receiver_gets_the_tensors_into_its_own_where_they_fit():
+    own = {"w": torch.zeros(2, 3), "b": torch.zeros(5), "state": {0: {"buf": torch.zeros(4)}}}
+    sent = transfer._strip({"w": torch.ones(2, 3), "b": torch.ones(6), "state": {0: {"buf": torch.ones(4)}}}, [])
+    targets: list[torch.Tensor | None] = [None, None, None]
+    transfer._match(sent, own, targets)
+    assert targets[0] is own["w"] and targets[1] is None and targets[2] is own["state"][0]["buf"]
+
+
+def test_the_keys_of_a_round_live_under_its_own_prefix():
+    assert keys.group_prefix(3) == "launcher/inplace/3/pg" and keys.opened(3).startswith("launcher/inplace/3/")
