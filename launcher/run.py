@@ -28,6 +28,7 @@ from .members import routing_of
 from .notify import Notifier
 from .policy import Stop
 from .rendezvous import create_rendezvous
+from .rendezvous.api import last_will
 from .stragglers import Judge
 from .summary import copy_root_cause, summary_lines
 from .supervisor import Supervisor
@@ -52,6 +53,8 @@ def run(config: LaunchConfig) -> int:
         logs_plugin = _logs_plugin(config)
         watchdog = _watchdog()
         rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
+        if (will := last_will(rendezvous)) is not None:  # the guard tells the store at once if this agent dies
+            guard.will(will.host, will.port, will.payload)
     except LauncherError as e:
         if watchdog:
             watchdog.close()
