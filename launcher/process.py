@@ -306,12 +306,12 @@ class Guard:
             except OSError:
                 pass
 
-    def will(self, host: str, port: int, payload: bytes) -> None:
-        """If the agent dies, the guard sends `payload` to host:port on a connection of its own (then
-        half-closes it and reads it to the end, 2 s at most): how the others learn of a death at once."""
+    def will(self, host: str, port: int, payload: bytes, answer: int = 0) -> None:
+        """If the agent dies, the guard sends `payload` to host:port on a connection of its own and reads
+        `answer` bytes back (0: until the server closes; 2 s at most): how the others learn of a death at once."""
         if self._fd >= 0 and " " not in host:
             try:
-                os.write(self._fd, b"will %s %d %s\n" % (host.encode(), port, payload.hex().encode()))
+                os.write(self._fd, b"will %s %d %s %d\n" % (host.encode(), port, payload.hex().encode(), answer))
             except OSError:
                 log.debug("could not hand the guard a last will", exc_info=True)
 
@@ -356,14 +356,17 @@ def _guard_main(fd: int, agent_id: str) -> None:
 
 
 def _send_will(line: bytes) -> None:
-    """`will HOST PORT HEX`: send the bytes, half-close, read to the end (the server has acted on them)."""
+    """`will HOST PORT HEX ANSWER`: send the bytes, read the answer (the server has acted on them)."""
     try:
-        _, host, port, payload = line.decode().split(" ")
+        _, host, port, payload, answer = line.decode().split(" ")
         with socket.create_connection((host, int(port)), timeout=2.0) as sock:
             sock.sendall(bytes.fromhex(payload))
-            sock.shutdown(socket.SHUT_WR)
-            while sock.recv(4096):
-                pass
+            got, want = 0, int(answer)
+            while want == 0 or got < want:  # never a half-close: an HTTP server may take it for a cancel
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += len(chunk)
     except (OSError, ValueError):  # nothing to tell anyone: the store is gone too, or its lease ends it
         pass
 

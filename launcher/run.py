@@ -54,7 +54,7 @@ def run(config: LaunchConfig) -> int:
         watchdog = _watchdog()
         rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
         if (will := last_will(rendezvous)) is not None:  # the guard tells the store at once if this agent dies
-            guard.will(will.host, will.port, will.payload)
+            guard.will(will.host, will.port, will.payload, will.answer)
     except LauncherError as e:
         if watchdog:
             watchdog.close()

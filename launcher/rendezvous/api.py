@@ -40,6 +40,7 @@ class LastWill:
     host: str
     port: int
     payload: bytes = field(repr=False)
+    answer: int = 0  # bytes of the answer to read back (0: until the server closes the connection)
 
 
 def last_will(handler: object) -> LastWill | None:

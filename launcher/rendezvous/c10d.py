@@ -176,7 +176,7 @@ class TCPStoreAdapter:
         """The death certificate of this agent's session, where the server takes one (version 3)."""
         if self.client.version < 3:
             return None
-        return LastWill(self.host, self.port, death_certificate(self.session))
+        return LastWill(self.host, self.port, death_certificate(self.session), answer=5)  # SESSION's u32, END's u8
 
     def end_session(self) -> None:
         """This agent leaves: its held keys go now, not at the end of the lease."""

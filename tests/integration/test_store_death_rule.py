@@ -34,7 +34,7 @@ from launcher.rendezvous.c10d import TCPStoreAdapter
 guard = process.Guard("test-" + sys.argv[3]).start()
 store = TCPStoreAdapter("127.0.0.1", int(sys.argv[1]), 5)
 will = store.last_will()
-guard.will(will.host, will.port, will.payload)
+guard.will(will.host, will.port, will.payload, will.answer)
 store.client.hold(sys.argv[2], b"1")
 print(guard.pid, flush=True)
 while True:  # as an agent's watcher: always one request out, so a cut is found at once
