@@ -4,7 +4,8 @@ Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,s
       [--bound 60]
 
 Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
-default liveness settings, a 1 s last call, a 3 s read timeout, a 20 s join timeout) running
+a 2 s liveness timeout (the default before issue 32: the faults are sized around it), a 1 s last call,
+a 3 s read timeout, a 20 s join timeout) running
 tests/workers/steps.py, which checkpoints every step (4 s of training; 12 s with a link cut, 20 s with a
 link down for good), on a rendezvous store: c10d, `python -m launcher store`; etcd, a 3-member etcd
 cluster (static bootstrap, throwaway data dirs, elections within about a second) whose three endpoints
@@ -84,7 +85,9 @@ from support.processes import is_helper, parent_pid, procs_with_token  # noqa: E
 IS_ROOT = os.geteuid() == 0
 SUBNET = "10.117.0"  # the episode's hosts; these addresses exist only inside its namespaces
 NODES = 3
-LIVENESS = 2.0  # the default keep_alive_interval x keep_alive_max_attempt, which the episodes keep
+LIVENESS = (
+    2.0  # the episodes' keep_alive_interval x keep_alive_max_attempt (0.5 s x 4; the default is 6 s since issue 32)
+)
 READ_TIMEOUT = 3.0  # the episodes' --rdzv_conf read_timeout
 REFORM_S = 10.0  # after the liveness timeout: for the others to see a cut node gone and re-form, on busy cores
 # A node cut off for good stops its workers within this of the cut: c10d's client waits read_timeout + 5 s
@@ -478,8 +481,9 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
         # join_timeout and replace_timeout inside the bound: nodes left below MIN wait for replacements that
         # long (a re-forming elastic job; a fixed-size one that lost a member with no spare left), then say so
-        conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20" + (
-            ",is_host=false" if ep.backend == "c10d" else ""
+        conf = (
+            f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20,"
+            f"keep_alive_max_attempt={LIVENESS / 0.5:.0f}" + (",is_host=false" if ep.backend == "c10d" else "")
         )
         spares = ep.shape is Shape.SPARES
         args = [
