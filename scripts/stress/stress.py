@@ -60,13 +60,14 @@ JUDGMENTS = {
 class Agent:
     """One launcher agent, its output read through pipes at `rate` bytes/s (0: at once)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], rate: int):
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], rate: int, root: Path):
         self.name, self.rate = name, rate
         self.lines: list[tuple[float, str]] = []  # (when read, line), both streams
         self.busy_until = 0.0  # no second fault on this agent before then
         self.popen = subprocess.Popen(
             argv,
             env=env,
+            cwd=root,  # `python -m` puts the working folder first on sys.path: the launcher is root's
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -124,6 +125,7 @@ def store_endpoint(backend: str, folder: Path, root: Path) -> tuple[str, object]
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "store", "--host", "127.0.0.1", "--port", str(port)],
         env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=root,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -206,7 +208,7 @@ def main() -> int:
 
         def start(i: int) -> Agent:
             argv = agent_argv(a.backend, f"127.0.0.1:{relays[i].port}", run_id, folder / "logs")
-            return Agent(f"node{i}", argv, env | {"SLURMD_NODENAME": f"node{i}"}, a.console_rate)
+            return Agent(f"node{i}", argv, env | {"SLURMD_NODENAME": f"node{i}"}, a.console_rate, a.root)
 
         agents = [start(0), start(1)]
         wait_until(lambda: all(x.first_after(r"start rank=", 0) for x in agents), 120, "the members to start")
