@@ -8,7 +8,7 @@ the agent's guard process the moment the agent died (its death certificate), or 
 leaves, ends the session at once. An agent's connections share one session, so one of them closing
 deletes nothing. A held key is deleted only by its own session or by the session's end (another's
 DELETE_KEY answers 0 and deletes nothing), and only the end of its session is a death to a
-WAIT_CHANGE (GONE): the server keeps the names its ended sessions released (RELEASED_KEPT of them).
+WAIT_CHANGE (GONE): the server keeps the names its ended sessions released (the last RELEASED_KEPT).
 A version-1 client reads SESSION's answer and never sends 203 to 205; a version-2 client on a
 version-1 server uses neither, and does not reconnect (it could not tell a restarted server).
 """
@@ -66,7 +66,7 @@ from .wire import (
 # Seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing. The
 # client tries for RECONNECT_WITHIN (5 s, rendezvous/c10d.py): any reconnect it completes finds its keys.
 GRACE = 5.0
-RELEASED_KEPT = 4096  # names of held keys released by their session's end, kept for WAIT_CHANGE (a death)
+RELEASED_KEPT = 1024  # held keys released by their sessions' end, for a later WAIT_CHANGE (8 MiB at most)
 ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
 
 
