@@ -4,7 +4,8 @@ Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,s
       [--bound 60]
 
 Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
-default liveness settings, a 1 s last call, a 3 s read timeout, a 20 s join timeout) running
+a 2 s liveness timeout (the default before issue 32: the faults are sized around it), a 1 s last call,
+a 3 s read timeout, a 20 s join timeout) running
 tests/workers/steps.py, which checkpoints every step (4 s of training; 12 s with a link cut, 20 s with a
 link down for good), on a rendezvous store: c10d, `python -m launcher store`; etcd, a 3-member etcd
 cluster (static bootstrap, throwaway data dirs, elections within about a second) whose three endpoints

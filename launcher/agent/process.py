@@ -7,6 +7,8 @@ Three layers keep orphans away, grandchildren included:
 - a guard process, forked before any thread exists, holds a pipe from the agent: if the agent
   dies, even by SIGKILL, the pipe closes and the guard kills every process that carries this
   agent's id in its environment.
+The guard is also the one who knows that the agent died (not merely lost a connection): it sends
+the agent's last wills (`Guard.will`: the rendezvous store's death certificate) at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -303,6 +306,15 @@ class Guard:
             except OSError:
                 pass
 
+    def will(self, host: str, port: int, payload: bytes, answer: int = 0) -> None:
+        """If the agent dies, the guard sends `payload` to host:port on a connection of its own and reads
+        `answer` bytes back (0: until the server closes; 2 s at most): how the others learn of a death at once."""
+        if self._fd >= 0 and " " not in host:
+            try:
+                os.write(self._fd, b"will %s %d %s %d\n" % (host.encode(), port, payload.hex().encode(), answer))
+            except OSError:
+                log.debug("could not hand the guard a last will", exc_info=True)
+
     def stop(self) -> None:
         """Clean exit: the guard leaves without killing anything."""
         if self._fd >= 0:
@@ -336,8 +348,27 @@ def _guard_main(fd: int, agent_id: str) -> None:
                     os.killpg(int(line), signal.SIGKILL)
                 except OSError:
                     pass
+        for line in lines:
+            if line.startswith(b"will "):
+                _send_will(line)
         kill_marked(agent_id)
     os._exit(0)
+
+
+def _send_will(line: bytes) -> None:
+    """`will HOST PORT HEX ANSWER`: send the bytes, read the answer (the server has acted on them)."""
+    try:
+        _, host, port, payload, answer = line.decode().split(" ")
+        with socket.create_connection((host, int(port)), timeout=2.0) as sock:
+            sock.sendall(bytes.fromhex(payload))
+            got, want = 0, int(answer)
+            while want == 0 or got < want:  # never a half-close: an HTTP server may take it for a cancel
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += len(chunk)
+    except (OSError, ValueError):  # nothing to tell anyone: the store is gone too, or its lease ends it
+        pass
 
 
 def kill_marked(agent_id: str, sig: int = signal.SIGKILL) -> int:

@@ -28,6 +28,7 @@ from ..errors import EXIT_OK, LauncherError, exit_code_for_signal
 from ..policy.governor import governor_for
 from ..policy.restart import Stop
 from ..rendezvous import create_rendezvous
+from ..rendezvous.api import last_will
 from ..telemetry.accounting import Accountant, conclude
 from ..telemetry.board import Monitor
 from ..telemetry.stragglers import Judge
@@ -53,6 +54,8 @@ def run(config: LaunchConfig) -> int:
         logs_plugin = _logs_plugin(config)
         watchdog = _watchdog()
         rendezvous = create_rendezvous(config.rdzv_backend, config.rendezvous, config.job)
+        if (will := last_will(rendezvous)) is not None:  # the guard tells the store at once if this agent dies
+            guard.will(will.host, will.port, will.payload, will.answer)
     except LauncherError as e:
         if watchdog:
             watchdog.close()

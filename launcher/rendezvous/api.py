@@ -32,6 +32,23 @@ class JobParams:
     join_token: str | None = field(default=None, repr=False)
 
 
+@dataclass(frozen=True)
+class LastWill:
+    """Bytes this agent's guard sends to host:port the moment the agent died: a store that cannot tell a
+    death from a lost connection learns it so (c10d: the death certificate that ends its session)."""
+
+    host: str
+    port: int
+    payload: bytes = field(repr=False)
+    answer: int = 0  # bytes of the answer to read back (0: until the server closes the connection)
+
+
+def last_will(handler: object) -> LastWill | None:
+    """The handler's last will (a backend that has one offers `last_will()`), or None."""
+    will = getattr(handler, "last_will", None)
+    return will() if will is not None else None
+
+
 class MembershipChanged:
     """Posted by a backend's watch: another node joined, left or failed; start a new round.
     `closed`: the job was closed, so the next round will not form (its error says why).

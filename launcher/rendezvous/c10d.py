@@ -6,12 +6,15 @@ address it was given (torch binds the wildcard). Who hosts: `--rdzv_conf is_host
 the node whose own address is the endpoint's (checked by binding it, which is what counts).
 `python -m launcher store` runs the store on its own, outside any training node.
 
-Crash at connection speed: our server has held keys (tcpstore's SESSION/HOLD/WAIT_CHANGE), so an
-agent's `alive` key is deleted the moment its process dies (the kernel closes its connections; the
-server waits its 0.1 s grace) and its neighbour's WAIT_CHANGE wakes: `Capability.CRASH`. The
+Crash at connection speed: our server has held keys (tcpstore's SESSION/HOLD/WAIT_CHANGE), bound to
+the agent's session: `Capability.CRASH`. The server cannot tell a dead agent from a cut connection,
+so it keeps a session's keys for its lease (tcpstore.GRACE, 5 s) after the last connection closed,
+and the agent's guard process, which knows the agent died, sends the store its death certificate
+(`last_will`: END_SESSION) at once: the `alive` key goes, the neighbour's WAIT_CHANGE wakes. The
 agent's connections (the main one and the watcher's) share one session id, so a connection that
 closes alone is no death, and one that breaks (closed, reset, or no answer within `read_timeout`)
-is reopened in the session for up to RECONNECT_WITHIN (back within the grace, it deletes nothing).
+is reopened in the session for up to RECONNECT_WITHIN (back within the lease, it deletes nothing).
+An agent that leaves ends its session itself.
 A store that restarted meanwhile is an error, never an empty store to carry on with. Heartbeats
 still judge a frozen or cut-off node. On torch's own server (which hangs up on the probe) the
 adapter is plain, never reconnects, and heartbeats alone judge liveness.
@@ -19,6 +22,7 @@ adapter is plain, never reconnects, and heartbeats alone judge liveness.
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import threading
@@ -27,12 +31,14 @@ from collections.abc import Callable, Sequence
 from ..errors import RendezvousConnectionError, RendezvousError
 from ..net import free_port, is_local_address
 from ..tcpstore import CHANGED, GONE, StoreClient, StoreError, StoreRestarted, StoreServer
-from .api import JobParams
+from ..tcpstore.wire import death_certificate
+from .api import JobParams, LastWill
 from .protocol import ElasticRendezvous
 from .records import Node, printable, read_counter
 from .settings import C10dSettings
 from .store import Capability, Change
 
+log = logging.getLogger(__name__)
 PREFIX = "launcher/"
 
 # Beyond read_timeout (the longest a store may take to answer), how long a broken connection to our
@@ -166,6 +172,19 @@ class TCPStoreAdapter:
         got = self._call("wait_change", PREFIX + change, None if alive is None else PREFIX + alive, timeout)
         return {CHANGED: Change.CHANGED, GONE: Change.GONE}.get(got)
 
+    def last_will(self) -> LastWill | None:
+        """The death certificate of this agent's session, where the server takes one (version 3)."""
+        if self.client.version < 3:
+            return None
+        return LastWill(self.host, self.port, death_certificate(self.session), answer=5)  # SESSION's u32, END's u8
+
+    def end_session(self) -> None:
+        """This agent leaves: its held keys go now, not at the end of the lease."""
+        try:
+            self.client.end_session()
+        except StoreError:  # gone already: the lease ends it
+            log.debug("ending the store session failed", exc_info=True)
+
     def clone(self) -> TCPStoreAdapter:
         """A second connection in the same session."""
         return TCPStoreAdapter(self.host, self.port, self.timeout, session=self.session, boot=self.client.boot)
@@ -211,9 +230,14 @@ class C10dRendezvous(ElasticRendezvous):
             is_host=self.server is not None,
         )
 
+    def last_will(self) -> LastWill | None:
+        """What this agent's guard sends the store if the agent dies: its session ends at once."""
+        return self.store.last_will()
+
     def shutdown(self, succeeded: bool, why: str = "") -> None:
-        """Leave the job, then close the connection and the store server (the host leaves last)."""
+        """Leave the job, then end the session, close the connection and the store server (the host leaves last)."""
         super().shutdown(succeeded, why)
+        self.store.end_session()
         self.store.close()
         if self.server is not None:
             self.server.close()

@@ -41,7 +41,7 @@ class RendezvousSettings:
     join_timeout: float = 600.0  # a round must form within this (torch: join_timeout, alias timeout)
     last_call_timeout: float = 30.0  # after MIN nodes joined, wait this long for more before sealing
     keep_alive_interval: float = 0.5  # heartbeat period
-    keep_alive_max_attempt: int = 4  # missed heartbeats before a node is declared dead (2 s)
+    keep_alive_max_attempt: int = 12  # missed heartbeats before a node is declared dead (6 s: docs/rendezvous.md)
     read_timeout: float = 60.0  # one store operation
     exit_barrier_timeout: float = 300.0  # how long the store host waits for the others to finish
     # A job left below MIN waits this long for a node to replace a lost one: a node restarted by systemd or

@@ -71,7 +71,7 @@ class RoundWatch:
         caps = capabilities_of(st)
         beats = Capability.LIVENESS not in caps  # a store that tells liveness itself needs no ring
         alive = k.alive(r, self.peer) if HELD & caps and right != g and self.peer else None
-        gone = "died (its connections to the store closed)" if beats else "lost its lease"
+        gone = "died (its store session ended)" if beats else "lost its lease"
         change = k.change(r)
         seen, seen_at = -1, self.clock()
         while not stop.is_set():

@@ -26,6 +26,7 @@ from .wire import (
     CHECK,
     COMPARE_SET,
     DELETE_KEY,
+    END_SESSION,
     GET,
     GETNUMKEYS,
     GONE,
@@ -341,6 +342,14 @@ class StoreClient:
     def append(self, key: str, value: bytes) -> None:
         """Append to the value (never sent twice: a connection that breaks during it is an error)."""
         self._call(U8.pack(APPEND) + key_frame(key) + str_frame(value), None, UNSAFE)
+
+    def end_session(self) -> bool:
+        """End this connection's session now (the agent leaves): its held keys go, no lease (version 3);
+        False where the server has no END_SESSION."""
+        if self.version < 3:
+            return False
+        self._call(U8.pack(END_SESSION), self._u8)
+        return True
 
     def close(self) -> None:
         """Close the connection; a call blocked on it in another thread fails at once."""

@@ -1,10 +1,15 @@
 """What each store op does: the keys, the waits, the sessions and their held keys (no sockets here).
 
-A held key lives while any connection of its session is open, and GRACE (0.1 s) after the last
-one closed: an agent that died (the kernel closes its sockets at once) loses its keys then, and
-its WAIT_CHANGEs wake; a connection of the session that comes back within the grace deletes
-nothing. An agent's connections share one session, so one of them closing deletes nothing.
-A version-1 client reads SESSION's answer and never sends 203 or 204; a version-2 client on a
+A held key lives while any connection of its session is open, and GRACE (5 s, a lease) after the
+last one closed: a connection that breaks and is opened again within it deletes nothing, however
+slow the reconnect (a lost SYN alone costs 1 s). The server cannot tell a dead agent from a cut
+connection (the kernel closes both alike), so a death is told by one who knows: END_SESSION, sent by
+the agent's guard process the moment the agent died (its death certificate), or by the agent as it
+leaves, ends the session at once. An agent's connections share one session, so one of them closing
+deletes nothing. A held key is deleted only by its own session or by the session's end (another's
+DELETE_KEY answers 0 and deletes nothing), and only the end of its session is a death to a
+WAIT_CHANGE (GONE): the server keeps the names its ended sessions released (the last RELEASED_KEPT).
+A version-1 client reads SESSION's answer and never sends 203 to 205; a version-2 client on a
 version-1 server uses neither, and does not reconnect (it could not tell a restarted server).
 """
 
@@ -27,6 +32,7 @@ from .wire import (
     CHECK,
     COMPARE_SET,
     DELETE_KEY,
+    END_SESSION,
     EXT_VERSION,
     GET,
     GETNUMKEYS,
@@ -63,7 +69,10 @@ BYTES_PER_UNIT = 8 << 10  # bytes an op copies worth one unit of a turn's work (
 WAITER = 512  # what a pending wait costs beyond its list of keys (its registration on one key: tracemalloc)
 KEY_SLOT = 56  # what each key of that list costs beyond its bytes (a list slot, a bytes object's header)
 STREAM_KEYS = 1024  # keys (or values) per chunk of a large reply (a server builds one chunk a turn)
-GRACE = 0.1  # seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing
+# Seconds a session's held keys outlive its last connection: a reconnect within it deletes nothing. The
+# client tries for RECONNECT_WITHIN (5 s, rendezvous/c10d.py): any reconnect it completes finds its keys.
+GRACE = 5.0
+RELEASED_KEPT = 1024  # held keys released by their sessions' end, for a later WAIT_CHANGE (8 MiB at most)
 ADDS_KEPT = 64  # ADD_ONCE answers a session keeps for resends (a client has one request out at a time)
 
 
@@ -115,6 +124,7 @@ class StoreOps:
         self._sessions: dict[int, Session] = {}
         self._ending: collections.OrderedDict[int, Session] = collections.OrderedDict()  # no connection, by `ends`
         self._holder: dict[bytes, Session] = {}  # held key -> its session
+        self._released: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # by an ended session
         self.grace, self._clock = grace, clock
         self.max_reply = MAX_REPLY  # the largest reply (and so value) served
         self.spent = 0  # units of work of the op being run, beyond 1 + its keys (the server resets it)
@@ -145,6 +155,7 @@ class StoreOps:
             WAIT_CHANGE: self._wait_change,
             SESSION_INFO: self._session_info,
             ADD_ONCE: self._add_once,
+            END_SESSION: self._end_session,
         }
 
     def _reply(self, c: Conn, data: bytes) -> None:
@@ -273,18 +284,26 @@ class StoreOps:
         self._reply(c, I64.pack(len(self.data)))
 
     def _delete(self, c: Conn, key: bytes) -> None:
+        holder = self._holder.get(key)
+        if holder is not None and holder is not c.session:  # a live agent's key: only its death removes it
+            return self._reply(c, I64.pack(0))
         self._reply(c, I64.pack(self._remove(key)))
 
-    def _remove(self, key: bytes) -> int:
-        """Delete `key` (1 if it was there), release its hold, and answer the WAIT_CHANGEs on its absence."""
+    def _remove(self, key: bytes, ended: bool = False) -> int:
+        """Delete `key` (1 if it was there) and release its hold; `ended`: by its session's end, a death
+        to the WAIT_CHANGEs on its absence (answered GONE; its holder deleting it is no death)."""
         if self.data.pop(key, None) is None:
             return 0
         holder = self._holder.pop(key, None)
         if holder is not None:
             holder.held.discard(key)
-        for w in list(self._gone_waiters.pop(key, ())):
-            self._unwait(w)
-            self._reply(w, U8.pack(GONE))
+        if ended:
+            self._released[key] = None
+            if len(self._released) > RELEASED_KEPT:
+                self._released.popitem(last=False)
+            for w in list(self._gone_waiters.pop(key, ())):
+                self._unwait(w)
+                self._reply(w, U8.pack(GONE))
         return 1
 
     def _append(self, c: Conn, key: bytes, value: bytes) -> None:
@@ -380,9 +399,25 @@ class StoreOps:
             session = next(iter(self._ending.values()))
             if session.ends > now:
                 return
-            del self._ending[session.id], self._sessions[session.id]
-            for key in list(session.held):
-                self._remove(key)
+            self._close_session(session)
+
+    def _close_session(self, session: Session) -> None:
+        """End `session` now: its held keys go (a death to whoever waits on them); its connections stay,
+        outside any session."""
+        self._ending.pop(session.id, None)
+        self._sessions.pop(session.id, None)
+        for c in session.conns:
+            c.session = None
+        session.conns.clear()
+        for key in list(session.held):
+            self._remove(key, ended=True)
+
+    def _end_session(self, c: Conn) -> None:
+        """END_SESSION: the session's process is gone (its guard's death certificate) or leaves."""
+        if c.session is None:
+            raise Malformed("END_SESSION before SESSION")
+        self._close_session(c.session)
+        self._reply(c, U8.pack(0))
 
     def _session_info(self, c: Conn) -> None:
         if c.session is None:
@@ -409,13 +444,14 @@ class StoreOps:
             old.held.discard(key)
         self._holder[key] = c.session
         c.session.held.add(key)
+        self._released.pop(key, None)
         self._put(key, value)
         self._reply(c, U8.pack(0))  # unlike SET, answered: a watcher on another connection then finds it
 
     def _wait_change(self, c: Conn, change: bytes, alive: bytes) -> None:
         if change in self.data:
             return self._reply(c, U8.pack(CHANGED))
-        if alive and alive not in self.data:
+        if alive and alive not in self.data and alive in self._released:  # its agent's session ended
             return self._reply(c, U8.pack(GONE))
         self._await(c, [change])
         if alive:

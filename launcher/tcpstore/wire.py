@@ -38,6 +38,8 @@ Extension ops (ours; torch's servers drop a connection that sends them: how a cl
                                                        random id; resumed: 1 when SESSION found the session live
     204 ADD_ONCE     key delta:i64 id:u64    -> i64    (version 2) ADD, counted once per `id` in the session:
                                                        sent again, it answers the first sum and adds nothing
+    205 END_SESSION  -                       -> u8     0 (version 3): the session's process is gone (its guard
+                                                       says so, or it leaves): its held keys go now, no lease
 
 Limits are torch's libuv server's (a key <= 8 KiB, a value <= 8 MiB, <= 128 Ki keys a frame) plus
 two of ours: no request frame over 64 MiB, no reply over 256 MiB (APPEND grows a value past 8 MiB,
@@ -71,8 +73,8 @@ from collections.abc import Sequence
     LIST_KEYS,
     BARRIER,
 ) = range(19)
-SESSION, HOLD, WAIT_CHANGE, SESSION_INFO, ADD_ONCE = 200, 201, 202, 203, 204  # our extension (see the table above)
-EXT_VERSION = 2
+SESSION, HOLD, WAIT_CHANGE, SESSION_INFO, ADD_ONCE, END_SESSION = 200, 201, 202, 203, 204, 205  # our extension
+EXT_VERSION = 3
 CHANGED, GONE = 0, 2  # WAIT_CHANGE's answers (1 is WAIT_CANCELED, as for WAIT)
 MAGIC = 0x3C85F7CE  # VALIDATE's number: tells a store client from a stray connection
 READY, NOT_READY = 0, 1  # CHECK's answer
@@ -117,6 +119,7 @@ REQUEST = {
     WAIT_CHANGE: "kk",
     SESSION_INFO: "",
     ADD_ONCE: "kqQ",
+    END_SESSION: "",
 }
 
 
@@ -131,6 +134,12 @@ def fields_cost(fields: list) -> int:
         else:
             cost += 8 + len(f) * (8 + ITEM_EXTRA) + sum(map(len, f))
     return cost
+
+
+def death_certificate(session: int) -> bytes:
+    """What an agent's guard sends to the store the moment the agent died (a connection of its own, that
+    it half-closes and reads to the end): its session ends at once, its held keys with it (version 3)."""
+    return U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(SESSION) + U64.pack(session) + U8.pack(END_SESSION)
 
 
 def str_frame(data: bytes) -> bytes:

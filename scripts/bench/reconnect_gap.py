@@ -1,5 +1,6 @@
 """How long a store session goes without a connection when its agent's connections are cut: what
-the server's grace (`tcpstore.GRACE`) must cover for a reconnect to be no death.
+the server's lease (`tcpstore.GRACE`, 5 s since issue 32; 0.1 s before) must cover for a reconnect
+to be no death.
 
 Run (root: `ss -K` kills sockets):  .venv/bin/python scripts/bench/reconnect_gap.py [--secs 15] [--busy 0]
 

@@ -15,7 +15,7 @@ from .faults import World, inject
 from .invariants import check
 from .net import SUBNET, Net
 from .proc import STEPS, Proc
-from .records import NODES, READ_TIMEOUT, AgentRecord, Episode, Fault, Shape
+from .records import LIVENESS, NODES, READ_TIMEOUT, AgentRecord, Episode, Fault, Shape
 from .stores import C10dStore, EtcdCluster
 
 ORPHAN_WAIT = 10.0  # s an ended agent's processes get to be gone before they count as left behind
@@ -25,8 +25,9 @@ def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
     """Every agent's command line: the shape's job on the episode's store, tests/workers/steps.py its workers."""
     # join_timeout and replace_timeout inside the bound: nodes left below MIN wait for replacements that
     # long (a re-forming elastic job; a fixed-size one that lost a member with no spare left), then say so
-    conf = f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20" + (
-        ",is_host=false" if ep.backend == "c10d" else ""
+    conf = (
+        f"last_call_timeout=1,read_timeout={READ_TIMEOUT:g},join_timeout=20,replace_timeout=20,"
+        f"keep_alive_max_attempt={LIVENESS / 0.5:.0f}" + (",is_host=false" if ep.backend == "c10d" else "")
     )
     spares = ep.shape is Shape.SPARES
     argv = [

@@ -50,14 +50,14 @@ def test_agent_sigkill_survivors_reform_without_charging_the_budget(cluster, tmp
     os.kill(victim.pid, signal.SIGKILL)
     noticed = first_line_after([host, others[0]], r"membership changed \(node with group rank \d died", t0)
     print(f"\nSIGKILLed agent noticed by a survivor after {noticed:.3f} s")
-    assert noticed < 1.5  # connection speed (benchmark: tens of ms), not the 2 s liveness timeout
+    assert noticed < 1.5  # the guard's death certificate (benchmark: tens of ms), not the 5 s lease or 6 s heartbeats
     assert victim.wait(10) == -signal.SIGKILL
     assert wait_gone(victim.token, timeout=5) == []  # its guard killed its workers
     host.wait_for(r"start rank=\d world=4 restart=0", timeout=20)
     assert time.monotonic() - t0 < 8
     for a in (host, others[0]):
         assert a.wait(90) == 0, a.stderr[-3000:]
-        assert "died (its connections to the store closed)" in a.stderr, a.stderr
+        assert "died (its store session ended)" in a.stderr, a.stderr
         assert {s["restart"] for s in starts(a)} == {"0"}  # membership changes are free: --max_restarts 0 held
     assert_rounds_consistent([host, *others])
     assert checkpoint(tmp_path)["step"] == 80 and checkpoint(tmp_path)["world"] == 4
@@ -85,12 +85,12 @@ def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(clu
     noticed = first_line_after(
         [host, survivor], r"membership changed \(node with group rank \d stopped heartbeating", t0
     )
-    assert noticed > 1.4, (
+    assert noticed > 5.4, (
         noticed
-    )  # a frozen agent's connections stay open: only the heartbeats tell (2 s - one 0.5 s beat)
+    )  # a frozen agent's connections stay open: only the heartbeats tell (6 s - one 0.5 s beat)
     for a in (host, survivor):
         a.wait_for(r"start rank=\d world=2 restart=0", timeout=20)
-    assert time.monotonic() - t0 < 8, "survivors took longer than the liveness timeout (2 s) + re-forming"
+    assert time.monotonic() - t0 < 12, "survivors took longer than the liveness timeout (6 s) + re-forming"
     wait_for(lambda: checkpoint(tmp_path)["world"] == 2, what="the survivors to train on without the frozen node")
     if then == "cont":
         for pid in frozen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -18,7 +19,11 @@ from support.faults import (
     wait_checkpoint,
 )
 from support.ports import free_port
+from support.processes import wait_for
 from support.relay import Relay
+
+from launcher.tcpstore import MAGIC, StoreClient
+from launcher.tcpstore.wire import I64, LIST_KEYS, U8, U32, U64, VALIDATE
 
 # ---------------------------------------------------------------------------- the rendezvous store
 
@@ -115,3 +120,91 @@ def test_a_restarted_store_ends_the_job_with_a_clear_line(cluster, tmp_path, rel
         assert "Traceback" not in a.stderr, a.stderr
     assert time.monotonic() - t0 < 15
     assert {a.name for a in agents} & set(cluster.leftovers(timeout=5)) == set()
+
+
+def test_a_node_whose_store_connections_are_lost_for_3_s_is_no_death(cluster, tmp_path, relayed_store):
+    """One node's store connections cut, and every reconnect refused for 3 s (a slow reconnect: a lost
+    SYN alone costs 1 s), twice, while its neighbour reaches the store directly and judges it: the
+    store keeps its session for the lease (5 s) and the heartbeats allow 6 s, so it is no death: one
+    round, no restart, every worker finishes (issue 32 item 3)."""
+    _, port, relay = relayed_store
+    env = steps_env(tmp_path, steps=250, step_time=0.1)
+    args = ("--max_restarts", "0")
+    direct = cluster.start(*c10d(port, "2", *args, conf="is_host=false"), STEPS, env=env, name="node0")
+    relayed = cluster.start(*c10d(relay.port, "2", *args, conf="is_host=false"), STEPS, env=env, name="node1")
+    wait_checkpoint(tmp_path, 5)
+    for outage in (1, 2):
+        relay.refuse = True
+        assert relay.cut(rst=True) >= 1
+        cut_at = time.monotonic()
+        wait_for(lambda at=cut_at: time.monotonic() - at >= 3.0, timeout=10, what="3 s without the store")
+        relay.refuse = False
+        wait_for(
+            lambda n=outage: relayed.stderr.count("reconnected to the store at") >= n,
+            timeout=10,
+            what="the cut node to reconnect",
+        )
+        assert direct.popen.poll() is None and relayed.popen.poll() is None
+        # 4 s of calm before the next outage, so that no connection (an idle one reconnects when next
+        # used) has its two outages run into one of 6 s: each is a separate 3 s loss
+        calm = time.monotonic()
+        wait_for(lambda at=calm: time.monotonic() - at >= 4.0, timeout=10, what="4 s of calm")
+    for a in (direct, relayed):
+        assert a.wait(60) == 0, a.stderr[-3000:]
+    for a in (direct, relayed):
+        assert not re.search(r"died|stopped heartbeating|membership changed|lost the rendezvous store", a.stderr), (
+            a.stderr
+        )
+        assert {s["restart"] for s in starts(a)} == {"0"} and {s["round"] for s in starts(a)} == {"0"}, starts(a)
+    assert checkpoint(tmp_path)["step"] == 250
+    assert {a.name for a in (direct, relayed)} & set(cluster.leftovers(timeout=5)) == set()
+
+
+def _list_keys(port: int) -> list[bytes]:
+    """LIST_KEYS on a connection of its own, as any client may send it (no session, no token)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(U8.pack(VALIDATE) + U32.pack(MAGIC) + U8.pack(LIST_KEYS))
+        buf = b""
+
+        def take(n: int) -> bytes:
+            nonlocal buf
+            while len(buf) < n:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise EOFError("the store closed the connection")
+                buf += chunk
+            got, buf = buf[:n], buf[n:]
+            return got
+
+        keys = []
+        for _ in range(I64.unpack(take(8))[0]):
+            keys.append(take(U64.unpack(take(8))[0]))
+        return keys
+
+
+def test_a_stranger_deleting_the_alive_keys_fakes_no_death(cluster, tmp_path):
+    """Any connection may list the keys and send DELETE_KEY; a live agent's `alive` key is held by its
+    session, so neither a session-less client (torch's) nor another session deletes it, and the job
+    runs on: no death, no restart (issue 32 item 7)."""
+    port = free_port()
+    cluster.store("127.0.0.1", port)
+    env = steps_env(tmp_path, steps=60, step_time=0.1)
+    args = c10d(port, "2", "--max_restarts", "0", conf="is_host=false")
+    agents = [cluster.start(*args, STEPS, env=env, name=f"node{i}") for i in range(2)]
+    wait_checkpoint(tmp_path, 3)
+    alive = [k for k in _list_keys(port) if b"/alive" in k]
+    assert len(alive) == 2, alive
+    strangers = [StoreClient("127.0.0.1", port, timeout=5), StoreClient("127.0.0.1", port, timeout=5, session=12345)]
+    try:
+        for _ in range(20):  # again and again, as the issue's two deletions that ended the job
+            for s in strangers:
+                assert not any(s.delete_key(k.decode()[1:]) for k in alive)  # key_frame puts the "/" back
+    finally:
+        for s in strangers:
+            s.close()
+    assert set(_list_keys(port)) >= set(alive)
+    for a in agents:
+        assert a.wait(60) == 0, a.stderr[-3000:]
+        assert not re.search(r"died|stopped heartbeating|membership changed", a.stderr), a.stderr
+        assert {s["restart"] for s in starts(a)} == {"0"} and {s["round"] for s in starts(a)} == {"0"}, starts(a)
+    assert checkpoint(tmp_path)["step"] == 60

@@ -92,7 +92,7 @@ def test_dead_agent_elastic_survivors_reform(launch):
     host = kill_the_other(launch, "1:2", "12")
     t0 = time.monotonic()
     seen = wait_line(host, "world=1 group=0/1", timeout=15)
-    assert time.monotonic() - t0 < 6, seen  # liveness timeout 2 s + re-forming
+    assert time.monotonic() - t0 < 6, seen  # the guard's death certificate (ms) + re-forming
     host.kill()
 
 
@@ -104,7 +104,7 @@ def test_dead_agent_fixed_size_stops_with_clear_message(launch):
     # the true reason, once: the node lost, who closed the job; no re-forming promised
     reason = re.findall(r"launcher: reason: (.*)", err)
     assert len(reason) == 1 and re.fullmatch(
-        rf"the job was closed: node with group rank {host.victim_group} died \(its connections to the store closed\); "
+        rf"the job was closed: node with group rank {host.victim_group} died \(its store session ended\); "
         r"1 node\(s\) left, fewer than 2, and no restart left to replace it \(--max_restarts 0\); closed by node \S+",
         reason[0],
     ), err

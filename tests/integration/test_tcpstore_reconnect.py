@@ -121,7 +121,8 @@ def test_a_watcher_cut_in_wait_change_waits_on_and_misses_nothing(server, relay,
     got = in_thread(lambda: watcher.wait_change(k + "change2", k + "alive", 10))
     wait_for(lambda: waiting_on(server, k + "change2"), what="the second wait to arrive")
     relay.cut()
-    holder.close()  # the neighbour dies while the watcher reconnects: GONE, not missed
+    holder.end_session()  # the neighbour dies (its guard says so) while the watcher reconnects: GONE, not missed
+    holder.close()
     wait_for(lambda: got, timeout=5, what="the death to be seen")
     assert got == [GONE] and relay.accepted == 3
 
@@ -322,7 +323,7 @@ def test_a_connection_on_a_descriptor_past_1023_is_not_taken_for_closed(server, 
 
 
 def test_a_version_1_client_reads_what_it_always_did(server):
-    """SESSION still answers one u32 (now 2), so a client of extension 1 stays in step."""
+    """SESSION still answers one u32 (now 3), so a client of extension 1 stays in step."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     try:
         sock.sendall(b"\x00" + struct.pack("<I", MAGIC) + b"\xc8" + struct.pack("<Q", 5))
@@ -330,7 +331,7 @@ def test_a_version_1_client_reads_what_it_always_did(server):
         got = b""
         while len(got) < 5:
             got += sock.recv(16)
-        assert got == struct.pack("<I", 2) + b"\x00"
+        assert got == struct.pack("<I", 3) + b"\x00"
     finally:
         sock.close()
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from ...net import free_port
-from ..api import JobParams
+from ..api import JobParams, LastWill
 from ..protocol import ElasticRendezvous
 from ..records import Node
 from .lease import Lease, lease_ttl
@@ -38,6 +39,21 @@ class EtcdRendezvous(ElasticRendezvous):
             s,
             port_picker=free_port,
         )
+
+    def last_will(self) -> LastWill | None:
+        """What this agent's guard sends etcd if the agent dies: its lease revoked (every key on it gone)
+        at once, not at the end of its TTL. Plain HTTP without a user only (a TLS session or a login
+        token cannot be prepared ahead): there the TTL tells, as after a lease renewal (a new id)."""
+        opts = self.store.lease.opts
+        if opts.tls or opts.user or not self.store.lease.id:
+            return None
+        host, port = opts.endpoints[0]
+        body = json.dumps({"ID": str(self.store.lease.id)}, separators=(",", ":")).encode()
+        head = (
+            f"POST /v3/lease/revoke HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        return LastWill(host, port, head.encode() + body)
 
     def shutdown(self, succeeded: bool, why: str = "") -> None:
         """Leave the round, give the lease back; the last agent out deletes the run's keys."""
