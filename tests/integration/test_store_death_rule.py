@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 
 AGENT = """
 import sys, time
-from launcher import process
+from launcher.agent import process
 from launcher.rendezvous.c10d import TCPStoreAdapter
 guard = process.Guard("test-" + sys.argv[3]).start()
 store = TCPStoreAdapter("127.0.0.1", int(sys.argv[1]), 5)
