@@ -283,6 +283,16 @@ if wanted numa_binding; then
         fi
     fi
 fi
+if wanted in_place_nccl && ! gpu_skip in_place_nccl; then
+    # --recovery in-place on NCCL at world size 1 (scripts/gpu_in_place.py: regroup, launcher, blocked)
+    run in_place_nccl "$PYTHON" scripts/gpu_in_place.py
+    rc=$?
+    if [ $rc = 0 ]; then
+        say PASS in_place_nccl "abort from another thread, a new group in the same process, a SIGKILLed rank replaced alone"
+    else
+        say FAIL in_place_nccl "exit $rc: $(grep -m1 FAIL "$LOGS/in_place_nccl.log" || last in_place_nccl)"
+    fi
+fi
 if wanted nvml_health; then
     if ! grep -q -- "--health_check" <<<"$HELP"; then
         say SKIP nvml_health "--health_check has not landed in this checkout (issue 22)"
