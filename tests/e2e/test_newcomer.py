@@ -64,6 +64,19 @@ def test_missing_psutil_and_torch_is_one_line_naming_the_fix():
     assert "source " in line or "pip install" in line or "setup.sh" in line, line
 
 
+def test_launch_without_click_is_one_line_too():
+    # `python -m launcher.launch` (torch.distributed.launch's spelling) with no site-packages: no traceback
+    r = subprocess.run(
+        [sys.executable, "-S", "-m", "launcher.launch", "--nproc_per_node", "1", str(WORKERS / "echo_args.py")],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert one_line_exit_2(r).startswith("launcher.launch: error: click, psutil, rich and torch are not installed")
+
+
 def test_an_interpreter_without_click_is_one_line_naming_every_missing_dependency():
     r = run("--nproc_per_node", "1", str(WORKERS / "echo_args.py"), python=[sys.executable, "-S"])  # no site-packages
     # all at once (issue 34): naming only click sent the user back for psutil, then rich, then torch
