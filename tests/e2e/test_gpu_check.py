@@ -33,6 +33,7 @@ GPU_ITEMS = {
     "virtual_local_rank",
     "numa_binding",
     "nvml_health",
+    "in_place_nccl",
 }
 LINE = re.compile(r"^(PASS|FAIL|SKIP)  (\S+) +(.+)$")
 
