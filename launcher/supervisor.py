@@ -33,7 +33,7 @@ from .governor import Governor
 from .logs import Console, LogRouter
 from .logs_specs import PluginLogs
 from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
-from .members import Member, ended_round, prepare, route, routing_of, verdict_of, worker_spec
+from .members import Member, end_stuck_exits, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
 from .policy import Stop, requeue_after
 from .rendezvous.api import Cause, MembershipChanged, RendezvousHandler, SpareLost, WaitKind, WaitReport
@@ -172,6 +172,7 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
+        end_stuck_exits(self.members if self.state is GroupState.RUNNING else (), self.clock(), self.emit)
         if self.watchdog:
             end_expired(self.watchdog, self.members, self.emit)
         for check in self.periodic:
@@ -363,7 +364,7 @@ class Supervisor:
                 how=ex.describe(),
                 collateral=m.signalled,
             )
-            if ex.ok:
+            if ex.ok or m.ended_in_exit:
                 m.state = WorkerState.SUCCEEDED
             else:
                 m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
@@ -460,8 +461,8 @@ class Supervisor:
         if not limit or self.state is not GroupState.RUNNING:
             return
         for m in self.members:
-            if m.state is not WorkerState.RUNNING or m.hung:
-                continue
+            if m.state is not WorkerState.RUNNING or m.hung or m.returned() is not None:
+                continue  # a worker whose code has returned is exiting, not hung
             idle = m.idle(self.clock())
             if idle > limit:
                 m.hung = True
