@@ -3,7 +3,9 @@
 Each run launches `tests/workers/ddp_free_model.py` (2 ranks, gloo: train, destroy the group, free the
 model at the end of `main`), alternating spawned and forked. A rank's exit cost is the time from its
 last line (`done <time>`, printed as its exit begins) to the agent seeing it exit (the events file).
-`--busy K` runs K busy loops beside it. A run that does not end within 60 s is a hang.
+`--busy K` runs K busy loops beside it. A run that does not end within 60 s is a hang; one whose rank
+died of torch's teardown race ("terminate called without an active exception": gloo's thread meets
+the interpreter's finalisation, pytorch#190489) is counted as an abort.
 
     .venv/bin/python scripts/bench/worker_exit.py --runs 20 --busy 2
 """
@@ -25,8 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(benchlib.HERE))
 WORKER = os.path.join(ROOT, "tests", "workers", "ddp_free_model.py")
 
 
-def one(preload: bool) -> list[float] | None:
-    """The exit cost of each rank in one run, seconds (None: the run hung)."""
+ABORT = "terminate called without an active exception"
+
+
+def one(preload: bool) -> list[float] | str:
+    """The exit cost of each rank in one run, seconds ("hang" or "abort" when it did not end well)."""
     with tempfile.TemporaryDirectory() as tmp:
         events = os.path.join(tmp, "events.jsonl")
         flags = ["--preload"] if preload else []
@@ -36,7 +41,9 @@ def one(preload: bool) -> list[float] | None:
                 [*cmd, "--events_file", events, WORKER], capture_output=True, text=True, timeout=60, cwd=ROOT
             )
         except subprocess.TimeoutExpired:
-            return None
+            return "hang"
+        if r.returncode != 0 and ABORT in r.stdout + r.stderr:
+            return "abort"
         if r.returncode != 0:
             raise SystemExit(f"run failed ({r.returncode}): {r.stderr[-1500:]}")
         done = {}
@@ -65,13 +72,13 @@ def main() -> None:
         p.start()
     kinds = [k for k in ("spawned", "forked") if a.only in (None, k)]
     costs: dict[str, list[float]] = {k: [] for k in kinds}
-    hangs = dict.fromkeys(kinds, 0)
+    bad = {k: {"hang": 0, "abort": 0} for k in kinds}
     try:
         for _ in range(a.runs):
             for kind in kinds:  # alternating: both meet the same load
                 got = one(kind == "forked")
-                if got is None:
-                    hangs[kind] += 1
+                if isinstance(got, str):
+                    bad[kind][got] += 1
                 else:
                     costs[kind].extend(got)
     finally:
@@ -81,11 +88,14 @@ def main() -> None:
     for kind in kinds:
         c = sorted(costs[kind])
         med = statistics.median(c) if c else float("nan")
-        print(f"{kind:8s} exit median {med:.3f} s  max {max(c, default=float('nan')):.3f} s  hangs {hangs[kind]}")
+        worst = max(c, default=float("nan"))
+        print(
+            f"{kind:8s} exit median {med:.3f} s  max {worst:.3f} s  hangs {bad[kind]['hang']}  aborts {bad[kind]['abort']}"
+        )
     if len(kinds) == 2 and costs["spawned"] and costs["forked"]:
         diff = statistics.median(costs["forked"]) - statistics.median(costs["spawned"])
         print(f"forked - spawned: {diff:+.3f} s")
-    sys.exit(1 if any(hangs.values()) else 0)
+    sys.exit(1 if any(b["hang"] for b in bad.values()) else 0)
 
 
 if __name__ == "__main__":
