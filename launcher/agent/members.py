@@ -5,6 +5,7 @@ round it ended in, as the restart policy reads it."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import time
@@ -21,8 +22,14 @@ from .env import WorkerSpec, worker_env, workers_of
 from .logs import Console, LogRouter, Routing, Stream
 from .logs_specs import Placement, PluginLogs, RankLogs, default_placement
 from .oom import oom_reason
+from .zygote.messages import RETURNED_SUFFIX
 
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
+# Seconds a forked worker whose code returned 0 may stay silent in its exit once every other rank of
+# its node exited 0; then it is ended and counted a success (see `end_stuck_exits`).
+EXIT_GRACE = 10.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -42,6 +49,17 @@ class Member:
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
     steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (time, step) samples
     straggler: bool = False  # flagged by --straggler_threshold (shown, never acted on)
+    ended_in_exit: bool = False  # its code returned 0 and it was ended, stuck in its exit: a success
+
+    def returned(self) -> int | None:
+        """The exit code a forked worker said its code returned with (None: still running, or spawned)."""
+        if not self.progress_file:
+            return None
+        try:
+            with open(self.progress_file + RETURNED_SUFFIX) as f:
+                return int(f.read().strip() or "1")
+        except (OSError, ValueError):
+            return None
 
     @property
     def last_line(self) -> str:
@@ -115,6 +133,37 @@ class Member:
             rate=rate,
             straggler=self.straggler,
         )
+
+
+def end_stuck_exits(members: Sequence[Member], now: float, emit) -> None:
+    """A worker whose code has returned never holds the job.
+
+    A forked worker says when its code returned, and with what code. Once every rank of this node has
+    exited 0 or returned 0, one still in its exit (a non-daemon thread, an atexit handler, a native
+    library's teardown) that has printed nothing and called no `progress()` for EXIT_GRACE seconds is
+    ended with SIGKILL and counted a success, with one line saying so. A spawned worker runs plain
+    `python`, which tells nothing: it is waited for, as torchrun does.
+    """
+    live = [m for m in members if m.state is WorkerState.RUNNING]
+    if not live or any(m.returned() != 0 for m in live):
+        return
+    if any(m.state is not WorkerState.SUCCEEDED for m in members if m not in live):
+        return
+    for m in live:
+        quiet = m.idle(now)
+        try:  # the marker's age: its exit began when its code returned
+            quiet = min(quiet, time.time() - os.stat(m.progress_file + RETURNED_SUFFIX).st_mtime)  # type: ignore[operator]
+        except (OSError, TypeError):
+            pass
+        if quiet < EXIT_GRACE or m.ended_in_exit:
+            continue
+        m.ended_in_exit = True
+        log.warning(
+            f"rank {m.worker.rank}'s code returned 0 and every other rank exited 0, but it has not exited in "
+            f"{quiet:.0f} s (stuck in its teardown); ending it and counting it a success"
+        )
+        emit("stuck_exit", rank=m.worker.rank, pid=m.proc.pid, quiet=round(quiet, 3))
+        m.proc.signal_group(signal.SIGKILL)
 
 
 def route(

@@ -36,7 +36,7 @@ from .env import PROGRESS_VAR, worker_argv
 from .filetimer import FILE_VAR, end_expired
 from .logs_specs import Placement
 from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
-from .members import Member, ended_round, prepare, route, routing_of, verdict_of, worker_spec
+from .members import Member, end_stuck_exits, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
 from .parts import Identity, Launching, Observers
 from .recovery import Recovered, in_place
@@ -153,6 +153,7 @@ class Supervisor:
         self.reap_workers()
         self.check_stop()
         self.check_hangs()
+        end_stuck_exits(self.members if self.state is GroupState.RUNNING else (), self.clock(), self.emit)
         if self.observers.watchdog:
             end_expired(self.observers.watchdog, self.members, self.emit)
         for check in self.observers.periodic:
@@ -342,7 +343,7 @@ class Supervisor:
                 how=ex.describe(),
                 collateral=m.signalled,
             )
-            if ex.ok:
+            if ex.ok or m.ended_in_exit:
                 m.state = WorkerState.SUCCEEDED
             else:
                 m.state = WorkerState.STOPPED if m.signalled and not m.hung else WorkerState.FAILED
@@ -441,8 +442,8 @@ class Supervisor:
         if not limit or self.state is not GroupState.RUNNING:
             return
         for m in self.members:
-            if m.state is not WorkerState.RUNNING or m.hung:
-                continue
+            if m.state is not WorkerState.RUNNING or m.hung or m.returned() is not None:
+                continue  # a worker whose code has returned is exiting, not hung
             idle = m.idle(self.clock())
             if idle > limit:
                 m.hung = True

@@ -2,8 +2,8 @@
 
 import sys
 
-from .server import become_worker, main, run_worker
+from .server import become_worker, exit_worker, main, run_worker
 
 _job = main(sys.argv)  # returns only in a forked worker
 become_worker(_job)
-run_worker(_job)
+exit_worker(lambda: run_worker(_job))

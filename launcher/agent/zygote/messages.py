@@ -10,6 +10,9 @@ import marshal
 from dataclasses import asdict, dataclass, field
 
 ENTRY = "launcher.agent.zygote"  # `python -m launcher.agent.zygote`: also how tests and sweeps tell the zygote in ps
+# A forked worker whose code has returned writes its exit code to its progress file's path plus this:
+# the agent then knows that what is left is the worker's exit, not its work (see `server.exit_worker`).
+RETURNED_SUFFIX = ".returned"
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import NoReturn
 
 from ..process import PR_SET_PDEATHSIG, prctl, set_name
-from .messages import ForkRequest, Job, Reply, ZygoteArgs
+from .messages import RETURNED_SUFFIX, ForkRequest, Job, Reply, ZygoteArgs
 
 
 def main(argv: list[str]) -> Job:
@@ -211,14 +212,33 @@ def become_worker(job: Job) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:  # `random` reseeds itself after a fork; numpy's global state does not
         numpy_random.seed()
-    import atexit
-    import gc
+    _keep_default_group_alive()
 
-    # The zygote froze what it preloaded; frozen objects are never collected, not even when the
-    # interpreter shuts down, so nanobind extensions (triton's, torch >= 2.15) report each of their
-    # objects as leaked ("nanobind: leaked N instances"). Unfrozen at exit, after the script's own
-    # atexit handlers (registered later, run earlier), they are finalised as in a spawned worker.
-    atexit.register(gc.unfreeze)
+
+def _keep_default_group_alive() -> None:
+    """Give the worker's first default process group the lifetime it has in a spawned worker.
+
+    In a spawned worker DDP imports `torch.distributed.nn` after `init_process_group`, and that
+    module's functions take `group=group.WORLD` as a default argument: the default group then lives
+    until the interpreter exits. The zygote imported it (through `torch._dynamo`) before any group
+    existed, so in a forked worker nothing but the user's objects holds the group, and it dies with
+    the DDP model. gloo's destructor then joins its worker threads holding the GIL while one of them
+    waits for the GIL to release a Python object its last collective captured (a deadlock in torch).
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    update = getattr(c10d, "_update_default_pg", None)
+    if "torch.distributed.nn.functional" not in sys.modules or not callable(update):
+        return  # imported lazily after the group, as in a spawned worker: nothing differs
+
+    def update_default_pg(pg):
+        if pg is not None and not _FIRST_GROUP:
+            _FIRST_GROUP.append(pg)
+        return update(pg)
+
+    c10d._update_default_pg = update_default_pg
+
+
+_FIRST_GROUP: list = []  # the forked worker's first default process group, held until it exits
 
 
 def run_worker(job: Job) -> None:
@@ -289,3 +309,79 @@ def _close(fds: Iterable[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def exit_worker(run: Callable[[], None]) -> NoReturn:
+    """Run the worker's code, then exit as `python` would, without finalising the preloaded heap.
+
+    What `python` does at exit, in its order: print an uncaught exception, wait for the non-daemon
+    threads, run the atexit handlers (the user's, logging's flush, multiprocessing's), free the
+    script's globals and their garbage (an unclosed file is flushed, a `__del__` runs), flush stdio;
+    then, where an interpreter would finalise every object the zygote preloaded (~0.7 s, and the
+    teardown races of native threads that wait for the GIL), `os._exit` with the same code.
+    """
+    code, interrupted = 0, False
+    try:
+        run()
+    except SystemExit as e:
+        code = _system_exit_code(e.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        interrupted = True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _mark_returned(code)
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as Py_FinalizeEx does
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+    atexit._run_exitfuncs()  # prints a failing handler's traceback and goes on, as at a normal exit
+    _finalise_main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced by the user: nothing to flush
+            pass
+    if interrupted:  # as python does for an uncaught KeyboardInterrupt: die of SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
+def _finalise_main() -> None:
+    """Free what the script's `__main__` holds, and the cycles among it (the frozen preload is never looked at)."""
+    import gc
+
+    main = sys.modules.get("__main__")
+    if main is not None:
+        main.__dict__.clear()  # a __del__ that raises is printed ("Exception ignored"), as at shutdown
+    gc.collect()
+
+
+def _system_exit_code(code: object) -> int:
+    """`sys.exit(code)`'s exit status, as the interpreter computes it (a message is printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        print(code, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    return 1
+
+
+def _mark_returned(code: int) -> None:
+    """Tell the agent the worker's code has returned: its exit is not a hang (`RETURNED_SUFFIX`)."""
+    progress = os.environ.get("LAUNCHER_PROGRESS_FILE")
+    if not progress:
+        return
+    try:
+        with open(progress + RETURNED_SUFFIX, "w") as f:
+            f.write(f"{code}\n")
+    except OSError:  # its folder is gone or read-only: the agent judges by output, as for a spawned worker
+        pass
