@@ -40,6 +40,8 @@ def test_worker_sigkill_restarts_every_node_once(cluster, tmp_path):
     env = steps_env(tmp_path, steps=30)
     agents = [cluster.start(*c10d(port, "2", "--max_restarts", "2", nproc=2), STEPS, env=env) for _ in range(2)]
     agents[1].wait_for(r"step rank=\d n=5\b")
+    # both of its workers started (on a busy host one may print its start after the other's 5th step)
+    agents[1].wait_for(r"start rank=\d world=4 restart=0\b", count=2)
     victim = agents[1].workers()[0]
     os.kill(victim, signal.SIGKILL)
     rcs = [a.wait(90) for a in agents]
