@@ -146,9 +146,11 @@ def test_a_held_key_lives_while_any_connection_of_its_session_does(ours):
     again.close()  # the session's last connection: the key stays for the lease (a reconnect may come)
     assert watcher.wait_change(k + "change", k + "alive", 0.3) is None and watcher.check([k + "alive"])
     last = StoreClient("127.0.0.1", ours.port, timeout=5, session=7)
-    threading.Timer(0.2, last.end_session).start()  # its death told (its guard's certificate): the key goes now
+    ender = threading.Timer(0.2, last.end_session)  # its death told (its guard's certificate): the key goes now
+    ender.start()
     t = time.monotonic()
     assert watcher.wait_change(k + "change", k + "alive", 5) == GONE and time.monotonic() - t < 1
+    ender.join(5)  # its answer read before the close (the watcher may hear of the end first)
     last.close()
     assert not watcher.check([k + "alive"])
     threading.Timer(0.2, watcher.set, args=(k + "change", b"x")).start()  # blocking on the change alone
