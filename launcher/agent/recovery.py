@@ -17,7 +17,6 @@ fails while a recovery is under way, or when this agent does not serve the round
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from ..spec import RecoveryMode
 from ..tcpstore.client import StoreClient, StoreError
 from ..worker.inplace import keys
 from .loop_events import Then
-from .members import Member, prepare
+from .members import Member
 
 log = logging.getLogger(__name__)
 
@@ -99,26 +98,12 @@ class InPlace:
         )
         sup.emit("rendezvous", cause="in_place")
         sup.round, sup.members = new, [m for m in sup.members if m.proc.pid not in pids]
-        attempt = os.path.join(sup.launching.run_dir, f"attempt_{new.round}")
-        out = sup.launching
-        workers, envs, plan = prepare(
-            sup.spec, sup.routing, new, sup.config.nproc_per_node, out.environ, attempt, sup.identity.agent_id,
-            out.logs, out.logs_plugin,
-        )  # fmt: skip
+        workers, envs, plan = sup.prepare_round(new)
         for worker in workers:
             if worker.rank in ranks and not sup.start_member(worker, envs[worker.local_rank], plan, new.round):
                 client.close()
                 return True  # it could not start: the supervisor is ending the job
-        sup.emit(
-            "running",
-            round=new.round,
-            restarts=new.restart_count,
-            workers=len(sup.members),
-            group_rank=new.group_rank,
-            group_world_size=new.group_world_size,
-            world_size=new.world_size,
-            in_place=True,
-        )
+        sup.announce_running(new, in_place=True)
         self.pending = Pending(new.round, began, ranks)
         threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
         return True

@@ -263,26 +263,26 @@ class Supervisor:
         if not watched:
             self._watch(rnd)
         self._peer_failed = False
-        attempt = os.path.join(self.launching.run_dir, f"attempt_{rnd.round}")
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         if self.observers.watchdog:
             self.observers.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
-        workers, envs, plan = prepare(
-            self.spec,
-            self.routing,
-            rnd,
-            self.config.nproc_per_node,
-            self.launching.environ,
-            attempt,
-            self.identity.agent_id,
-            self.launching.logs,
-            self.launching.logs_plugin,
-        )
+        workers, envs, plan = self.prepare_round(rnd)
         for worker in workers:
             if not self.start_member(worker, envs[worker.local_rank], plan, rnd.round):
                 return
         self._set_state(GroupState.RUNNING)
+        self.announce_running(rnd)
+
+    def prepare_round(self, rnd: Round) -> tuple[list[Worker], dict[int, dict[str, str]], Placement]:
+        """Round `rnd`'s workers, their environments, and where their output goes (attempt_<round>/)."""
+        out = self.launching
+        attempt = os.path.join(out.run_dir, f"attempt_{rnd.round}")
+        n, agent = self.config.nproc_per_node, self.identity.agent_id
+        return prepare(self.spec, self.routing, rnd, n, out.environ, attempt, agent, out.logs, out.logs_plugin)
+
+    def announce_running(self, rnd: Round, **extra: object) -> None:
+        """The `running` event: every worker of round `rnd` this node starts has started."""
         self.emit(
             "running",
             round=rnd.round,
@@ -291,6 +291,7 @@ class Supervisor:
             group_rank=rnd.group_rank,
             group_world_size=rnd.group_world_size,
             world_size=rnd.world_size,
+            **extra,
         )
 
     def start_member(self, worker: Worker, env: dict[str, str], plan: Placement, rnd: int) -> bool:
