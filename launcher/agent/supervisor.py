@@ -31,6 +31,7 @@ from ..spec import TRANSITIONS, Failure, GroupState, Round, RunResult, Snapshot,
 from ..telemetry.reports import NodeReport
 from ..telemetry.stragglers import Flagged
 from . import process
+from .awake import AwakeClock
 from .bootstrap import BootstrapStore
 from .env import PROGRESS_VAR, worker_argv
 from .filetimer import FILE_VAR, end_expired
@@ -84,6 +85,7 @@ class Supervisor:
         self.exit_signal: int | None = None
         self.message = ""
         self._oom_kills: int | None = None
+        self.awake = AwakeClock(config.monitor_interval)  # a stall of the agent is no worker's silence
         # MASTER_ADDR:MASTER_PORT, when this node is group rank 0
         self.bootstrap = BootstrapStore(self.launching.environ)
         self.verdict: Verdict | None = None  # the job's root cause as the node that closed the job published it
@@ -434,18 +436,20 @@ class Supervisor:
                 self.emit("straggler_cleared", rank=m.worker.rank)
 
     def check_hangs(self) -> None:
-        """--hang_timeout: a worker with no output and no progress() call for that long is hung.
+        """--hang_timeout: a worker with no output and no progress() call for that long, of the time
+        this agent ran, is hung (a node stopped whole is not: `awake.py`).
 
         SIGABRT makes faulthandler (PYTHONFAULTHANDLER=1) dump every thread's stack to the worker's
         stderr before it dies, so the log shows where it was stuck; the group then restarts.
         """
-        limit = self.config.hang_timeout
+        limit, now = self.config.hang_timeout, self.clock()
+        self.awake.tick(now)
         if not limit or self.state is not GroupState.RUNNING:
             return
         for m in self.members:
             if m.state is not WorkerState.RUNNING or m.hung or m.returned() is not None:
                 continue  # a worker whose code has returned is exiting, not hung
-            idle = m.idle(self.clock())
+            idle = self.awake.silence(m.idle(now), now)  # counted while the agent ran (agent/awake.py)
             if idle > limit:
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")

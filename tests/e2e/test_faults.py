@@ -93,6 +93,28 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
 
 
 @pytest.mark.timeout(90)
+def test_a_node_frozen_longer_than_the_hang_timeout_is_not_hung(cluster, tmp_path):
+    """A node stopped whole (agent and workers: a paused VM, a stalled host) for longer than
+    --hang_timeout has no hung worker when it resumes: the hang clock counts only the time the agent
+    ran (issue 32; before, every rank was declared hung on resume and the healthy job failed)."""
+    env = steps_env(tmp_path, steps=60)
+    node = cluster.start(*c10d(free_port(), "1", "--max_restarts", "0", "--hang_timeout", "2", nproc=2), STEPS, env=env)
+    node.wait_for(r"step rank=\d n=5", count=2)
+    frozen = [node.pid, *node.workers()]  # the whole node stops: agent and workers (not the guard)
+    assert len(frozen) == 3
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(3.5)  # the fault: a freeze 1.5 s past the hang timeout
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
+    assert node.wait(60) == 0, node.stderr[-3000:]
+    assert "made no progress" not in node.stderr, node.stderr
+    assert {s["restart"] for s in starts(node)} == {"0"}
+    assert checkpoint(tmp_path)["step"] == 60
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("fail_rank", [3, 1], ids=["on-the-second-node", "on-the-store-host"])
 def test_a_remote_ranks_exception_is_the_root_cause_on_every_node(cluster, fail_rank):
     port = free_port()

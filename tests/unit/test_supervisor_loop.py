@@ -156,6 +156,14 @@ class Rig:
             self.sup.step(timeout=1.0 if self.sup.state is GroupState.RENDEZVOUS else 0)
         raise AssertionError(f"never reached: {what} (state {self.sup.state.name}, events {self.kinds()})")
 
+    def watch(self, seconds: float, every: float = 0.5) -> None:
+        """Let `seconds` pass on the clock with the loop looking every `every` s, as a running agent does
+        (a jump with no look between is a stall of the agent, which no hang counts: agent/awake.py)."""
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.now = min(end, self.clock.now + every)
+            self.sup.step(timeout=0)
+
     def running(self, count: int) -> None:
         """Wait for the group to be RUNNING with its `count`-th spawn done."""
         self.turn(
@@ -380,13 +388,11 @@ def test_a_hang_is_a_failure_and_restarts_the_group(tmp_path):
     rig.start()
     p0, p1 = rig.spawn.procs
     p0.exit(0)  # finished its work; only rank 1 is left, silent
-    rig.clock.now += 29
-    rig.sup.step(timeout=0)
+    rig.watch(29)
     assert p1.sent == []  # not yet
-    rig.clock.now += 2
-    rig.sup.step(timeout=0)  # idle 31 s > 30 s: SIGABRT (faulthandler dumps the stacks), and it dies of it
+    rig.watch(2)  # at the look at 30.5 s > 30 s: SIGABRT (faulthandler dumps the stacks), and it dies of it
     assert p1.sent == [signal.SIGABRT]
-    assert ("hang", {"rank": 1, "pid": p1.pid, "idle": 31.0}) in rig.events
+    assert ("hang", {"rank": 1, "pid": p1.pid, "idle": 30.5}) in rig.events
     rig.running(4)
     assert rig.rdzv.causes == [Cause.START, Cause.FAILURE]
     failure = rig.sup.failures[0]
@@ -394,12 +400,28 @@ def test_a_hang_is_a_failure_and_restarts_the_group(tmp_path):
     assert failure.reason == "hung: no progress for 30 s; stacks in its stderr"
 
 
+def test_a_stall_of_the_agent_is_no_workers_silence(tmp_path):
+    """The node stopped whole for 40 s (agent and workers): on resume no worker is hung; a worker silent
+    for 30 s of the agent's running time after it is (issue 32)."""
+    rig = Rig(tmp_path, nproc=1, max_restarts=1, hang_timeout="30")
+    rig.start()
+    p0 = rig.spawn.procs[0]
+    rig.watch(5)
+    rig.clock.now += 40  # no look for 40 s: the agent was stopped
+    rig.sup.step(timeout=0)
+    assert p0.sent == [] and ("hang", {"rank": 0, "pid": p0.pid, "idle": 45.0}) not in rig.events
+    rig.watch(24.5)
+    assert p0.sent == []  # 29.5 s of running time
+    rig.watch(1)
+    assert p0.sent == [signal.SIGABRT]
+    assert [f["idle"] for k, f in rig.events if k == "hang"] == [pytest.approx(30.0, abs=0.6)]
+
+
 def test_a_hung_worker_stopped_by_the_launcher_is_still_the_root_cause(tmp_path):
     """A hung worker that ignores SIGABRT is then stopped with the group: it stays the root cause."""
     rig = Rig(tmp_path, nproc=1, hang_timeout="10", ignore=frozenset({signal.SIGABRT, signal.SIGTERM}))
     rig.start()
-    rig.clock.now += 11
-    rig.sup.step(timeout=0)
+    rig.watch(11)
     assert rig.spawn.procs[0].sent == [signal.SIGABRT] and rig.sup.state is GroupState.RUNNING
     rig.sup.post(SignalReceived(signal.SIGTERM))
     rig.sup.step(timeout=0)

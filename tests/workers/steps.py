@@ -6,6 +6,8 @@ from it. Lines: "start rank= world= restart= round= from=", "step rank= n=", "do
 
 Faults, chosen by the environment (each only on attempt 0 unless said otherwise):
   HANG=R:S       rank R stops at step S, silent, inside `stuck_in_collective` (no output, no progress)
+  HANG_FILE=P    a rank that finds file P holding its rank takes it (renames it P.taken, on any attempt),
+                 writes the epoch time of its last progress() to P.at and stops as HANG does
   FAIL_AT=R:S    rank R exits 5 at step S
   FAIL_EVERY=T   rank 0 exits 3 after T s, on every attempt, until the epoch time SOAK_UNTIL; after
                  that every rank exits 0 at once (the soak)
@@ -67,14 +69,35 @@ start = load()
 print(f"start rank={rank} world={world} restart={restart} round={rnd} from={start}", flush=True)
 hang_rank, _, hang_step = e.get("HANG", "-1:-1").partition(":")
 fail_rank, _, fail_step = e.get("FAIL_AT", "-1:-1").partition(":")
+hang_file = e.get("HANG_FILE")
+last_progress = time.time()
+
+
+def hang_asked() -> bool:
+    """Whether the harness asked this rank to hang now (HANG_FILE): once, by taking the file."""
+    try:
+        with open(hang_file) as f:
+            if f.read().strip() != str(rank):
+                return False
+        os.rename(hang_file, f"{hang_file}.taken")
+    except OSError:  # no file, or another rank took it first
+        return False
+    with open(f"{hang_file}.at", "w") as f:
+        f.write(repr(last_progress))
+    return True
+
+
 for step in range(start + 1, steps + 1):
     time.sleep(step_time)
     if rank == int(hang_rank) and step == int(hang_step) and restart == "0":
+        stuck_in_collective()
+    if hang_file and hang_asked():
         stuck_in_collective()
     if rank == int(fail_rank) and step == int(fail_step) and restart == "0":
         sys.exit(5)
     if rank == 0 and ckpt:
         save(step)
     progress()
+    last_progress = time.time()
     print(f"step rank={rank} n={step}", flush=True)
 print(f"done rank={rank} world={world} steps={steps}", flush=True)
