@@ -13,13 +13,24 @@ connections can be cut alone. Meanwhile, at once (each fault on one agent at a t
                       refused for --outage s (default 3: a slow reconnect, a lost SYN costs 1 s)
   --pause-every S     every ~S s, one agent SIGSTOPped for --pause s (default 3, half the 6 s liveness
                       timeout), then SIGCONT; its workers and connections stay
+  --freeze-every S    every ~S s, one node stopped whole for --pause s: its agent and its workers (not
+                      its guard) SIGSTOPped, then SIGCONT, as a paused VM or a stalled host; longer than
+                      the default --hang-timeout, so the hang clock must not count it
   --console-rate B    each agent's stdout and stderr are pipes the harness reads at B bytes/s with a
                       2 s stall every 10 s (`--tee 3`: every worker line goes through them): the slow
                       disk under the agent's log path (no dm-delay or FUSE here; see docs/faults.md)
+  --hang-timeout S    the agents' --hang_timeout for the whole run (default 2.5, under --pause; 0: none):
+                      every worker prints a line and calls launcher.progress() each step, so a false
+                      hang is the rule "no output and no progress() for S s"
+  --final-hang        at the end, one member's worker stops for real (blocks, alive, no output, no
+                      progress): the time from its last progress() call to its agent's "made no
+                      progress" line is the real hang, measured under the load; then the restarted
+                      round runs before --final-kill
   --final-kill        at the end, one member agent SIGKILLed: the time from the kill to a survivor's
                       "membership changed (... died" line is the real death, measured under the load
 Prints one JSON line: the faults injected, the judgments (deaths, restarts, rounds, hangs, store
-losses) per agent, the exit codes, and the kill-to-notice time; exit 0 when no false judgment was made.
+losses) per agent before the first final fault, the exit codes, and the hang-to-notice and
+kill-to-notice times; exit 0 when no false judgment was made.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from support.etcd import Member  # noqa: E402  (the tests' helpers)
 from support.ports import free_port  # noqa: E402
+from support.processes import is_helper, parent_pid  # noqa: E402
 from support.relay import Relay  # noqa: E402
 
 STEPS = ROOT / "tests" / "workers" / "steps.py"
@@ -51,7 +63,7 @@ JUDGMENTS = {
     "deaths": r"membership changed \(node with group rank \d+ (died|stopped heartbeating|lost its lease)",
     "membership": r"membership changed",
     "store_lost": r"lost the rendezvous store",
-    "hangs": r"hung: no progress",
+    "hangs": r"made no progress for .* \(--hang_timeout\)",  # the judgment (SIGABRT for the stacks follows)
     "restarts": r"restart(s)? used\)|restarting the workers",
     "closed": r"the job was closed",
 }
@@ -139,8 +151,9 @@ def store_endpoint(backend: str, folder: Path, root: Path) -> tuple[str, object]
     return f"127.0.0.1:{port}", Store()
 
 
-def agent_argv(backend: str, endpoint: str, run_id: str, logs: Path) -> list[str]:
+def agent_argv(backend: str, endpoint: str, run_id: str, logs: Path, hang_timeout: float) -> list[str]:
     conf = "last_call_timeout=1" + (",is_host=false" if backend == "c10d" else "")
+    hang = ["--hang_timeout", f"{hang_timeout:g}"] if hang_timeout else []
     return [
         sys.executable,
         "-m",
@@ -163,6 +176,7 @@ def agent_argv(backend: str, endpoint: str, run_id: str, logs: Path) -> list[str
         str(logs),
         "--tee",
         "3",
+        *hang,
         str(STEPS),
     ]
 
@@ -176,7 +190,10 @@ def main() -> int:
     ap.add_argument("--outage", type=float, default=3.0)
     ap.add_argument("--pause-every", type=float, default=20.0, help="0: no pauses")
     ap.add_argument("--pause", type=float, default=3.0)
+    ap.add_argument("--freeze-every", type=float, default=30.0, help="0: no node freezes")
     ap.add_argument("--console-rate", type=int, default=4096, help="bytes/s; 0: read at once")
+    ap.add_argument("--hang-timeout", type=float, default=2.5, help="the agents' --hang_timeout; 0: none")
+    ap.add_argument("--final-hang", action="store_true")
     ap.add_argument("--final-kill", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the folder (logs, the agents' output)")
@@ -198,6 +215,7 @@ def main() -> int:
         "CKPT_DIR": str(folder / "ckpt"),
         "STEPS": str(int(a.seconds / STEP_TIME)),
         "STEP_TIME": str(STEP_TIME),
+        "HANG_FILE": str(folder / "hang"),
     }
     run_id = f"stress{a.seed}"
     agents: list[Agent] = []
@@ -207,7 +225,7 @@ def main() -> int:
     try:
 
         def start(i: int) -> Agent:
-            argv = agent_argv(a.backend, f"127.0.0.1:{relays[i].port}", run_id, folder / "logs")
+            argv = agent_argv(a.backend, f"127.0.0.1:{relays[i].port}", run_id, folder / "logs", a.hang_timeout)
             return Agent(f"node{i}", argv, env | {"SLURMD_NODENAME": f"node{i}"}, a.console_rate, a.root)
 
         agents = [start(0), start(1)]
@@ -218,6 +236,7 @@ def main() -> int:
         end = t0 + a.seconds - 15  # the last faults have time to be ridden out before the job ends
         next_cut = t0 + (a.cut_every * rng.uniform(0.5, 1.5) if a.cut_every else float("inf"))
         next_pause = t0 + (a.pause_every * rng.uniform(0.5, 1.5) if a.pause_every else float("inf"))
+        next_freeze = t0 + (a.freeze_every * rng.uniform(0.5, 1.5) if a.freeze_every else float("inf"))
         while time.monotonic() < end and all(x.popen.poll() is None for x in agents):
             now = time.monotonic()
             free = [i for i, x in enumerate(agents) if x.busy_until <= now]
@@ -239,13 +258,30 @@ def main() -> int:
                 timers[-1].start()
                 faults.append({"at": round(now - t0, 1), "pause": agents[i].name})
                 next_pause = now + a.pause_every * rng.uniform(0.5, 1.5)
+            elif now >= next_freeze and free:
+                i = rng.choice(free)
+                node = node_pids(agents[i].popen.pid)
+                for pid in node:
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except ProcessLookupError:  # a worker that ended meanwhile
+                        pass
+                agents[i].busy_until = now + a.pause + 4.0
+                timers.append(threading.Timer(a.pause, resume, (node,)))
+                timers[-1].start()
+                faults.append({"at": round(now - t0, 1), "freeze": agents[i].name, "pids": len(node)})
+                next_freeze = now + a.freeze_every * rng.uniform(0.5, 1.5)
             time.sleep(0.05)
         for t in timers:
             t.join()
         kill_at = float("inf")
+        if a.final_hang:
+            kill_at, result["hang_noticed_s"] = final_hang(agents, folder / "hang")
         if a.final_kill:
-            kill_at, result["kill_noticed_s"] = final_kill(agents)
+            at, result["kill_noticed_s"] = final_kill(agents, 0.0 if kill_at == float("inf") else kill_at)
+            kill_at = min(kill_at, at)
         rcs = {x.name: x.finish(max(60.0, a.seconds)) for x in agents}
+        result["fault_counts"] = {k: sum(k in f for f in faults) for k in ("cut", "pause", "freeze")}
         result["faults"] = faults
         result["exit_codes"] = rcs
         # before the final kill nothing real happened: every judgment then is a false one
@@ -274,13 +310,61 @@ def main() -> int:
     return 0 if false == 0 else 1
 
 
-def final_kill(agents: list[Agent]) -> tuple[float, float | None]:
-    """SIGKILL one member agent (not its guard), its output read at once from a moment before:
-    (when, seconds until a survivor logs the death)."""
+def node_pids(agent: int) -> list[int]:
+    """The agent and its workers (not its guard): what stops when the node stops."""
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_pid(int(p)) == agent]
+    return [agent, *(p for p in children if not is_helper(p))]
+
+
+def resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # a worker that ended meanwhile
+            pass
+
+
+def final_hang(agents: list[Agent], hang_file: Path) -> tuple[float, dict]:
+    """Make one member's worker hang for real (tests/workers/steps.py HANG_FILE): (when asked, the seconds
+    from its last progress() to its agent's "made no progress" line and to its "hung" stop line). Returns
+    once the restarted round runs again on every member, so a final kill can follow."""
+    for x in agents:
+        x.fast.set()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    members = [x for x in agents if x.popen.poll() is None and x.first_after(r"start rank=", 0)]
+    spare = next((x for x in agents if x not in members), None)
+    if not members:
+        return t0, {}
+    victim = members[0]
+    rank = int(re.findall(r"start rank=(\d+)", victim.text())[-1])
+    hang_file.write_text(str(rank))
+    offset = time.time() - time.monotonic()  # the worker writes epoch time; lines carry monotonic time
+    out: dict = {"rank": rank, "node": victim.name, "spare": spare.name if spare else None}
+    try:
+        wait_until(lambda: victim.first_after(r"made no progress for", t0), 60, "the agent to judge the hang")
+        wait_until(lambda: victim.first_after(r"hung: no progress", t0), 60, "the hung rank to be stopped")
+        last = float(Path(f"{hang_file}.at").read_text()) - offset
+        out["judged_s"] = round(victim.first_after(r"made no progress for", t0) - last, 3)
+        out["stopped_s"] = round(victim.first_after(r"hung: no progress", t0) - last, 3)
+        # the restarted round: two nodes' workers start again (the spare may take a member's place)
+        wait_until(
+            lambda: sum(bool(x.first_after(r"start rank=", t0)) for x in agents) >= 2,
+            120,
+            "two nodes to run again after the hang",
+        )
+    except TimeoutError as e:
+        out["error"] = str(e)
+    return t0, out
+
+
+def final_kill(agents: list[Agent], since: float) -> tuple[float, float | None]:
+    """SIGKILL one member agent (not its guard; one whose workers started after `since`), its output read
+    at once from a moment before: (when, seconds until a survivor logs the death)."""
     for x in agents:
         x.fast.set()  # no slow reader between the log line and its time
     time.sleep(1.0)  # what the slow reader held back drains first
-    victim = next((x for x in agents if x.first_after(r"start rank=", 0) and x.popen.poll() is None), None)
+    victim = next((x for x in agents if x.first_after(r"start rank=", since) and x.popen.poll() is None), None)
     t0 = time.monotonic()
     if victim is None:  # the job ended before (its own false judgments, counted above)
         return t0, None
