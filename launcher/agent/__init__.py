@@ -2,7 +2,8 @@
 
 - `supervisor`: **the loop** (`Supervisor.step`): rounds, spawns, reaps, signals, restarts;
   `loop_events`: what reaches it from other threads; `signals`: signal capture into that queue.
-- `members`: one worker of the round: its process, streams, progress, failure; `process`: spawn,
+- `members`: one worker of the round: its process, streams, progress, failure; `awake`: the agent's
+  own stalls, left out of the hang clock; `process`: spawn,
   reap (pidfds), kill a whole tree, the guard; `zygote/`: workers forked from a preloaded interpreter.
 - `env`: **the worker environment** (torch's contract); `numa`: `--numa_binding`; `logs`,
   `logs_specs`: worker output to console and files; `bootstrap`: the workers' store (MASTER_ADDR);
