@@ -36,6 +36,8 @@ def check(ep: Episode, agents: list[AgentRecord], checkpoint: str | None) -> lis
     cut = cut_reasons(ep)
     by_round = rounds(agents)
     v = ended_clearly(live, cut) + no_orphans(agents) + rounds_agree(by_round)
+    if ep.shape is Shape.IN_PLACE:  # the rest: scripts/chaos/inplace.py, on the events files and step logs
+        return v + causes_named(ep, live, cut) + fault_named(ep, live, cut)
     if ep.shape is Shape.SPARES:
         v += spares_budget(ep, by_round) + spares(ep, agents, by_round)
     else:
