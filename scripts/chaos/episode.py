@@ -158,7 +158,8 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         t_start = time.monotonic()
         while sum(a.started() for a in agents) < nproc * members:
             if time.monotonic() - t_start > bound / 2:
-                ep.violations.append("the job never started: not every worker of the first round ran")
+                said = [a.err[-1] for a in agents if a.err]  # e.g. a flag this launcher refuses
+                ep.violations.append(f"the job never started: not every worker of the first round ran: {said}")
                 return ep
             time.sleep(0.02)
         if spares:

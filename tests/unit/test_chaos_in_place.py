@@ -159,3 +159,24 @@ def test_the_shape_plans_from_its_own_fault_kinds():
     assert {f for _, f in ep.faults} <= {Fault.WORKER_KILL, Fault.WORKER_FREEZE} and not ep.spare
     assert all(0.0 <= at <= 2.5 for at, _ in ep.faults)
     assert plan("c10d", 1010, {Fault.WORKER_HANG}, Shape.IN_PLACE).spare  # agent-kill asked for: a spare
+
+
+def test_a_member_lost_with_a_spare_keeps_the_other_members_processes():
+    # node0 (ranks 0, 1: pids 10, 11) SIGKILLed; the spare node2 takes ranks 0 and 1 in round 1, in place;
+    # node1's ranks 2 and 3 (pids 20, 21) keep their processes
+    ep = episode(10, 11, landed=(Fault.AGENT_KILL,), spare=True)
+    survivor = [*spawned(1.0, {2: 20, 3: 21}), ev("rendezvous", 2.0, cause="in_place")]
+    survivor += [ev("running", 2.2, round=1, restarts=1, in_place=True), ev("recovered", 2.5, round=1, ranks=(0, 1))]
+    spare = [*spawned(2.2, {0: 30, 1: 31}, rnd=1, restarts=1, in_place=True)]
+    agents = [
+        node(START, rc=-9, killed=True),
+        node(survivor + ended(9.0, 1), name="node1"),
+        node(spare + ended(9.0, 1), name="node2"),
+    ]
+    lines = steps(10, 0, [1, 2], 1.0) + steps(20, 2, [1, 2, 3], 1.0) + steps(30, 0, [3], 2.5, start=2)
+    assert inv.check(ep, agents, lines, world=2, steps=3, cap=3) == []
+    # what the launcher does today: the group restarts, node1's workers too (what follows a stop is its own)
+    respawned = [*spawned(1.0, {2: 20}), ev("stopping", 2.0, reason="membership"), *spawned(3.0, {2: 22})]
+    assert inv.check(ep, [node(respawned + ended(9.0, 0))], lines, world=2, steps=3, cap=3) == [
+        "node0: stopped the group (membership) with no in-place recovery declined"
+    ]
