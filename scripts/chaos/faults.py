@@ -179,7 +179,8 @@ def kill_in_place(ep: Episode, w: World, victim: Proc, rng: random.Random) -> No
         signal_all([pid], signal.SIGKILL)
         ep.struck.add(pid)
         ep.done.append(f"SIGKILL rank {rank} (pid {pid}) of {victim.name}")
-        ep.expect.append(("the killed worker", rf"rank {rank} killed by SIGKILL|pid {pid}"))
+        # across nodes the others say "rank 2 (local rank 0) on HOST killed by SIGKILL"
+        ep.expect.append(("the killed worker", rf"rank {rank}\b.*killed by SIGKILL|pid {pid}"))
 
 
 def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang: bool = False) -> None:

@@ -28,7 +28,7 @@ QUARANTINED = re.compile(r"reason: \S+ is quarantined: ")  # its own failure, to
 STEP_LINE = re.compile(r"\[rank(\d+)\]: (start|step) rank=\d+ (?:world=\S+ restart=\S+ round=\S+ from=(\d+)|n=(\d+))")
 # A worker's own line on its agent's stderr: in place, a newcomer whose source is killed mid-transfer
 # dies with its traceback (and the agent restarts the group); that traceback is the script's, not the agent's.
-WORKER_LINE = re.compile(r"\[rank\d+\]: ")
+WORKER_LINE = re.compile(r"\[(?:\S+ )?rank\d+\]: ")  # "[rank2]: ", or across nodes "[host rank2]: "
 Rounds = dict[str, list[Start]]  # round -> the starts of its workers, every agent's
 
 

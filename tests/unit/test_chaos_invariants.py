@@ -59,6 +59,7 @@ def test_each_node_ends_clearly_within_the_bound():
     ]
     # a worker's traceback (in place: a newcomer whose source was killed mid-transfer) is the script's
     assert inv.ended_clearly([agent("a", 0, err=["[rank2]: Traceback (most recent call last):"])], {}) == []
+    assert inv.ended_clearly([agent("a", 0, err=["[vm rank2]: Traceback (most recent call last):"])], {}) == []
 
 
 def test_a_cut_node_that_gives_up_names_what_it_lost():
