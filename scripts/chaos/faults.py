@@ -171,9 +171,18 @@ def stepping(w: World, victim: Proc) -> list[tuple[int, int]]:
     return sorted(newest.items())
 
 
+def workers_of(w: World, victim: Proc) -> tuple[Proc, list[tuple[int, int]]]:
+    """The victim and its stepping workers; a spare that runs none: the first agent that does, and its."""
+    for a in [victim, *(a for a in w.agents if a is not victim)]:
+        workers = stepping(w, a)
+        if workers:
+            return a, workers
+    return victim, []
+
+
 def kill_in_place(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
     """worker-kill, in place: one of the victim's stepping workers SIGKILLed."""
-    workers = stepping(w, victim)
+    victim, workers = workers_of(w, victim)
     if workers:
         rank, pid = rng.choice(workers)
         signal_all([pid], signal.SIGKILL)
@@ -185,7 +194,7 @@ def kill_in_place(ep: Episode, w: World, victim: Proc, rng: random.Random) -> No
 
 def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang: bool = False) -> None:
     """worker-freeze: one of the victim's workers SIGSTOPped for 0.2-1.5 s, well under --hang_timeout."""
-    workers = stepping(w, victim)
+    victim, workers = workers_of(w, victim)
     if not workers:
         return
     rank, pid = rng.choice(workers)
