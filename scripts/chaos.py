@@ -1,7 +1,7 @@
 """A randomized fault campaign: seeded, bounded, replayable.
 
-Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,spares] [--episodes 20] [--seed N]
-      [--bound 60]
+Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,spares,in-place] [--episodes 20]
+      [--seed N] [--bound 60] [--in-place-faults worker-kill,worker-freeze]
 
 Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
 a 2 s liveness timeout (the default before issue 32: the faults are sized around it), a 1 s last call,
@@ -49,6 +49,22 @@ The spares shape also runs `--quarantine after=1,window=2`, each agent named by 
 share a host name): a node whose worker was killed is quarantined at once, exits 69 and never runs a worker
 again (no quarantined node is admitted), and the spare takes its place like a lost member's; so there a
 worker kill is also a fault that stops a node.
+
+Shape `in-place` (issue 33): one agent (`--nnodes 1 --nproc_per_node 3 --recovery in-place --preload
+--max_restarts 3 --hang_timeout 5`) on the episode's store, running tests/workers/in_place_steps.py (a DDP
+model on gloo under `launcher.worker.inplace.Job`, 100 steps of 0.05 s; each process logs its pid, rank,
+world size, round and steps done to a file per process), with 1 or 2 faults at 0-2.5 s of its
+`--in-place-faults`: worker-kill (a stepping worker SIGKILLed), worker-freeze (one SIGSTOPped for 0.2-1.5 s,
+under --hang_timeout: nothing may happen); and, asked for by name, worker-hang (SIGSTOPped for --hang_timeout
++ 2 s: it must become one in-place recovery of that rank) and agent-kill (the job runs as `--nnodes 2
+--nproc_per_node 2` with a third agent as the spare; a member's agent SIGKILLed: the spare's workers take its
+ranks, in place). Invariants (scripts/chaos/inplace.py), on each agent's events file and the step logs,
+beside the ones above that apply (no orphan, ended clearly, the cause named): a rank's pid changes only where a
+fault ended its process (the survivors keep theirs), no group stopped unless the launcher declined in place
+because a worker failed while a recovery was under way, the world size never changes, a rank's step never
+goes back more than one and no process does a step twice, a job that succeeded did every step, one verdict per
+agent and the same for all, and the restarts charged match the events (one per round a failure opened, within
+the budget, no more than the workers failed and killed; `recovered` names the failed ranks).
 
 A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
 are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with

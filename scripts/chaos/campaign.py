@@ -12,12 +12,14 @@ from collections import Counter
 from .episode import run_episode
 from .faults import plan
 from .net import IS_ROOT, netns_usable, sweep_namespaces
-from .records import FAULTS, Fault, Shape
+from .records import FAULTS, IN_PLACE_DEFAULT, IN_PLACE_FAULTS, Fault, Shape
 
 
 def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, skip: set[Fault], netns: bool) -> int:
     """--episodes episodes of one backend and shape, each reported; how many had violations."""
     label = backend if shape is Shape.ELASTIC else f"{backend} {shape.value}"
+    if shape is Shape.IN_PLACE:
+        skip = {f for f in IN_PLACE_FAULTS if f not in args.in_place_faults}
     bad, landed, seconds = 0, Counter(), 0.0
     for i in range(args.episodes):
         ep = run_episode(plan(backend, seed + i, skip, shape), args.bound, args.keep, args.verbose, netns)
@@ -35,7 +37,8 @@ def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, sk
         bad += bool(ep.violations)
         landed.update(ep.landed)
         seconds += ep.seconds
-    counts = ", ".join(f"{f.value} {landed[f]}" for f in FAULTS[backend] if f not in skip)
+    kinds = IN_PLACE_FAULTS if shape is Shape.IN_PLACE else FAULTS[backend]
+    counts = ", ".join(f"{f.value} {landed[f]}" for f in kinds if f not in skip)
     print(
         f"chaos: {label}: faults landed: {counts}; {seconds / max(1, args.episodes):.1f} s per episode",
         flush=True,
@@ -44,13 +47,34 @@ def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, sk
     return bad
 
 
+def in_place_faults(text: str) -> tuple[Fault, ...]:
+    """--in-place-faults: a comma list of the in-place shape's fault kinds."""
+    names = {f.value: f for f in IN_PLACE_FAULTS}
+    bad = [x for x in text.split(",") if x not in names]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{','.join(bad)}: not an in-place fault (one of {', '.join(names)})")
+    return tuple(names[x] for x in text.split(","))
+
+
 def parse(description: str) -> argparse.Namespace:
     """The command line."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--backend", default="c10d,etcd")
     ap.add_argument("--episodes", type=int, default=20, help="per backend and shape")
     ap.add_argument(
-        "--shape", default="elastic,spares", help="elastic (--nnodes 2:3), spares (--nnodes 2 and a spare), or both"
+        "--shape",
+        default="elastic,spares",
+        help="comma-separated: elastic (--nnodes 2:3), spares (--nnodes 2 and a spare), in-place (--recovery in-place)",
+    )
+    ap.add_argument(
+        "--in-place-faults",
+        type=in_place_faults,
+        default=IN_PLACE_DEFAULT,
+        help="the in-place shape's fault kinds, of "
+        + ",".join(f.value for f in IN_PLACE_FAULTS)
+        + " (default: "
+        + ",".join(f.value for f in IN_PLACE_DEFAULT)
+        + "; agent-kill runs two members and a spare)",
     )
     ap.add_argument(
         "--seed", type=int, default=None, help="first episode's seed (default: from the clock); episode i uses seed+i"

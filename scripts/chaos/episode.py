@@ -9,16 +9,38 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from . import inplace
 from .faults import World, inject
 from .invariants import check
 from .net import SUBNET, Net
-from .proc import STEPS, Proc
-from .records import LIVENESS, NODES, READ_TIMEOUT, AgentRecord, Episode, Fault, Shape
+from .proc import IN_PLACE_STEPS, STEPS, Proc
+from .records import (
+    HANG_TIMEOUT,
+    LIVENESS,
+    NODES,
+    READ_TIMEOUT,
+    AgentRecord,
+    Episode,
+    Event,
+    Fault,
+    Shape,
+    StepLine,
+)
 from .stores import C10dStore, EtcdCluster
 
 ORPHAN_WAIT = 10.0  # s an ended agent's processes get to be gone before they count as left behind
+IN_PLACE_RESTARTS = 3  # the in-place shape's --max_restarts: 1-2 faults never spend it
+IN_PLACE_STEPS_N = 100  # the in-place worker's steps, 0.05 s each
+
+
+def shape_size(ep: Episode) -> tuple[str, int]:
+    """The shape's --nnodes and --nproc_per_node."""
+    if ep.shape is Shape.IN_PLACE:
+        return ("2", 2) if ep.spare else ("1", 3)
+    return ("2" if ep.shape is Shape.SPARES else "2:3"), 2
 
 
 def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
@@ -30,16 +52,18 @@ def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
         f"keep_alive_max_attempt={LIVENESS / 0.5:.0f}" + (",is_host=false" if ep.backend == "c10d" else "")
     )
     spares = ep.shape is Shape.SPARES
+    in_place = ep.shape is Shape.IN_PLACE
+    nnodes, nproc = shape_size(ep)
     argv = [
         sys.executable,
         "-m",
         "launcher",
         "--nnodes",
-        "2" if spares else "2:3",
+        nnodes,
         "--nproc_per_node",
-        "2",
+        str(nproc),
         "--max_restarts",
-        "3",
+        str(IN_PLACE_RESTARTS if in_place else 3),
         "--rdzv_backend",
         ep.backend,
         "--rdzv_endpoint",
@@ -53,6 +77,9 @@ def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
     ]
     if spares:  # quarantine at the first failure
         argv += ["--quarantine", "after=1,window=2"]
+    if in_place:  # each agent's events file is --log_dir/events-$SLURMD_NODENAME.jsonl (see agent_env)
+        argv += ["--recovery", "in-place", "--preload", "--hang_timeout", f"{HANG_TIMEOUT:g}"]
+        return [*argv, str(IN_PLACE_STEPS)]
     return [*argv, str(STEPS)]
 
 
@@ -60,6 +87,9 @@ def agent_env(ep: Episode, ckpt: Path, i: int) -> dict[str, str]:
     """Node i's environment for its workers: the checkpoint folder, the training's length, its node name."""
     # 4 s of training; 12 s with a link cut (a cut node may give up while its workers run), 20 s with a
     # link down for good (a node that never gives up runs its workers past STOP_S)
+    if ep.shape is Shape.IN_PLACE:  # the step logs live beside the checkpoint folder
+        steps = {"STEP_LOG": str(ckpt), "STEPS": str(IN_PLACE_STEPS_N), "STEP_TIME": "0.05"}
+        return {**steps, "SLURMD_NODENAME": f"node{i}", "PET_EVENTS_FILE": str(ckpt.parent / f"events-node{i}.jsonl")}
     kinds = {f for _, f in ep.faults}
     steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
     env = {"CKPT_DIR": str(ckpt), "STEPS": str(steps), "STEP_TIME": "0.05"}
@@ -84,6 +114,18 @@ def read_checkpoint(ckpt: Path) -> str | None:
         return None
 
 
+def read_events(r: AgentRecord, path: Path) -> AgentRecord:
+    """`r` with its events file's events (none where it wrote none)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return replace(r, events=tuple(e for e in map(Event.parse, lines) if e is not None))
+
+
+def read_steps(folder: Path) -> list[StepLine]:
+    """Every line of the in-place workers' step logs."""
+    lines = (StepLine.parse(x) for f in sorted(folder.iterdir()) for x in f.read_text().splitlines())
+    return [x for x in lines if x is not None]
+
+
 def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = False, netns: bool = False) -> Episode:
     """Run `ep`'s job with its faults, check its invariants into ep.violations; everything it started is gone
     when it returns, its folder too unless `keep`."""
@@ -104,24 +146,28 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         addr, hub = (f"{SUBNET}.1", net.hub) if net else ("127.0.0.1", None)
         store = C10dStore(addr, hub) if ep.backend == "c10d" else EtcdCluster(folder, addr, hub)
         argv = agent_argv(ep, store.endpoint, logs)
-        spares = ep.shape is Shape.SPARES
-        members = 2 if spares else NODES  # the spares shape starts its third node once the two members run
+        spares = ep.shape is Shape.SPARES or ep.spare
+        nnodes, nproc = shape_size(ep)
+        members = 2 if spares else int(nnodes) if ep.shape is Shape.IN_PLACE else NODES  # a spare: once they run
 
         def agent(i: int) -> Proc:
             return Proc(f"node{i}", argv, agent_env(ep, ckpt, i), net.nodes[i] if net else None)
 
         agents = [agent(i) for i in range(members)]
-        world = World(agents, store, net, logs if mounted else None)
+        world = World(agents, store, net, logs if mounted else None, ckpt if ep.shape is Shape.IN_PLACE else None)
         t_start = time.monotonic()
-        while sum(a.started() for a in agents) < 2 * members:
-            if time.monotonic() - t_start > bound / 2:
-                ep.violations.append("the job never started: not every worker of the first round ran")
+        # in place, each agent's zygote imports torch before the first worker: on busy cores, 10-30 s
+        start_bound = bound if ep.shape is Shape.IN_PLACE else bound / 2
+        while sum(a.started() for a in agents) < nproc * members:
+            if time.monotonic() - t_start > start_bound:
+                said = [a.err[-1] for a in agents if a.err]  # e.g. a flag this launcher refuses
+                ep.violations.append(f"the job never started: not every worker of the first round ran: {said}")
                 return ep
             time.sleep(0.02)
         if spares:
             agents.append(agent(members))
             while not any("waiting as a spare" in line for line in agents[-1].err):
-                if time.monotonic() - t_start > bound / 2 or agents[-1].popen.poll() is not None:
+                if time.monotonic() - t_start > start_bound or agents[-1].popen.poll() is not None:
                     ep.violations.append(f"the third node never said it waits as a spare: {agents[-1].err[-3:]}")
                     return ep
                 time.sleep(0.02)
@@ -132,7 +178,14 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         deadline = t0 + bound
         rcs = {a.name: (a.finish(deadline - time.monotonic()) if not a.killed else -9) for a in agents}
         records = [a.record(rcs[a.name], left_after(a) if rcs[a.name] is not None else []) for a in agents]
-        ep.violations += check(ep, records, read_checkpoint(ckpt))
+        if ep.shape is Shape.IN_PLACE:
+            records = [read_events(r, folder / f"events-{r.name}.jsonl") for r in records]
+            ep.violations += check(ep, records, None)
+            world_size = nproc * members
+            cap = IN_PLACE_RESTARTS
+            ep.violations += inplace.check(ep, records, read_steps(ckpt), world_size, IN_PLACE_STEPS_N, cap)
+        else:
+            ep.violations += check(ep, records, read_checkpoint(ckpt))
         if ep.violations and verbose:
             show(records)
     except Exception as e:  # the harness itself: reported as a violation, never swallowed

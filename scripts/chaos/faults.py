@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .net import Net
 from .proc import Proc, signal_all
-from .records import FAULTS, FOR_GOOD, STORE_FAULTS, Episode, Fault, Shape
+from .records import FAULTS, FOR_GOOD, HANG_TIMEOUT, IN_PLACE_FAULTS, STORE_FAULTS, Episode, Fault, Shape
 from .stores import C10dStore, EtcdCluster
 
 
@@ -25,6 +25,7 @@ class World:
     store: C10dStore | EtcdCluster
     net: Net | None
     disk: Path | None
+    steplog: Path | None = None  # in-place: the workers' step logs, <rank>.<pid>
     timers: list[threading.Timer] = field(default_factory=list)
     cut_for_good: set[tuple[int, str]] = field(default_factory=set)  # (node, end) links down until the end
 
@@ -45,12 +46,15 @@ def plan(backend: str, seed: int, skip: set[Fault] = frozenset(), shape: Shape =
     """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store."""
     rng = random.Random(seed)
     ep = Episode(backend, seed, shape)
-    kinds = [f for f in FAULTS[backend] if f not in skip]
+    in_place = shape is Shape.IN_PLACE
+    kinds = [f for f in (IN_PLACE_FAULTS if in_place else FAULTS[backend]) if f not in skip]
+    ep.spare = in_place and Fault.AGENT_KILL in kinds  # a member's agent lost: two members and a spare
     for _ in range(rng.choice((1, 1, 2))):
         fault = rng.choice(kinds)
         if fault in STORE_FAULTS:
             kinds = [f for f in kinds if f not in STORE_FAULTS]
-        ep.faults.append((round(rng.uniform(0.0, 1.5), 3), fault))
+        # in place, spread over 2.5 s: a second kill mostly lands after the first one's recovery
+        ep.faults.append((round(rng.uniform(0.0, 2.5 if in_place else 1.5), 3), fault))
     ep.faults.sort(key=lambda f: f[0])
     return ep
 
@@ -157,6 +161,79 @@ def link_down(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
     cut_link(ep, w, victim, rng, for_good=True)
 
 
+def stepping(w: World, victim: Proc) -> list[tuple[int, int]]:
+    """In place: (rank, pid) of the victim's workers now, each rank's newest process by the step logs."""
+    mine, newest = set(victim.left()), {}
+    for f in sorted(w.steplog.iterdir(), key=lambda f: f.stat().st_mtime):
+        rank, pid = map(int, f.name.split("."))
+        if pid in mine:
+            newest[rank] = pid
+    return sorted(newest.items())
+
+
+def workers_of(w: World, victim: Proc) -> tuple[Proc, list[tuple[int, int]]]:
+    """The victim and its stepping workers; a spare that runs none: the first agent that does, and its."""
+    for a in [victim, *(a for a in w.agents if a is not victim)]:
+        workers = stepping(w, a)
+        if workers:
+            return a, workers
+    return victim, []
+
+
+def kill_in_place(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """worker-kill, in place: one of the victim's stepping workers SIGKILLed."""
+    victim, workers = workers_of(w, victim)
+    if workers:
+        rank, pid = rng.choice(workers)
+        signal_all([pid], signal.SIGKILL)
+        ep.struck.add(pid)
+        ep.done.append(f"SIGKILL rank {rank} (pid {pid}) of {victim.name}")
+        # across nodes the others say "rank 2 (local rank 0) on HOST killed by SIGKILL"
+        ep.expect.append(("the killed worker", rf"rank {rank}\b.*killed by SIGKILL|pid {pid}"))
+
+
+def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang: bool = False) -> None:
+    """worker-freeze: one of the victim's workers SIGSTOPped for 0.2-1.5 s, well under --hang_timeout."""
+    victim, workers = workers_of(w, victim)
+    if not workers:
+        return
+    rank, pid = rng.choice(workers)
+    length = HANG_TIMEOUT + 2.0 if hang else rng.uniform(0.2, 1.5)
+    signal_all([pid], signal.SIGSTOP)
+    w.later(length, signal_all, [pid], signal.SIGCONT)  # a hang: the agent's SIGABRT lands once it runs
+    ep.done.append(f"SIGSTOP rank {rank} (pid {pid}) of {victim.name} for {length:.1f} s")
+    if hang:
+        ep.struck.add(pid)
+        ep.expect.append(("the hung worker", rf"rank {rank} (?:made no progress|hung)"))
+
+
+def hang_worker(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """worker-hang: one of the victim's workers SIGSTOPped past --hang_timeout (then SIGCONT)."""
+    freeze_worker(ep, w, victim, rng, hang=True)
+
+
+def kill_member(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """agent-kill, in place with a spare: a member's agent SIGKILLed (its guard stops its workers); the
+    spare's workers take its ranks."""
+    members = [a for a in w.agents[:2] if not a.killed and a.popen.poll() is None]
+    if not members:
+        return
+    victim = rng.choice(members)
+    workers = stepping(w, victim)
+    signal_all([victim.popen.pid], signal.SIGKILL)
+    victim.killed = True
+    ep.struck.update(pid for _, pid in workers)
+    ep.done.append(f"SIGKILL agent {victim.name} (ranks {[r for r, _ in workers]})")
+    ep.expect.append(("the killed agent", r"died|lost its lease|stopped heartbeating|no node came to fill"))
+
+
+IN_PLACE_STRIKES: dict[Fault, Strike] = {
+    Fault.WORKER_KILL: kill_in_place,
+    Fault.WORKER_FREEZE: freeze_worker,
+    Fault.WORKER_HANG: hang_worker,
+    Fault.AGENT_KILL: kill_member,
+}
+
 STRIKES: dict[Fault, Strike] = {
     Fault.WORKER_KILL: kill_worker,
     Fault.AGENT_KILL: kill_agent,
@@ -177,7 +254,7 @@ def inject(ep: Episode, fault: Fault, w: World, rng: random.Random) -> None:
         return
     victim = rng.choice(alive)
     landed = len(ep.done)
-    STRIKES[fault](ep, w, victim, rng)
+    (IN_PLACE_STRIKES if ep.shape is Shape.IN_PLACE else STRIKES)[fault](ep, w, victim, rng)
     if len(ep.done) > landed:
         ep.landed.append(fault)
         ep.victims.append("store" if fault in STORE_FAULTS else victim.name)

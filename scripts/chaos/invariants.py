@@ -26,6 +26,9 @@ STORE_LOST = re.compile(r"reason: .*(?:rendezvous store|etcd at)")  # a node cut
 CUT_REASON = re.compile(rf"{STORE_LOST.pattern}|reason: .*the job was closed")  # back in time, it may find the job over
 QUARANTINED = re.compile(r"reason: \S+ is quarantined: ")  # its own failure, told before the cut's (exit 69)
 STEP_LINE = re.compile(r"\[rank(\d+)\]: (start|step) rank=\d+ (?:world=\S+ restart=\S+ round=\S+ from=(\d+)|n=(\d+))")
+# A worker's own line on its agent's stderr: in place, a newcomer whose source is killed mid-transfer
+# dies with its traceback (and the agent restarts the group); that traceback is the script's, not the agent's.
+WORKER_LINE = re.compile(r"\[(?:\S+ )?rank\d+\]: ")  # "[rank2]: ", or across nodes "[host rank2]: "
 Rounds = dict[str, list[Start]]  # round -> the starts of its workers, every agent's
 
 
@@ -36,6 +39,8 @@ def check(ep: Episode, agents: list[AgentRecord], checkpoint: str | None) -> lis
     cut = cut_reasons(ep)
     by_round = rounds(agents)
     v = ended_clearly(live, cut) + no_orphans(agents) + rounds_agree(by_round)
+    if ep.shape is Shape.IN_PLACE:  # the rest: scripts/chaos/inplace.py, on the events files and step logs
+        return v + causes_named(ep, live, cut) + fault_named(ep, live, cut)
     if ep.shape is Shape.SPARES:
         v += spares_budget(ep, by_round) + spares(ep, agents, by_round)
     else:
@@ -61,13 +66,13 @@ def rounds(agents: list[AgentRecord]) -> Rounds:
 
 def ended_clearly(live: list[AgentRecord], cut: dict[str, re.Pattern]) -> list[str]:
     """Every live node finished, or ended with a clear reason (a cut one naming what it lost), within the
-    bound, and printed no traceback."""
+    bound, and printed no traceback of its own (a worker's, prefixed with its rank, is the script's)."""
     v = []
     for a in live:
         text = "\n".join(a.err)
         if a.rc is None:
             v.append(f"{a.name} still running after the bound")
-        elif "Traceback" in text:
+        elif any("Traceback" in line and not WORKER_LINE.match(line) for line in a.err):
             v.append(f"{a.name}: a Python traceback on the agent's stderr")
         elif a.rc != 0 and not re.search(r"reason: |error: ", text):
             v.append(f"{a.name}: exit {a.rc} with no reason given")

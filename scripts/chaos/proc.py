@@ -17,6 +17,7 @@ from .records import AgentRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ROOT / "tests" / "workers" / "steps.py"
+IN_PLACE_STEPS = ROOT / "tests" / "workers" / "in_place_steps.py"
 
 
 def signal_all(pids: list[int], sig: int) -> None:

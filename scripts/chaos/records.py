@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class Fault(enum.Enum):
     LINK_DOWN = "link-down"  # root and namespaces only: down until the episode ends
     MEMBER_KILL = "etcd-member-kill"  # a follower; etcd only
     LEADER_KILL = "etcd-leader-kill"  # etcd only
+    WORKER_FREEZE = "worker-freeze"  # in-place: one worker SIGSTOPped for less than --hang_timeout
+    WORKER_HANG = "worker-hang"  # in-place: one worker SIGSTOPped past --hang_timeout
 
 
 COMMON = [
@@ -46,6 +49,11 @@ STORE_FAULTS = {Fault.STORE_KILL, Fault.MEMBER_KILL, Fault.LEADER_KILL}  # at mo
 STOPS_A_NODE = {Fault.AGENT_KILL, Fault.NODE_FREEZE, Fault.STORE_KILL, Fault.LINK_CUT, Fault.LINK_DOWN}
 QUARANTINES = {Fault.WORKER_KILL}  # the spares shape's --quarantine after=1: its node leaves the job
 LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
+# The in-place shape's kinds; agent-kill there is a member's agent with a spare standing by, and the job
+# runs on two nodes and a spare (multi-node in-place recovery), so it is off unless asked for.
+IN_PLACE_FAULTS = [Fault.WORKER_KILL, Fault.WORKER_FREEZE, Fault.WORKER_HANG, Fault.AGENT_KILL]
+IN_PLACE_DEFAULT = (Fault.WORKER_KILL, Fault.WORKER_FREEZE)
+HANG_TIMEOUT = 5.0  # the in-place shape's --hang_timeout: a worker-freeze stays under it, a worker-hang passes it
 RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
 
@@ -54,6 +62,7 @@ class Shape(enum.Enum):
 
     ELASTIC = "elastic"  # --nnodes 2:3, three members
     SPARES = "spares"  # --nnodes 2, two members and a spare
+    IN_PLACE = "in-place"  # --recovery in-place: one node of 3 workers (with agent-kill: --nnodes 2 and a spare)
 
 
 @dataclass
@@ -71,6 +80,8 @@ class Episode:
     frozen: set[str] = field(default_factory=set)  # the nodes it froze
     victims: list[str] = field(default_factory=list)  # the node each landed fault struck (the store: "store")
     cuts: list[tuple[str, float, float]] = field(default_factory=list)  # (node, when, how long) its link was cut
+    struck: set[int] = field(default_factory=set)  # in-place: the worker pids a fault ended (killed, hung, lost)
+    spare: bool = False  # in-place: two members and a spare (agent-kill asked for), not one node
     seconds: float = 0.0
     kept: Path | None = None  # --keep: the episode's folder
 
@@ -104,6 +115,7 @@ class AgentRecord:
     err_at: tuple[float, ...] = ()
     ended_at: float | None = None  # when its stdout closed
     left: tuple[int, ...] = ()  # pids carrying its token after it ended (and a wait of up to 10 s)
+    events: tuple[Event, ...] = ()  # in-place: its --events_file, in order
 
     def starts(self) -> list[Start]:
         """Every "start" line of its workers, in order."""
@@ -113,3 +125,70 @@ class AgentRecord:
                 kv = dict(START.findall(line))
                 found.append(Start(self.name, kv["rank"], kv["world"], kv["restart"], kv["round"], at))
         return found
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of an agent's --events_file, the fields the in-place invariants read."""
+
+    kind: str
+    at: float  # time.time() of the agent
+    rank: int | None = None
+    pid: int | None = None
+    round: int | None = None
+    restarts: int | None = None
+    cause: str = ""  # rendezvous: start, in_place, failure, ...
+    reason: str = ""  # stopping, in_place_declined
+    collateral: bool = False  # exit: stopped by the launcher, not a failure
+    returncode: int | None = None  # exit
+    exit_code: int | None = None  # finished
+    in_place: bool = False  # running: a round opened by an in-place recovery
+    ranks: tuple[int, ...] = ()  # recovered
+
+    @classmethod
+    def parse(cls, line: str) -> Event | None:
+        """The event of one JSON line (None: not one, e.g. the line a SIGKILL cut short)."""
+        try:
+            d = json.loads(line)
+        except ValueError:
+            return None
+        return cls(
+            d.get("event", ""),
+            float(d.get("time", 0.0)),
+            d.get("rank"),
+            d.get("pid"),
+            d.get("round"),
+            d.get("restarts"),
+            str(d.get("cause", "")),
+            str(d.get("reason", "")),
+            bool(d.get("collateral", False)),
+            d.get("returncode"),
+            d.get("exit_code"),
+            bool(d.get("in_place", False)),
+            tuple(d.get("ranks", ())),
+        )
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """A line of the in-place worker's step log (tests/workers/in_place_steps.py): "start" once a process
+    holds the state, "step" after each step done; `step` counts the steps done, `at` is time.time()."""
+
+    kind: str
+    pid: int
+    rank: int
+    world: int
+    round: int
+    step: int
+    at: float
+
+    @classmethod
+    def parse(cls, line: str) -> StepLine | None:
+        """The record of one line (None: a line cut short by a kill)."""
+        parts = line.split()
+        if len(parts) != 7 or parts[0] not in ("start", "step"):
+            return None
+        try:
+            return cls(parts[0], *map(int, parts[1:6]), float(parts[6]))
+        except ValueError:
+            return None

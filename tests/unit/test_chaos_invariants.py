@@ -10,7 +10,7 @@ from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))  # the campaign's package, scripts/chaos/
 from chaos import invariants as inv  # noqa: E402
-from chaos.faults import STRIKES, plan  # noqa: E402
+from chaos.faults import IN_PLACE_STRIKES, STRIKES, plan  # noqa: E402
 from chaos.records import FOR_GOOD, LIVENESS, REFORM_S, STOP_S, AgentRecord, Episode, Fault, Shape  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
@@ -57,6 +57,9 @@ def test_each_node_ends_clearly_within_the_bound():
         "b: a Python traceback on the agent's stderr",
         "c: exit 1 with no reason given",
     ]
+    # a worker's traceback (in place: a newcomer whose source was killed mid-transfer) is the script's
+    assert inv.ended_clearly([agent("a", 0, err=["[rank2]: Traceback (most recent call last):"])], {}) == []
+    assert inv.ended_clearly([agent("a", 0, err=["[vm rank2]: Traceback (most recent call last):"])], {}) == []
 
 
 def test_a_cut_node_that_gives_up_names_what_it_lost():
@@ -207,7 +210,7 @@ def test_check_reports_in_order_and_skips_a_killed_agent():
 
 
 def test_every_fault_kind_strikes():
-    assert set(STRIKES) == set(Fault)
+    assert set(STRIKES) | set(IN_PLACE_STRIKES) == set(Fault)
 
 
 @pytest.mark.parametrize(

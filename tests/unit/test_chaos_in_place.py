@@ -1,0 +1,182 @@
+"""The chaos campaign's in-place shape (scripts/chaos/inplace.py): its invariants as pure functions of
+hand-made events files and step logs, one record that breaks each and one that keeps it; and its plan."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from support.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))  # the campaign's package, scripts/chaos/
+from chaos import inplace as inv  # noqa: E402
+from chaos.faults import IN_PLACE_STRIKES, plan  # noqa: E402
+from chaos.records import IN_PLACE_FAULTS, AgentRecord, Episode, Event, Fault, Shape, StepLine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def ev(kind: str, at: float, **kw) -> Event:
+    return Event(kind, at, **kw)
+
+
+def spawned(at: float, pids: dict[int, int], rnd: int = 0, restarts: int = 0, in_place: bool = False) -> list[Event]:
+    return [ev("spawn", at, rank=r, pid=p, round=rnd) for r, p in pids.items()] + [
+        ev("running", at, round=rnd, restarts=restarts, in_place=in_place)
+    ]
+
+
+START = [ev("rendezvous", 0.0, cause="start"), ev("starting", 0.0, round=0, restarts=0), *spawned(1.0, {0: 10, 1: 11})]
+
+
+def recovered_from_kill(killed: int = 11, rank: int = 1, new: int = 12) -> list[Event]:
+    """Rank `rank`'s process `killed` SIGKILLed at 2.0 and replaced in place by `new`."""
+    return [
+        ev("exit", 2.0, rank=rank, pid=killed, returncode=-9),
+        ev("rendezvous", 2.0, cause="in_place"),
+        *spawned(2.1, {rank: new}, rnd=1, restarts=1, in_place=True),
+        ev("recovered", 2.5, round=1, ranks=(rank,)),
+    ]
+
+
+def ended(at: float, restarts: int, code: int = 0) -> list[Event]:
+    return [ev("finished", at, exit_code=code, restarts=restarts)]
+
+
+def node(events: list[Event], rc: int | None = 0, name: str = "node0", **kw) -> AgentRecord:
+    return AgentRecord(name, rc, events=tuple(events), **kw)
+
+
+def steps(pid: int, rank: int, done: list[int], at: float, start: int | None = None, world: int = 2) -> list[StepLine]:
+    """A process's step log: its start line at `at`, then a step line per entry of `done`, 0.1 s apart."""
+    first = [StepLine("start", pid, rank, world, 0, done[0] - 1 if start is None else start, at)]
+    return first + [StepLine("step", pid, rank, world, 0, n, at + 0.1 * (i + 1)) for i, n in enumerate(done)]
+
+
+def episode(*struck: int, landed=(Fault.WORKER_KILL,), spare: bool = False) -> Episode:
+    return Episode("c10d", 1, Shape.IN_PLACE, landed=list(landed), struck=set(struck), spare=spare)
+
+
+def test_a_kill_recovered_in_place_keeps_every_invariant():
+    agents = [node(START + recovered_from_kill() + ended(9.0, 1))]
+    lines = steps(10, 0, [1, 2, 3, 4], 1.0) + steps(11, 1, [1, 2], 1.0) + steps(12, 1, [3, 4], 2.5, start=2)
+    assert inv.check(episode(11), agents, lines, world=2, steps=4, cap=3) == []
+
+
+def test_a_survivor_keeps_its_process():
+    # rank 0's process was not struck, yet the events spawn it again and it steps in a new process
+    events = START + [ev("exit", 2.0, rank=0, pid=10, returncode=0), *spawned(2.1, {0: 13}, rnd=1, restarts=0)]
+    lines = steps(10, 0, [1, 2], 1.0) + steps(13, 0, [3], 2.5)
+    assert inv.pids_kept(episode(11), [node(events)], lines, None) == [
+        "rank 0: a new process 13 was spawned, but its process 10 was not struck (a survivor)",
+        "rank 0: stepped in process 13 after 10, which was not struck (a survivor)",
+    ]
+    # the struck rank's new process is fine; so is every process after the group was stopped (at 2.0)
+    assert inv.pids_kept(episode(10), [node(events)], lines, None) == []
+    assert inv.pids_kept(episode(), [node(events)], lines, 2.0) == []
+
+
+def test_the_group_is_stopped_only_where_the_launcher_must():
+    declined = [ev("in_place_declined", 3.0, reason="a worker failed while round 1 was recovering in place")]
+    stop = [ev("stopping", 3.0, reason="restart")]
+    pending = START + recovered_from_kill()[:-1]  # round 1 under way: no `recovered` yet
+    assert inv.group_restarts([node(pending + declined + stop)]) == (3.0, [])
+    done = START + recovered_from_kill()  # round 1 recovered: a decline now has no excuse
+    assert inv.group_restarts([node(done + declined + stop)])[1] == [
+        "node0: restarted the group instead of recovering in place: a worker failed while round 1 was "
+        "recovering in place"
+    ]
+    several = [ev("in_place_declined", 3.0, reason="the job has several nodes")]
+    assert inv.group_restarts([node(START + several + stop)])[1] == [
+        "node0: restarted the group instead of recovering in place: the job has several nodes"
+    ]
+    assert inv.group_restarts([node(START + stop)])[1] == [
+        "node0: stopped the group (restart) with no in-place recovery declined"
+    ]
+    failed = [ev("in_place_failed", 9.0, round=1)]
+    assert inv.group_restarts([node(pending + failed + stop)])[1] == [
+        "node0: the in-place recovery of round 1 did not finish (in_place_failed)"
+    ]
+    assert inv.group_restarts([node(START + [ev("stopping", 3.0, reason="fail")])]) == (3.0, [])
+
+
+def test_the_world_size_never_changes():
+    assert inv.world_constant(steps(10, 0, [1], 1.0), 2) == []
+    assert inv.world_constant(steps(10, 0, [1], 1.0, world=1), 2) == ["the world size changed: [1] beside 2"]
+
+
+def test_a_rank_goes_back_at_most_the_step_in_flight():
+    old = steps(11, 1, [1, 2, 3], 1.0)
+    assert inv.steps_forward(old + steps(12, 1, [3, 4], 2.0, start=2), None) == []  # step 3 done again
+    assert inv.steps_forward(old + steps(12, 1, [2, 3], 2.0, start=1), None) == [
+        "rank 1: went back from step 3 to 1 (process 12)"
+    ]
+    assert inv.steps_forward(old + steps(12, 1, [2, 3], 2.0, start=1), 2.0) == []  # the group was restarted
+    twice = old + [StepLine("step", 11, 1, 2, 1, 3, 1.5)]
+    assert inv.steps_forward(twice, None) == ["rank 1: process 11 did step 3 twice"]
+
+
+def test_a_job_that_succeeded_did_every_step():
+    lines = steps(10, 0, [1, 2], 1.0) + steps(11, 1, [1], 1.0)
+    assert inv.all_steps_done([node([])], lines, 2) == ["the job succeeded but ranks stopped short of step 2: {1: 1}"]
+    assert inv.all_steps_done([node([], rc=1)], lines, 2) == []
+
+
+def test_one_verdict_per_agent_and_the_same_for_all():
+    assert inv.one_verdict([node(ended(9.0, 0)), node(ended(9.0, 0), name="node1")]) == []
+    assert inv.one_verdict([node(ended(9.0, 0) + ended(9.1, 0))]) == ["node0: 2 verdicts (finished events), not one"]
+    assert inv.one_verdict([node(ended(9.0, 1, code=1))]) == ["node0: its verdict says exit 1 but it exited 0"]
+    assert inv.one_verdict([node(ended(9.0, 0)), node(ended(9.0, 0, code=1), rc=1, name="node1")]) == [
+        "the agents' verdicts differ: {'node0': 0, 'node1': 1}"
+    ]
+    assert inv.one_verdict([node([], rc=-9, killed=True), node([], rc=None, name="node1")]) == []
+
+
+def test_the_budget_matches_the_events():
+    assert inv.budget(episode(11), [node(START + recovered_from_kill() + ended(9.0, 1))], cap=3) == []
+    assert inv.budget(episode(11), [node(START + recovered_from_kill() + ended(9.0, 2))], cap=3) == [
+        "node0: its verdict counts 2 restart(s), its rounds 1"
+    ]
+    assert inv.budget(episode(11), [node(START + recovered_from_kill() + ended(9.0, 1))], cap=0) == [
+        "node0: 1 restarts charged, past --max_restarts 0"
+    ]
+    # no worker failed (a freeze), yet a restart was charged
+    jumped = START + [*spawned(2.1, {1: 12}, rnd=1, restarts=1, in_place=True)]
+    assert inv.budget(episode(landed=(Fault.WORKER_FREEZE,)), [node(jumped)], cap=3) == [
+        "node0: 1 restart(s) charged, but 0 worker(s) failed",
+        "node0: 1 restart(s) charged, but 0 worker(s) killed",
+    ]
+    wrong = START + recovered_from_kill()[:-1] + [ev("recovered", 2.5, round=1, ranks=(0,))]
+    assert inv.budget(episode(11), [node(wrong)], cap=3) == ["node0: round 1 recovered ranks [0], but [1] failed"]
+    skipped = START + [*spawned(2.1, {1: 12}, rnd=1, restarts=2, in_place=True)]
+    assert "node0: round 1 charged 2 restart(s) after 0" in inv.budget(episode(11, 12), [node(skipped)], cap=3)
+
+
+def test_the_shape_plans_from_its_own_fault_kinds():
+    assert set(IN_PLACE_STRIKES) == set(IN_PLACE_FAULTS)
+    skip = {Fault.WORKER_HANG, Fault.AGENT_KILL}
+    ep = plan("c10d", 1010, skip, Shape.IN_PLACE)
+    assert {f for _, f in ep.faults} <= {Fault.WORKER_KILL, Fault.WORKER_FREEZE} and not ep.spare
+    assert all(0.0 <= at <= 2.5 for at, _ in ep.faults)
+    assert plan("c10d", 1010, {Fault.WORKER_HANG}, Shape.IN_PLACE).spare  # agent-kill asked for: a spare
+
+
+def test_a_member_lost_with_a_spare_keeps_the_other_members_processes():
+    # node0 (ranks 0, 1: pids 10, 11) SIGKILLed; the spare node2 takes ranks 0 and 1 in round 1, in place;
+    # node1's ranks 2 and 3 (pids 20, 21) keep their processes
+    ep = episode(10, 11, landed=(Fault.AGENT_KILL,), spare=True)
+    survivor = [*spawned(1.0, {2: 20, 3: 21}), ev("rendezvous", 2.0, cause="in_place")]
+    survivor += [ev("running", 2.2, round=1, restarts=1, in_place=True), ev("recovered", 2.5, round=1, ranks=(0, 1))]
+    spare = [*spawned(2.2, {0: 30, 1: 31}, rnd=1, restarts=1, in_place=True)]
+    agents = [
+        node(START, rc=-9, killed=True),
+        node(survivor + ended(9.0, 1), name="node1"),
+        node(spare + ended(9.0, 1), name="node2"),
+    ]
+    lines = steps(10, 0, [1, 2], 1.0) + steps(20, 2, [1, 2, 3], 1.0) + steps(30, 0, [3], 2.5, start=2)
+    assert inv.check(ep, agents, lines, world=2, steps=3, cap=3) == []
+    # what the launcher does today: the group restarts, node1's workers too (what follows a stop is its own)
+    respawned = [*spawned(1.0, {2: 20}), ev("stopping", 2.0, reason="membership"), *spawned(3.0, {2: 22})]
+    assert inv.check(ep, [node(respawned + ended(9.0, 0))], lines, world=2, steps=3, cap=3) == [
+        "node0: stopped the group (membership) with no in-place recovery declined"
+    ]
