@@ -115,7 +115,7 @@ class InPlace:
             return False
         if self.joining is not None:
             return True  # the round this recovery leaves ended: heard already
-        why = self._declined(self.sup.round)
+        why = self._declined(self.sup.round) or _not_whole(self.sup.round)
         if why:
             return self._decline(why)
         what = "a worker failed on another node: " if event.failed else "membership changed: "
@@ -246,6 +246,22 @@ class InPlace:
         finally:
             client.close()
         self.sup.post(Recovered(rnd, ok))
+
+
+def _not_whole(rnd: Round) -> str:
+    """Why round `rnd`'s workers cannot follow another node in place ("" if they can): every rank of it
+    must have joined it holding the state (its `ready` key), in a store that still answers."""
+    try:
+        client = StoreClient(rnd.master_addr, rnd.master_port, timeout=5.0, connect_timeout=1.0)
+    except (OSError, StoreError) as e:
+        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+    try:
+        whole = client.check([keys.ready(rnd.round)])
+    except (OSError, StoreError) as e:
+        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+    finally:
+        client.close()
+    return "" if whole else f"round {rnd.round}'s ranks never all joined it holding the state"
 
 
 def _misfit(old: Round, new: Round) -> str:
