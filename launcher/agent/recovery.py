@@ -35,6 +35,8 @@ from .loop_events import Then
 from .members import Member
 
 log = logging.getLogger(__name__)
+ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
+NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,11 @@ class InPlace:
         self.sup, self.timeout = sup, timeout
         self.joining: Joining | None = None
         self.pending: Pending | None = None
-        sup.launching.environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads it
+        env = sup.launching.environ  # the workers' launcher.worker.inplace.Job reads them
+        env[keys.RECOVERY_VAR] = keys.IN_PLACE
+        # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
+        # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
+        env.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if sup.config.multi_node else ONE_NODE_NOTICE))
 
     def recover(self, failed: list[Member]) -> bool:
         """Replace the `failed` workers of this node alone and keep the others running; False: restart the group."""
