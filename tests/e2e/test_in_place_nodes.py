@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.etcd import ETCD, Member
 from support.launcher_runs import Agent, Cluster, c10d
 from support.paths import ROOT
 from support.ports import free_port
@@ -32,24 +33,33 @@ def events(path: Path, kind: str | None = None) -> list[dict]:
 
 
 class Nodes:
-    """Agents of one c10d job (--nnodes 2, 2 workers each) on a `launcher store` of its own, so that any
-    node may be lost; each agent's events file is NAME.events."""
+    """Agents of one job (--nnodes 2, 2 workers each) on a rendezvous store no node hosts, so that any node
+    may be lost: a `launcher store` (c10d) or a real etcd; each agent's events file is NAME.events."""
 
-    def __init__(self, tmp: Path):
-        self.tmp, self.port, self.cluster = tmp, free_port(), Cluster()
-        self.cluster.store("127.0.0.1", self.port)
+    def __init__(self, tmp: Path, backend: str = "c10d"):
+        self.tmp, self.cluster, self.etcd = tmp, Cluster(), None
+        if backend == "etcd":
+            self.etcd = Member(tmp).start()
+            self.etcd.wait_ready()
+            self.rdzv = ["--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "etcd", "--rdzv_endpoint",
+                         self.etcd.endpoint, "--rdzv_id", "inplace", "--rdzv_conf", "last_call_timeout=1"]  # fmt: skip
+        else:
+            port = free_port()
+            self.cluster.store("127.0.0.1", port)
+            self.rdzv = c10d(port, "2", nproc=2, run_id="inplace", conf="is_host=false")
 
     def start(self, name: str) -> tuple[Agent, Path]:
         ev = self.tmp / f"{name}.events"
         agent = self.cluster.start(
-            *c10d(self.port, "2", nproc=2, run_id="inplace", conf="is_host=false"), "--recovery", "in-place",
-            "--max_restarts", "2", "--events_file", str(ev), "--no-live", "--shutdown_timeout", "5",
-            EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
+            *self.rdzv, "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev), "--no-live",
+            "--shutdown_timeout", "5", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
         )  # fmt: skip
         return agent, ev
 
     def cleanup(self) -> None:
         self.cluster.cleanup()
+        if self.etcd is not None:
+            self.etcd.kill()
 
 
 def running(ev: Path, count: int = 1, timeout: float = 90) -> dict:
@@ -97,8 +107,16 @@ def test_worker_of_node_1_killed_only_it_respawns(nodes):
     assert not {k: v for k, v in nodes.cluster.leftovers().items() if k != "store"}
 
 
+@pytest.fixture(params=["c10d", pytest.param("etcd", marks=pytest.mark.skipif(ETCD is None, reason="no etcd"))])
+def backend_nodes(request, tmp_path):
+    n = Nodes(tmp_path, request.param)
+    yield n
+    n.cleanup()
+
+
 @pytest.mark.timeout(240)
-def test_member_lost_the_spare_takes_its_ranks_in_place(nodes):
+def test_member_lost_the_spare_takes_its_ranks_in_place(backend_nodes):
+    nodes = backend_nodes
     (head, hev), (lost, lev) = members(nodes)
     spare, sev = nodes.start("spare")
     spare.wait_for(r"waiting as a spare", stream="err", timeout=60)
