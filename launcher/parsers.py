@@ -338,14 +338,12 @@ def _count(text: str, flag: str) -> int:
 
 
 def parse_recovery(text: str | None, max_nodes: int, environ: Mapping[str, str]) -> RecoveryMode:
-    """`--recovery restart|in-place`; in place needs one node and the agent's bootstrap store."""
+    """`--recovery restart|in-place`; in place needs the agent's bootstrap store (`max_nodes`: any)."""
     try:
         mode = RecoveryMode(str(text or "restart").strip().lower().replace("_", "-"))
     except ValueError:
         modes = ", ".join(m.value for m in RecoveryMode)
         raise ConfigError(f"--recovery {text!r} is not a mode; use one of {modes}") from None
-    if mode is RecoveryMode.IN_PLACE and max_nodes > 1:
-        raise ConfigError("--recovery in-place runs on one node for now; use --recovery restart with --nnodes > 1")
     if mode is RecoveryMode.IN_PLACE and environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") == "1":
         raise ConfigError(
             "--recovery in-place needs the launcher's store, which TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "

@@ -1,17 +1,21 @@
 """--recovery in-place, the agent's side (docs/in-place.md): a failed worker is replaced alone.
 
-The supervisor calls `recover` where it would stop the group for a failed worker, and `settle`
-with the answer to the wait `recover` starts. Recovering in place, the agent
-1. charges the failure to the restart budget: the next round comes from the rendezvous as for a
-   restart, but keeps this round's bootstrap store, to which the survivors are connected;
+The supervisor calls `recover` where it would stop the group for a failed worker of this node,
+`follow` where another node's failure or loss would stop it, and `on` with what the threads below
+post. Recovering in place, every agent of the job
+1. asks the rendezvous for the next round on a thread, its workers running meanwhile: the node of
+   the failure charges it to the job-wide budget (the others join as for a membership change);
+   group rank 0's agent offers the port of the bootstrap store it keeps serving, so the round keeps
+   that store, to which every survivor is connected, and a spare's workers meet them there;
 2. opens the round in that store (`inplace.keys`): each survivor's watcher wakes (and aborts a
    NCCL collective that would block); gloo's collectives raised already, when the lost peer's
    sockets closed; either way the survivors recover at the end of the step in flight;
-3. starts the replacement alone, with the new round's environment (forked with --preload);
+3. starts this node's replacements alone, with the new round's environment (forked with --preload);
 4. waits on a thread until every rank joined the round holding the state; when that does not
    happen within --in_place_timeout it stops the group and restarts it, and says so.
 It declines (the group restarts as with --recovery restart) when no restart is left, when a worker
-fails while a recovery is under way, or when this agent does not serve the round's store.
+fails or the membership changes while a recovery is under way, when the round's store is not the
+launcher's, and when the next round cannot keep it (the node serving it was lost) or the world changed.
 """
 
 from __future__ import annotations
@@ -19,18 +23,20 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RendezvousError
-from ..rendezvous.api import Cause
-from ..spec import RecoveryMode
+from ..rendezvous.api import Cause, MembershipChanged, offer_port
+from ..spec import RecoveryMode, Round, WorkerState
 from ..tcpstore.client import StoreClient, StoreError
 from ..worker.inplace import keys
 from .loop_events import Then
 from .members import Member
 
 log = logging.getLogger(__name__)
+ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
+NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,24 @@ class Recovered:
 
     round: int
     ok: bool
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The round an in-place recovery asked the rendezvous for, or why none came."""
+
+    rnd: Round | None
+    error: RendezvousError | None = None
+
+
+@dataclass
+class Joining:
+    """An in-place recovery asking for its round (the workers of this node still running)."""
+
+    began: float  # when the failure was seen (or heard of), on the supervisor's clock
+    ranks: list[int] = field(default_factory=list)  # this node's ranks to replace
+    pids: set[int] = field(default_factory=set)  # the workers they replace (dropped from the members then)
+    failed: str = ""  # what failed here ("" when another node's failure or loss is followed)
 
 
 @dataclass(frozen=True)
@@ -60,55 +84,123 @@ class InPlace:
 
     def __init__(self, sup: Any, timeout: float):
         self.sup, self.timeout = sup, timeout
+        self.joining: Joining | None = None
         self.pending: Pending | None = None
-        sup.launching.environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads it
+        env = sup.launching.environ  # the workers' launcher.worker.inplace.Job reads them
+        env[keys.RECOVERY_VAR] = keys.IN_PLACE
+        # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
+        # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
+        env.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if sup.config.multi_node else ONE_NODE_NOTICE))
 
     def recover(self, failed: list[Member]) -> bool:
-        """Replace the `failed` workers alone and keep the others running; False: restart the group."""
+        """Replace the `failed` workers of this node alone and keep the others running; False: restart the group."""
         sup, rnd = self.sup, self.sup.round
-        why = self._declined(rnd)
-        if why:
-            log.info(f"no in-place recovery: {why}; restarting the group")
-            sup.emit("in_place_declined", reason=why)
-            return False
-        if rnd.restart_count >= sup.config.max_restarts:
-            return False  # the budget is spent: the group stops, as with --recovery restart
-        try:
-            new = sup.rendezvous.next_round(Cause.FAILURE, sup._verdict())
-        except RendezvousError as e:
-            log.info(f"no in-place recovery: {e}; restarting the group")
-            return False
-        new = replace(new, master_addr=rnd.master_addr, master_port=rnd.master_port, use_agent_store=True)
-        try:
-            client = StoreClient(rnd.master_addr, rnd.master_port, timeout=10.0)
-            client.set(keys.NEWEST, str(new.round).encode())
-            client.set(keys.opened(new.round), b"1")  # the survivors' wake-up
-        except (OSError, StoreError) as e:
-            log.warning(f"no in-place recovery: the round's store did not answer ({e}); restarting the group")
-            return False
         pids = {m.proc.pid for m in failed}
+        ranks = sorted(m.worker.rank for m in failed)
+        for m in failed:  # replaced, not failed, from now on (and not counted among the members that finished)
+            m.state = WorkerState.STOPPED
+        if self.joining is not None:  # the next round is on its way: these are replaced in it too
+            self.joining.ranks.extend(ranks)
+            self.joining.pids.update(pids)
+            return True
+        why = self._declined(rnd)
+        if why or rnd.restart_count >= sup.config.max_restarts:  # spent: the group stops, as with restart
+            for m in failed:
+                m.state = WorkerState.FAILED
+            return self._decline(why) if why else False
         began = min((f.at for f in sup.failures if f.pid in pids), default=sup.clock())  # when it was seen
-        ranks = tuple(sorted(m.worker.rank for m in failed))
         named = ", ".join(
             f"rank {f.worker.rank} {f.reason or f.exit.describe()}" for f in sup.failures if f.pid in pids
         )
-        log.info(
-            f"{named}; recovering in place: round {new.round} ({new.restart_count} of {sup.config.max_restarts} "
-            f"restarts used), starting rank {', '.join(map(str, ranks))}; the other ranks keep running"
-        )
+        self._ask(Joining(began, ranks, pids, named), Cause.FAILURE, sup._verdict())
+        return True
+
+    def follow(self, event: MembershipChanged) -> bool:
+        """Another node's worker failed, or a node was lost: join the next round in place; False: restart."""
+        if event.closed:
+            return False
+        if self.joining is not None:
+            return True  # the round this recovery leaves ended: heard already
+        why = self._declined(self.sup.round) or _not_whole(self.sup.round)
+        if why:
+            return self._decline(why)
+        what = "a worker failed on another node: " if event.failed else "membership changed: "
+        log.info(f"{what}{event.reason}; recovering in place: the workers of this node keep running")
+        self.sup.emit("membership", reason=event.reason, in_place=True)
+        self._ask(Joining(self.sup.clock()), Cause.MEMBERSHIP, None)
+        return True
+
+    def on(self, event: Joined | Recovered) -> None:
+        """What a thread of this recovery posted to the supervisor's loop."""
+        if isinstance(event, Joined):
+            self._joined(event)
+        else:
+            self._settle(event)
+
+    # ------------------------------------------------------------------ inside
+
+    def _ask(self, joining: Joining, cause: Cause, verdict: Any) -> None:
+        """Ask the rendezvous for the next round on a thread; the answer comes as `Joined`."""
+        sup, self.joining = self.sup, joining
+        server = sup.bootstrap.server
+        offer_port(sup.rendezvous, server.port if server is not None else 0)  # the round keeps this store
+
+        def ask() -> None:
+            try:
+                sup.post(Joined(sup.rendezvous.next_round(cause, verdict)))
+            except RendezvousError as e:
+                sup.post(Joined(None, e))
+            except Exception as e:  # a backend bug must end in a restart with a message, never hang the job
+                log.debug("the in-place round's rendezvous failed", exc_info=True)
+                sup.post(Joined(None, RendezvousError(f"rendezvous failed unexpectedly: {type(e).__name__}: {e}")))
+
+        threading.Thread(target=ask, name="launcher-inplace-round", daemon=True).start()
+
+    def _joined(self, event: Joined) -> None:
+        """The next round came: open it in the kept store and start this node's replacements."""
+        sup, joining, old = self.sup, self.joining, self.sup.round
+        self.joining = None
+        if joining is None or old is None:
+            return
+        if event.rnd is None:
+            log.info(f"no in-place recovery: {event.error}; restarting the group")
+            return self._restart(Then.RESTART if joining.failed else Then.MEMBERSHIP)
+        new = event.rnd
+        why = _misfit(old, new)
+        if why:
+            self._decline(why)
+            return self._restart(Then.MEMBERSHIP)  # this round is taken: the next one re-forms the group
+        new = replace(new, master_addr=old.master_addr, master_port=old.master_port, use_agent_store=True)
+        try:
+            client = StoreClient(old.master_addr, old.master_port, timeout=10.0)
+            client.set(keys.NEWEST, str(new.round).encode())  # every node sets it: the first wakes the survivors
+            client.set(keys.opened(new.round), b"1")  # the survivors' wake-up
+        except (OSError, StoreError) as e:
+            log.warning(f"no in-place recovery: the round's store did not answer ({e}); restarting the group")
+            return self._restart(Then.MEMBERSHIP)
+        ranks = tuple(sorted(joining.ranks))
+        used = f"{new.restart_count} of {sup.config.max_restarts} restarts used"
+        if ranks:
+            who = f"{joining.failed}; " if joining.failed else ""
+            log.info(
+                f"{who}recovering in place: round {new.round} ({used}), starting rank {', '.join(map(str, ranks))}; "
+                "the other ranks keep running"
+            )
+        else:
+            log.info(f"recovering in place: round {new.round} ({used}); the workers of this node keep running")
         sup.emit("rendezvous", cause="in_place")
-        sup.round, sup.members = new, [m for m in sup.members if m.proc.pid not in pids]
+        sup.round, sup.members = new, [m for m in sup.members if m.proc.pid not in joining.pids]
+        sup._watch(new)  # heartbeat and watch the new round (the last one's watch ended with it)
         workers, envs, plan = sup.prepare_round(new)
         for worker in workers:
             if worker.rank in ranks and not sup.start_member(worker, envs[worker.local_rank], plan, new.round):
                 client.close()
-                return True  # it could not start: the supervisor is ending the job
+                return  # it could not start: the supervisor is ending the job
         sup.announce_running(new, in_place=True)
-        self.pending = Pending(new.round, began, ranks)
+        self.pending = Pending(new.round, joining.began, ranks)
         threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
-        return True
 
-    def settle(self, event: Recovered) -> None:
+    def _settle(self, event: Recovered) -> None:
         """The round's wait ended: say how long the job lost, or fall back to restarting the group."""
         sup, pending = self.sup, self.pending
         if pending is None or pending.round != event.round:
@@ -125,19 +217,30 @@ class InPlace:
         )
         sup.emit("in_place_failed", round=pending.round, seconds=round(took, 3))
         # Its restart is charged already: the new round is asked for as a membership change.
-        sup.stop_workers(signal.SIGTERM, sup.config.shutdown_timeout, then=Then.MEMBERSHIP, reason="restart")
+        self._restart(Then.MEMBERSHIP)
 
-    def _declined(self, rnd) -> str:
+    def _restart(self, then: Then) -> None:
+        """Stop this node's workers; the round after comes from the rendezvous with a fresh store."""
+        offer_port(self.sup.rendezvous, 0)
+        self.sup.stop_workers(signal.SIGTERM, self.sup.config.shutdown_timeout, then=then, reason="restart")
+
+    def _decline(self, why: str) -> bool:
+        log.info(f"no in-place recovery: {why}; restarting the group")
+        self.sup.emit("in_place_declined", reason=why)
+        offer_port(self.sup.rendezvous, 0)
+        return False
+
+    def _declined(self, rnd: Round | None) -> str:
         """Why this failure cannot be recovered in place ("" if it can)."""
         if rnd is None:
             return "no round is running"
         if self.pending is not None:
             stale, self.pending = self.pending, None  # the group restarts: that recovery's wait ends unheard
-            return f"a worker failed while round {stale.round} was recovering in place"
-        if rnd.group_world_size > 1:
-            return "the job has several nodes"
-        if self.sup.bootstrap.server is None:
-            return "this launcher does not serve the round's store"
+            return f"a worker failed or a node was lost while round {stale.round} was recovering in place"
+        if not rnd.use_agent_store or (rnd.group_rank == 0 and self.sup.bootstrap.server is None):
+            return "the launcher does not serve the round's store"
+        if rnd.group_world_size > 1 and self.sup.rendezvous.shared_store() is None:
+            return "the nodes share no rendezvous store (--rdzv_backend static)"
         return ""
 
     def _wait(self, client: StoreClient, rnd: int) -> None:
@@ -149,3 +252,33 @@ class InPlace:
         finally:
             client.close()
         self.sup.post(Recovered(rnd, ok))
+
+
+def _not_whole(rnd: Round) -> str:
+    """Why round `rnd`'s workers cannot follow another node in place ("" if they can): every rank of it
+    must have joined it holding the state (its `ready` key), in a store that still answers."""
+    try:
+        client = StoreClient(rnd.master_addr, rnd.master_port, timeout=5.0, connect_timeout=1.0)
+    except (OSError, StoreError) as e:
+        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+    try:
+        whole = client.check([keys.ready(rnd.round)])
+    except (OSError, StoreError) as e:
+        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+    finally:
+        client.close()
+    return "" if whole else f"round {rnd.round}'s ranks never all joined it holding the state"
+
+
+def _misfit(old: Round, new: Round) -> str:
+    """Why round `new` cannot keep `old`'s workers in place ("" if it can)."""
+    if (new.world_size, new.group_world_size) != (old.world_size, old.group_world_size):
+        return f"the next round's world differs (world size {old.world_size} -> {new.world_size})"
+    if (new.group_rank, new.rank_offset) != (old.group_rank, old.rank_offset):
+        return f"this node's ranks moved (group rank {old.group_rank} -> {new.group_rank})"
+    if new.group_world_size > 1 and (new.master_addr, new.master_port) != (old.master_addr, old.master_port):
+        return (
+            "the node serving the workers' store (group rank 0) was lost: its store went with it, "
+            f"round {new.round} has a new one"
+        )
+    return ""

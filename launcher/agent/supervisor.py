@@ -40,7 +40,7 @@ from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiti
 from .members import Member, end_stuck_exits, ended_round, prepare, route, routing_of, verdict_of, worker_spec
 from .oom import oom_kills
 from .parts import Identity, Launching, Observers
-from .recovery import Recovered, in_place
+from .recovery import Joined, Recovered, in_place
 from .signals import SignalReceived, capture_signals
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,11 @@ class Supervisor:
             self.emit("spare_lost", node=event.node)
         elif isinstance(event, Flagged):
             self.flag_stragglers(event)
-        elif isinstance(event, Recovered) and self.in_place and self.state is GroupState.RUNNING:
-            self.in_place.settle(event)
+        elif isinstance(event, (Joined, Recovered)) and self.in_place and self.state is GroupState.RUNNING:
+            self.in_place.on(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
+            if self.in_place and self.in_place.follow(event):
+                return
             if event.closed:
                 log.info(f"the job was closed ({event.reason}); stopping the workers")
             elif event.failed:

@@ -49,6 +49,15 @@ def last_will(handler: object) -> LastWill | None:
     return will() if will is not None else None
 
 
+def offer_port(handler: object, port: int) -> bool:
+    """Offer `port` (0: a fresh one each round) as this node's bootstrap port in the rounds it joins, where
+    the backend forms rounds over a store (`offer_port`); its agent keeps serving the workers' store there."""
+    offer = getattr(handler, "offer_port", None)
+    if offer is not None:
+        offer(port)
+    return offer is not None
+
+
 class MembershipChanged:
     """Posted by a backend's watch: another node joined, left or failed; start a new round.
     `closed`: the job was closed, so the next round will not form (its error says why).

@@ -83,6 +83,7 @@ class ElasticRendezvous:
         self.node = node
         self.settings = settings
         self.pick_port = port_picker
+        self.kept_port = 0  # the bootstrap port this node offers instead of a fresh one (0: none; `offer_port`)
         self.is_host = is_host
         self.clock = clock
         self.keys = Keys(run_id)
@@ -153,6 +154,10 @@ class ElasticRendezvous:
         )
         self._watcher = threading.Thread(target=watch.run, args=(stop, post), name="launcher-rdzv-watch", daemon=True)
         self._watcher.start()
+
+    def offer_port(self, port: int) -> None:
+        """Offer `port` (0: a fresh one) as the bootstrap port of the rounds it joins (--recovery in-place)."""
+        self.kept_port = port
 
     def shared_store(self) -> Store:
         """The job's store (the job board keeps its records there too)."""
@@ -248,7 +253,7 @@ class ElasticRendezvous:
                 self.ticket, self._forming = k, (r, k)
                 if HELD & capabilities_of(st):  # before the descriptor: a sealed member without one has died
                     cast(LivenessStore, st).hold(self.keys.alive(r, k))
-                port = self.pick_port()
+                port = self.kept_port or self.pick_port()
                 desc = encode_descriptor(self.node.node_id, self.node.addr, port, self.node.nproc, self.group_rank)
                 st.set(self.keys.node(r, k), desc)
                 if k < self.node.min_nodes:  # it never seals: it waits for its plan, nothing else
@@ -517,7 +522,7 @@ class ElasticRendezvous:
         if values[1]:
             self._check_closed()
         if not values[0]:  # the job's first node: create the counter (or learn who did)
-            return self._current_round()
+            return parse_count(self.store.compare_set(k.round, b"", b"0"), "round number")
         return parse_count(values[0], "round number")
 
     def _check_token(self, theirs: bytes | None) -> None:
@@ -527,9 +532,6 @@ class ElasticRendezvous:
             theirs = self.store.compare_set(self.keys.token, theirs or b"", mine)
         if theirs != mine if self.node.token else theirs not in (None, b"none"):
             raise RendezvousError(token_refusal(theirs or b"none", self.node.token, self.run_id))
-
-    def _current_round(self) -> int:
-        return parse_count(self.store.compare_set(self.keys.round, b"", b"0"), "round number")
 
     def _advance(self, r: int) -> None:
         self.store.compare_set(self.keys.round, str(r).encode(), str(r + 1).encode())

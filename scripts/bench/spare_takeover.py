@@ -2,7 +2,8 @@
 torchrun and the launcher started the same way, side by side.
 
 Run:  .venv/bin/python scripts/bench/spare_takeover.py [--backend c10d,etcd] [--reps 3] [--nproc 2] [--cap 30]
-      [--settle 10] [--tools torchrun,launcher,"launcher --preload"]
+      [--settle 10] [--kill node|agent] [--tools torchrun,launcher,"launcher --preload",
+      "launcher --preload --recovery in-place"]
 
 Each job is three agents on this host, `<tool> --nnodes 2 --nproc_per_node N --max_restarts 3
 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT --rdzv_id bench worker.py OUT` (the launcher also
@@ -14,6 +15,9 @@ and the spare had --settle s (10) to settle (with --preload its zygote imports t
 spare that waits in a real job has long done), the second node dies: its agent and every process under it SIGKILLed
 at once (what a node's power loss does; torchrun's workers would otherwise outlive their agent).
   takeover = max over the ranks 0..W-1 of the first stamp after the kill - the kill
+With --recovery in-place the survivors keep their processes (and the model and optimizer in memory):
+the worker (launcher.worker.inplace.Job, the same model) stamps its first step and its first step after
+each recovery; the spare's workers receive the state from a survivor.
 A tool that has not got every rank of the same world size stepping again within --cap s is "never".
 
 What torchrun 2.13 does, as seen here: its agents do not watch a running round's members (pytorch#111646), so
@@ -70,6 +74,44 @@ while not os.path.exists(f"{out}/stop"):
 os._exit(0)
 """
 )
+
+
+# --recovery in-place: the same model and step on launcher.worker.inplace.Job; a worker stamps its first step
+# and its first step after each recovery (a survivor keeps its process: its first step again is one of those).
+IN_PLACE = "launcher --preload --recovery in-place"
+IN_PLACE_WORKER = """import os, sys, time
+import torch
+from launcher.worker.inplace import Job
+out = sys.argv[1]
+job = Job("gloo")
+rank, world = job.rank, job.world_size
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+job.keep(model=net, optimizer=opt)
+job.ddp(net)
+seen = -1
+for step in job.steps(10**9):
+    if os.path.exists(f"{out}/stop"):
+        break
+    with step:
+        loss = job.model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if len(job.recoveries) != seen:
+        seen = len(job.recoveries)
+        name = f"{out}/first-{os.getpid()}-{seen}"
+        with open(name + ".tmp", "w") as f:
+            f.write(f"{time.time()!r} {rank} {world}")
+        os.rename(name + ".tmp", name)
+        if job.recoveries:
+            print(f"rank {rank}: {job.recoveries[-1]}", flush=True)
+    time.sleep(0.02)
+os._exit(0)
+"""
+COMMANDS = {**TOOLS, IN_PLACE: [*TOOLS["launcher --preload"], "--recovery", "in-place"]}
 
 
 def stamps(out: str) -> list[tuple[float, int, int]]:
@@ -173,9 +215,17 @@ class Etcd:
 
 
 def one_job(
-    tool: str, backend: str, nproc: int, script: str, cap: float, etcd: Etcd | None, settle: float = 10.0
+    tool: str,
+    backend: str,
+    nproc: int,
+    script: str,
+    cap: float,
+    etcd: Etcd | None,
+    settle: float = 10.0,
+    kill: str = "node",
 ) -> dict:
     out = tempfile.mkdtemp(prefix="spare-")
+    logs = os.environ.get("SPARE_BENCH_LOGS")  # a folder: each agent's output and events file kept there
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("OMP_NUM_THREADS", None)
     port = free_port()
@@ -184,14 +234,21 @@ def one_job(
         rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", etcd.endpoint]  # type: ignore[union-attr]
     else:
         rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
-    cmd = [*TOOLS[tool], "--nnodes", "2", "--nproc_per_node", str(nproc), "--max_restarts", "3", *rdzv]
+    if tool == IN_PLACE:
+        script = script.replace("worker.py", "in_place_worker.py")
+    cmd = [*COMMANDS[tool], "--nnodes", "2", "--nproc_per_node", str(nproc), "--max_restarts", "3", *rdzv]
     cmd += ["--rdzv_id", run_id, script, out]
     world = 2 * nproc
     agents: list[subprocess.Popen] = []
     result: dict = {"tool": tool, "backend": backend}
 
     def start() -> subprocess.Popen:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        log, extra = subprocess.DEVNULL, []
+        if logs and tool != "torchrun":  # a folder: each agent's output and events there, to see where time went
+            log = open(os.path.join(logs, f"{run_id}-{len(agents)}.log"), "w")
+            extra = ["--events_file", os.path.join(logs, f"{run_id}-{len(agents)}.events")]
+        argv = cmd[: len(COMMANDS[tool])] + extra + cmd[len(COMMANDS[tool]) :]
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         agents.append(p)
         return p
 
@@ -206,7 +263,13 @@ def one_job(
             return result
         start()  # the spare
         time.sleep(settle)
-        killed = kill_node(member.pid)
+        if kill == "agent" and tool != "torchrun":  # its guard sends the store its last will, then ends the workers
+            killed = time.time()
+            os.kill(member.pid, signal.SIGKILL)
+        else:
+            killed = kill_node(member.pid)
+        if logs:
+            print(f"  killed at {killed:.3f}", flush=True)
         again = wait_for(lambda: every_rank_after(out, killed, world), cap)
         result["takeover"] = (again - killed) if again else None
         return result
@@ -239,16 +302,25 @@ def fmt(values: list) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="c10d,etcd", help="comma-separated: c10d, etcd")
-    ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, of: " + ", ".join(TOOLS))
+    ap.add_argument("--tools", default=",".join(COMMANDS), help="comma-separated, of: " + ", ".join(COMMANDS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=2, help="workers per node (world size: twice this)")
     ap.add_argument("--cap", type=float, default=30.0, help="seconds after the kill before a tool is 'never'")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds the spare waits before the kill")
+    ap.add_argument(
+        "--kill",
+        choices=("node", "agent"),
+        default="node",
+        help="node: the agent and every process under it at once (a power loss); agent: the launcher's agent "
+        "alone (its guard tells the store at once and ends its workers; torchrun's node is still killed whole)",
+    )
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="spare-bench-")
     script = os.path.join(folder, "worker.py")
     with open(script, "w") as f:
         f.write(WORKER)
+    with open(os.path.join(folder, "in_place_worker.py"), "w") as f:
+        f.write(IN_PLACE_WORKER)
     print(f"# {revision()}; {os.cpu_count()} cores; {args.nproc} workers per node, world size {2 * args.nproc}")
     try:
         for backend in args.backend.split(","):
@@ -259,7 +331,7 @@ def main() -> None:
             try:
                 for rep in range(args.reps):
                     for tool in tools:
-                        r = one_job(tool, backend, args.nproc, script, args.cap, etcd, args.settle)
+                        r = one_job(tool, backend, args.nproc, script, args.cap, etcd, args.settle, args.kill)
                         if "error" in r:
                             print(f"{backend} {tool} rep {rep}: {r['error']}", flush=True)
                         results[tool].append(r.get("takeover"))

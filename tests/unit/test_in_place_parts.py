@@ -19,6 +19,7 @@ from launcher.worker.inplace import keys, transfer
 def test_recovery_defaults_to_restart_and_takes_in_place():
     assert parse_recovery(None, 1, {}) is RecoveryMode.RESTART
     assert parse_recovery("in_place", 1, {}) is RecoveryMode.IN_PLACE
+    assert parse_recovery("in-place", 4, {}) is RecoveryMode.IN_PLACE  # across nodes too
     config = from_flags(training_script=__file__, recovery="in-place", in_place_timeout="5", environ={})
     assert (config.recovery, config.in_place_timeout) == (RecoveryMode.IN_PLACE, 5.0)
 
@@ -27,7 +28,6 @@ def test_recovery_defaults_to_restart_and_takes_in_place():
     ("text", "nodes", "environ", "says"),
     [
         ("sideways", 1, {}, "is not a mode; use one of restart, in-place"),
-        ("in-place", 2, {}, "one node for now"),
         ("in-place", 1, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, "unset it"),
     ],
 )

@@ -330,6 +330,21 @@ def test_nodes_meet_in_one_round_and_keep_their_ranks_across_a_restart():
     assert store.data["job/restarts"] == b"1"  # three nodes saw one failure: charged once
 
 
+def test_group_rank_0_offering_its_kept_port_keeps_the_rounds_address():
+    store = MemoryStore()
+    nodes = [agent(store, node(f"n{i}", lo=2, hi=2), port=30000 + i) for i in range(2)]
+    first = join_all(nodes)
+    head = next(n for n, r in zip(nodes, first) if r.group_rank == 0)
+    head.offer_port(40123)  # --recovery in-place: its agent keeps serving the workers' store there
+    for n in nodes:
+        if n is not head:
+            n.offer_port(31999)  # not group rank 0: its offer is not the round's address
+    kept = join_all(nodes, Cause.FAILURE)
+    assert {(r.master_addr, r.master_port) for r in kept} == {(first[0].master_addr, 40123)}
+    head.offer_port(0)  # withdrawn: a fresh one again (its picker's)
+    assert {r.master_port for r in join_all(nodes, Cause.MEMBERSHIP)} == {first[0].master_port}
+
+
 def test_a_node_joins_a_round_in_five_store_calls_whatever_the_size():
     """One read (round, closed, token), the ticket, the alive key, the descriptor, the plan; the
     sealer's few calls and the first node's compare_sets are the only others."""

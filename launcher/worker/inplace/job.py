@@ -49,7 +49,7 @@ class Job:
         *,
         device: torch.device | None = None,
         timeout: float = 60.0,
-        notice: float = 5.0,
+        notice: float | None = None,
     ):
         env = os.environ
         self.rank, self.world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -64,7 +64,9 @@ class Job:
         # torchrun sets no LAUNCHER_ROUND: its restarts meet on their own prefix all the same
         self.round = int(env.get("LAUNCHER_ROUND", env.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.step = 0
-        self.timeout, self.notice = timeout, notice
+        # How long a peer's error waits for the agent's word: the agent says (longer across nodes, where a
+        # node lost whole is known only once the rendezvous store ends its session); 5 s without it.
+        self.timeout, self.notice = timeout, notice if notice is not None else float(env.get(keys.NOTICE_VAR, "5"))
         self.model: Any = None  # what `ddp`/`wrap` made, made again after each recovery
         self.recoveries: list[Recovery] = []
         self._kept: dict[str, Any] = {}

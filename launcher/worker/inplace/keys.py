@@ -8,6 +8,7 @@ from __future__ import annotations
 
 RECOVERY_VAR = "LAUNCHER_RECOVERY"  # "in-place" in every worker's environment when the agent recovers in place
 IN_PLACE = "in-place"
+NOTICE_VAR = "LAUNCHER_INPLACE_NOTICE"  # seconds a worker waits for the agent's word after a peer's error
 NAMESPACE = "launcher/inplace"
 NEWEST = f"{NAMESPACE}/round"  # the newest in-place round the agent opened (a decimal number)
 

@@ -1,0 +1,154 @@
+"""--recovery in-place across nodes: two agents on this host as two nodes of a c10d job (each its own
+node id, TEST_TOKEN and events file). A worker of the node that does not serve the workers' store
+dies: its agent replaces it alone, the other node's workers keep their pids. A member node is lost
+with a spare standing by: the spare's workers take its ranks and receive the state from a survivor,
+whose pids never change. The node serving the store lost: the group restarts, and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from support.etcd import ETCD, Member
+from support.launcher_runs import Agent, Cluster, c10d
+from support.paths import ROOT
+from support.ports import free_port
+from support.processes import wait_for
+
+EXAMPLE = str(ROOT / "examples" / "train_in_place.py")
+STEPS = 150
+
+
+def events(path: Path, kind: str | None = None) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    parsed = [json.loads(line) for line in lines if line.endswith("}")]
+    return [e for e in parsed if kind is None or e["event"] == kind]
+
+
+class Nodes:
+    """Agents of one job (--nnodes 2, 2 workers each) on a rendezvous store no node hosts, so that any node
+    may be lost: a `launcher store` (c10d) or a real etcd; each agent's events file is NAME.events."""
+
+    def __init__(self, tmp: Path, backend: str = "c10d"):
+        self.tmp, self.cluster, self.etcd = tmp, Cluster(), None
+        if backend == "etcd":
+            self.etcd = Member(tmp).start()
+            self.etcd.wait_ready()
+            self.rdzv = ["--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "etcd", "--rdzv_endpoint",
+                         self.etcd.endpoint, "--rdzv_id", "inplace", "--rdzv_conf", "last_call_timeout=1"]  # fmt: skip
+        else:
+            port = free_port()
+            self.cluster.store("127.0.0.1", port)
+            self.rdzv = c10d(port, "2", nproc=2, run_id="inplace", conf="is_host=false")
+
+    def start(self, name: str) -> tuple[Agent, Path]:
+        ev = self.tmp / f"{name}.events"
+        agent = self.cluster.start(
+            *self.rdzv, "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev), "--no-live",
+            "--shutdown_timeout", "5", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
+        )  # fmt: skip
+        return agent, ev
+
+    def cleanup(self) -> None:
+        self.cluster.cleanup()
+        if self.etcd is not None:
+            self.etcd.kill()
+
+
+def running(ev: Path, count: int = 1, timeout: float = 90) -> dict:
+    return wait_for(lambda: len(events(ev, "running")) >= count and events(ev, "running")[count - 1], timeout)
+
+
+def members(nodes: Nodes) -> tuple[tuple[Agent, Path], tuple[Agent, Path]]:
+    """Two members running round 0: (the node of group rank 0, the other)."""
+    a, b = nodes.start("a"), nodes.start("b")
+    ra, _ = running(a[1]), running(b[1])
+    return (a, b) if ra["group_rank"] == 0 else (b, a)
+
+
+def spawns(ev: Path) -> dict[int, int]:
+    return {e["rank"]: e["pid"] for e in events(ev, "spawn")}
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    n = Nodes(tmp_path)
+    yield n
+    n.cleanup()
+
+
+@pytest.mark.timeout(240)
+def test_worker_of_node_1_killed_only_it_respawns(nodes):
+    (head, hev), (other, oev) = members(nodes)
+    head.wait_for(r"step 50/150", timeout=120)
+    before_head, before_other = spawns(hev), spawns(oev)
+    victim_rank = max(before_other)
+    os.kill(before_other[victim_rank], signal.SIGKILL)
+    codes = {n.name: n.wait(150) for n in (head, other)}
+    assert set(codes.values()) == {0}, f"{codes}\n{head.stderr[-3000:]}\n{other.stderr[-3000:]}"
+    assert [(e["rank"], e["round"]) for e in events(oev, "spawn")[len(before_other) :]] == [(victim_rank, 1)]
+    assert spawns(hev) == before_head and len(events(hev, "spawn")) == len(before_head)  # nobody else respawned
+    for ev in (hev, oev):
+        kinds = [e["event"] for e in events(ev)]
+        assert "stopping" not in kinds and "in_place_declined" not in kinds, kinds
+        assert [(e["round"], e["restarts"]) for e in events(ev, "running")] == [(0, 0), (1, 1)]  # charged once
+        assert any(e["event"] == "recovered" for e in events(ev))
+    assert next(e for e in events(oev, "recovered"))["ranks"] == [victim_rank]
+    assert f"recovering in place: round 1 (1 of 2 restarts used), starting rank {victim_rank}" in other.stderr
+    sums = set(re.findall(r"weights checksum (\S+)", head.stdout + "\n" + other.stdout))
+    assert len(sums) == 1, sums  # the replacement holds the survivors' weights
+    assert not {k: v for k, v in nodes.cluster.leftovers().items() if k != "store"}
+
+
+@pytest.fixture(params=["c10d", pytest.param("etcd", marks=pytest.mark.skipif(ETCD is None, reason="no etcd"))])
+def backend_nodes(request, tmp_path):
+    n = Nodes(tmp_path, request.param)
+    yield n
+    n.cleanup()
+
+
+@pytest.mark.timeout(240)
+def test_member_lost_the_spare_takes_its_ranks_in_place(backend_nodes):
+    nodes = backend_nodes
+    (head, hev), (lost, lev) = members(nodes)
+    spare, sev = nodes.start("spare")
+    spare.wait_for(r"waiting as a spare", stream="err", timeout=60)
+    head.wait_for(r"step 50/150", timeout=120)
+    kept = spawns(hev)
+    lost_group = events(lev, "running")[0]["group_rank"]
+    lost.signal(signal.SIGKILL)
+    lost.wait(30)
+    codes = {n.name: n.wait(150) for n in (head, spare)}
+    assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{spare.stderr[-3000:]}"
+    assert spawns(hev) == kept and len(events(hev, "spawn")) == len(kept)  # the survivors kept their pids
+    taken = events(sev, "running")
+    assert len(taken) == 1 and taken[0]["group_rank"] == lost_group and taken[0]["round"] == 1, taken
+    assert sorted(spawns(sev)) == sorted(spawns(lev))  # the lost node's ranks
+    kinds = [e["event"] for e in events(hev)]
+    assert "stopping" not in kinds and "recovered" in kinds, kinds
+    assert [(e["round"], e["restarts"]) for e in events(hev, "running")] == [(0, 0), (1, 1)]  # charged once
+    sums = set(re.findall(r"weights checksum (\S+)", head.stdout + "\n" + spare.stdout))
+    assert len(sums) == 1, sums
+    assert re.search(r"recovered in place in round 1 .*received the state", spare.stdout), spare.stdout[-3000:]
+    assert not {k: v for k, v in nodes.cluster.leftovers().items() if k != "store"}
+
+
+@pytest.mark.timeout(240)
+def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
+    (head, hev), (other, oev) = members(nodes)
+    spare, sev = nodes.start("spare")
+    spare.wait_for(r"waiting as a spare", stream="err", timeout=60)
+    head.wait_for(r"step 50/150", timeout=120)
+    head.signal(signal.SIGKILL)
+    head.wait(30)
+    other.wait_for(r"no in-place recovery: .*\(group rank 0\) was lost", 90, "err")
+    codes = {n.name: n.wait(150) for n in (other, spare)}
+    assert set(codes.values()) == {0}, f"{other.stderr[-3000:]}\n{spare.stderr[-3000:]}"
+    assert any(e["event"] == "in_place_declined" for e in events(oev))
