@@ -125,9 +125,12 @@ def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery(tmp_p
     """Issue 32: a spare's standby is capacity in reserve, not the job's rendezvous time. Two members run, a
     spare stands by, a member is SIGKILLed: the spare's time counts for the job from its round's forming
     (`starting`), its standby (from its start to then) is apart, and the job's figure is the members'."""
-    job = C10dJob(tmp_path)
+    job = C10dJob(tmp_path, env={"STEPS": "150", "STEP_TIME": "0.05"})
     try:
         a, b, spare = members_then_spare(job)
+        # the spare stands by while the members train 10 more steps (0.5 s or more), then a member is lost
+        now = max(int(n) for n in re.findall(r"step rank=\d+ n=(\d+)", a.stdout)) if "step" in a.stdout else 0
+        a.wait_for(rf"step rank=\d+ n={now + 10}\b")
         b.signal(signal.SIGKILL)
         b.wait()
         running_in(spare)
@@ -144,9 +147,10 @@ def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery(tmp_p
     assert called <= at(ev, "starting") <= running
     sums(mine)
     assert mine["standby"] == pytest.approx(called - ev[0]["time"], abs=0.3), (mine, called - ev[0]["time"])
-    assert mine["wall"] == pytest.approx(gp - called, abs=TOL), mine
+    done = at(ev, "exit")  # its worker succeeded; the node's figure ends before the exchange of figures
+    assert done - called - TOL < mine["wall"] < gp - called + TOL, (mine, done - called, gp - called)
     assert mine["restart"] == pytest.approx(running - called, abs=TOL) and mine["restarts"] == 1, mine
-    assert mine["rendezvous"] < gp - at(ev, "exit") + TOL, "no standby booked as rendezvous"
+    assert mine["rendezvous"] < gp - done + TOL, "no standby booked as rendezvous"
     # the job's figure is the members' machine time; the spare's standby is said apart
     assert agreed["nodes"] == 2 and agreed["standby"] == mine["standby"] and ours["standby"] == 0.0, agreed
     assert agreed["wall"] == pytest.approx((ours["wall"] + mine["wall"]) / 2, abs=0.002), (agreed, ours, mine)
