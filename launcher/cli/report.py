@@ -297,12 +297,12 @@ def goodput_table(rows: list[tuple[str, Breakdown]]) -> str:
         cells = "".join(f"<td>{duration(b.seconds(c))}</td>" for c in Component)
         body.append(
             f"<tr><td>{html.escape(name)}</td><td><b>{100 * b.goodput:.1f} %</b></td><td>{duration(b.wall)}</td>"
-            f"{cells}<td>{b.restarts}</td><td>{b.redone_steps if b.steps_known else '?'}</td></tr>"
+            f"{cells}<td>{b.restarts}</td><td>{b.redone_steps if b.steps_known else '?'}</td>"
+            f"<td>{duration(b.standby) if b.standby else ''}</td></tr>"
         )
-    return (
-        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>restarts</th><th>steps re-done</th></tr>"
-        + "".join(body)
-        + "</table>"
+    return (  # a spare's standby is apart: outside the wall time and the figure
+        f"<table><tr><th></th><th>goodput</th><th>wall</th>{head}<th>restarts</th><th>steps re-done</th>"
+        '<th class="muted">spare standing by (apart)</th></tr>' + "".join(body) + "</table>"
     )
 
 
@@ -322,19 +322,21 @@ def render(nodes: list[Node]) -> str:
     find_lost(nodes)
     ok, line, failures = verdict(nodes)
     agreed = next((j for n in nodes for _, j in [n.goodput] if j is not None), None)
-    per_node, replayed = [], 0
+    per_node, replayed, members = [], 0, []
     for n in nodes:
-        mine = n.goodput[0]
-        if mine is None and any(e["event"] == "running" for e in n.events):  # killed, or still running
+        mine, ran = n.goodput[0], any(e["event"] == "running" for e in n.events)
+        if mine is None and ran:  # killed, or still running
             mine, replayed = n.replayed(), replayed + 1
             lost = f"lost at +{duration(n.end - n.events[0]['time'])}; " if n.lost else ""
             per_node.append((f"{n.label} ({lost}from its events)", mine))
         elif mine is not None:
             per_node.append((n.label, mine))
+        if mine is not None and ran:
+            members.append(mine)
     rows = [*per_node]
     job = agreed
-    if replayed or (job is None and per_node):  # the machine time of every node in these files
-        job = total(b for _, b in per_node)
+    if replayed or (job is None and members):  # the machine time of every node in these files that ran a round
+        job = total(members)  # (a spare never called stood by: its row shows it, apart)
         if agreed is not None:
             rows.insert(0, (f"as agreed ({agreed.nodes} nodes of the last round)", agreed))
     times = [e["time"] for n in nodes for e in n.events]

@@ -112,6 +112,7 @@ def job_goodput(store: Store, keys: Keys, r: int, reports: list[NodeReport]) -> 
     if final is not None:
         return {**final.to_dict(), "final": True}
     parts = [report.goodput for report in reports if report.goodput is not None]
+    parts = [b for b in parts if b.wall > 0 or not b.standby]  # a spare standing by: not in the job's figure
     return {**total(parts).to_dict(), "final": False} if parts else None
 
 

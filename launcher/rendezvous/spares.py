@@ -173,6 +173,8 @@ class SpareSeat:
             check_closed()
             orphaned.look(store, began)
         check_closed()
+        if told is not None:  # the standby ends: from here this node's time is the job's (its goodput)
+            told(WaitReport(f"round {r} ended: this spare joins the next round", WaitKind.NODES))
         return True
 
     def leave(self, store: Store, why: str) -> None:

@@ -8,7 +8,8 @@ The job-wide figure: every node publishes its final breakdown under the last rou
 (`r<r>/goodput`); the others wait (bounded) for it. One node computes it, so every node prints the
 same figure whatever order they end in; the facts it sums are each node's own, measured on its own
 clock (no cross-host clock comparison). A node that cannot get it within JOB_WAIT prints its own
-figure and says so.
+figure and says so. A spare's standby is outside every node's wall time (`goodput.Ledger.spare`):
+the job's figure is its members' time, and the standby of the spares that took over is said apart.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable
 from ..rendezvous.records import load
 from ..rendezvous.rerun import job_keys
 from ..rendezvous.store import Store
-from .goodput import Breakdown, Ledger, duration, total
+from .goodput import Breakdown, Ledger, duration, standing_by, total
 
 log = logging.getLogger(__name__)
 STEPS_EVERY = 0.5  # seconds between reads of the progress files
@@ -71,6 +72,8 @@ class Accountant:
                 self._new = set()
                 if fields.get("cause") != "in_place":  # in place, the survivors run on
                     self._spawned, self._succeeded = set(), set()
+            elif kind == "waiting":  # a spare stands by apart; another wait after it: the spare was called
+                ledger.spare(now) if fields.get("what") == "spare" else ledger.called(now)
             elif kind == "starting":
                 ledger.formed(now)
             elif kind == "spawn":
@@ -214,5 +217,7 @@ def conclude(
         job, why = job_breakdown(store, run_id, accountant.round, node)
     emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
     if accountant.round is None:  # stopped while forming, or a spare that was never needed
+        if node.standby >= 0.05:
+            return f"goodput: this node ran no round: {standing_by(node.standby)}"
         return f"goodput: this node ran no round ({duration(node.wall)} waiting for one)"
     return goodput_line(node, job, why)

@@ -21,6 +21,11 @@ The components, which sum to the wall time:
 - `shutdown`: the end of a job stopped by a signal, closed by another node, or failed for good (a
   failure no restart followed): from then to the node's end.
 
+A spare's standby (it waits while the job is full, for a member to be lost) is capacity held in
+reserve, not time the job lost: it is kept apart (`standby`), outside the wall time and every
+component. Once the spare is called (its wait turns into a round forming), its time is the job's:
+its joining is the recovery from the member lost (restarts, or rendezvous).
+
 Without any `progress(step=)` call in the job the lost time is measured up to each round's workers'
 start, and their time from there counts as training: an estimate, since it holds the workers' own
 start-up and any re-done steps (the line says so).
@@ -85,6 +90,7 @@ class Breakdown:
     straggler_steps: float = 0.0
     steps_known: bool = False  # some worker reported steps (else redone is unknown, not 0)
     nodes: int = 1
+    standby: float = 0.0  # seconds a spare stood by, apart: outside `wall` (a job's: summed over its nodes)
 
     @property
     def goodput(self) -> float:
@@ -95,7 +101,8 @@ class Breakdown:
         return getattr(self, c.value)
 
     def rounded(self) -> Breakdown:
-        return replace(self, **{c.value: round(self.seconds(c), 3) for c in Component}, wall=round(self.wall, 3))
+        rounded = {c.value: round(self.seconds(c), 3) for c in Component}
+        return replace(self, **rounded, wall=round(self.wall, 3), standby=round(self.standby, 3))
 
     def to_dict(self) -> dict:
         r = self.rounded()  # the fraction from the figures as written, so a reader finds the same
@@ -141,8 +148,14 @@ class Breakdown:
         return (
             f"goodput{where} {100 * self.goodput:.1f} % of {duration(self.wall)}: "
             + (", ".join(parts) or "nothing lost")
+            + (f"; {standing_by(self.standby)}" if self.standby >= 0.05 else "")
             + how
         )
+
+
+def standing_by(seconds: float) -> str:
+    """How a spare's standby is said: apart from the figure."""
+    return f"spare standing by {duration(seconds)} apart (capacity in reserve, not the job's time)"
 
 
 def total(parts: Iterable[Breakdown]) -> Breakdown:
@@ -160,6 +173,7 @@ def total(parts: Iterable[Breakdown]) -> Breakdown:
         straggler_steps=sum(p.straggler_steps for p in parts),
         steps_known=any(p.steps_known for p in parts),
         nodes=n,
+        standby=sum(p.standby for p in parts),
     )
 
 
@@ -223,6 +237,9 @@ class Ledger:
         self.straggler_steps = 0.0
         self._last_restart_count = 0
         self._in_window = dict.fromkeys(Component, 0.0)  # seconds booked since the open window opened
+        self.standby_s = 0.0  # a spare's standby, ended
+        self._standby_since: float | None = None  # a spare stands by from then (nothing is booked meanwhile)
+        self._ran = False  # a round of this node's ran
 
     @property
     def awaiting_first_steps(self) -> bool:
@@ -238,9 +255,35 @@ class Ledger:
             self._open(_Window.MEMBERSHIP if membership else _Window.FAILURE)
         self.phase = _Phase.FORMING
 
+    def spare(self, now: float) -> None:
+        """This node waits as a spare (the job is full): it stands by, apart from the job's time. A node
+        that never ran a round stood by from its start (learning it is a spare is part of its wait)."""
+        if self._standby_since is not None or self.phase is not _Phase.FORMING or self.ended is not None:
+            return
+        if not self._ran and self.window is _Window.FIRST:
+            self.acc = dict.fromkeys(Component, 0.0)
+            self._in_window = dict.fromkeys(Component, 0.0)
+            self._standby_since = self.began
+        else:
+            self._close_span(now)
+            self._standby_since = now
+
+    def called(self, now: float) -> None:
+        """A spare's standby ends (its wait turned into a round forming): from here its time is the job's,
+        and, for a node that ran no round yet, its joining is the job's recovery from the member lost
+        (a membership window: a restart once the round's restart count says the loss was charged)."""
+        if self._standby_since is None:
+            return
+        self.standby_s += max(0.0, now - self._standby_since)
+        self._standby_since = None
+        self.since = max(self.since, now)
+        if not self._ran and self.window is _Window.FIRST:
+            self._open(_Window.MEMBERSHIP)
+
     def formed(self, now: float) -> None:
         """The round formed: its workers are being started (a preloaded interpreter's imports are
         waited for here, and a restart's backoff)."""
+        self.called(now)
         self._close_span(now)
         self.phase = _Phase.STARTING
 
@@ -257,6 +300,7 @@ class Ledger:
         self._last_restart_count = restart_count
         self.restarts = max(self.restarts, restart_count)
         self.phase = _Phase.RUNNING
+        self._ran = True
         self.round = _Round(frozenset(ranks), now, {}, {})
 
     def steps(self, now: float, samples: Mapping[int, tuple[int, float]]) -> None:
@@ -307,6 +351,8 @@ class Ledger:
         """A signal stops this node, or the job was closed: what follows, to the end, is its shutdown."""
         if self.window is _Window.SHUTDOWN or self.ended is not None:
             return
+        if self._standby_since is not None:  # a spare stopped while standing by: its stop is its own
+            self.called(now)
         self._close_span(now)
         if self.phase is _Phase.RUNNING:
             self._remember_progress()
@@ -341,6 +387,10 @@ class Ledger:
         """The node ends: a failure no round followed ended the job, and its time was the shutdown."""
         if self.ended is not None:
             return
+        if self._standby_since is not None:  # a spare the job finished without: all of it stood by
+            self.standby_s += max(0.0, now - self._standby_since)
+            self._standby_since = None
+            self.since = max(self.since, now)
         self._close_span(now)
         if self.window is _Window.FAILURE and self.phase is not _Phase.RUNNING:
             moved = self._in_window[Component.RESTART]
@@ -353,11 +403,15 @@ class Ledger:
     def breakdown(self, now: float) -> Breakdown:
         end = self.ended if self.ended is not None else now
         acc = dict(self.acc)
-        if self.ended is None:
+        standby = self.standby_s
+        if self._standby_since is not None:
+            standby += max(0.0, end - self._standby_since)
+        elif self.ended is None:
             for c, s in self._booked(max(0.0, end - self.since)):
                 acc[c] += s
         return Breakdown(
-            wall=max(0.0, end - self.began),
+            wall=max(0.0, end - self.began - standby),
+            standby=standby,
             **{c.value: acc[c] for c in Component},
             restarts=self.restarts,
             redone_steps=self.redone_steps,

@@ -1,7 +1,7 @@
 """Goodput against the timeline of real runs: each component checked against the times in the node's own
 events file (written on the accountant's clock), with and without `launcher.progress(step=)`, with
---preload, a SIGTERM or Ctrl-C after a restart, and a spare replacing a SIGKILLed node, whose report a
-real headless chromium draws.
+--preload, a SIGTERM or Ctrl-C after a restart, and a spare replacing a SIGKILLed node (its standby apart
+from the job's time), whose report a real headless chromium draws.
 
 The job (tests/workers/goodput_steps.py): STEPS steps of STEP_TIME s, a checkpoint every 5, rank 1 exits
 7 on attempt 0 about to do step 8. Tolerances: TOL s for a component whose ends are both events (the
@@ -118,6 +118,48 @@ def test_a_signal_after_a_restart_is_the_shutdown_and_the_summary_names_its_roun
     assert f"stopped by the launcher: rank 0 (pid {pids[0]}), rank 1 (pid {pids[1]}) (attempt 1)" in err, err
     assert re.search(r"earlier, recovered by a restart: rank 1 .* exited with code 7 \(attempt 0\)", err), err
     assert "root cause:" not in err, err
+
+
+@pytest.mark.timeout(180)
+def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery(tmp_path):
+    """Issue 32: a spare's standby is capacity in reserve, not the job's rendezvous time. Two members run, a
+    spare stands by, a member is SIGKILLed: the spare's time counts for the job from its round's forming
+    (`starting`), its standby (from its start to then) is apart, and the job's figure is the members'."""
+    job = C10dJob(tmp_path, env={"STEPS": "150", "STEP_TIME": "0.05"})
+    try:
+        a, b, spare = members_then_spare(job)
+        # the spare stands by while the members train 10 more steps (0.5 s or more), then a member is lost
+        now = max(int(n) for n in re.findall(r"step rank=\d+ n=(\d+)", a.stdout)) if "step" in a.stdout else 0
+        a.wait_for(rf"step rank=\d+ n={now + 10}\b")
+        b.signal(signal.SIGKILL)
+        b.wait()
+        running_in(spare)
+        job.open_gate()
+        assert {x.name: x.wait() for x in (a, spare)} == {"a": 0, "spare": 0}
+    finally:
+        job.cleanup()
+    ev = spare.events()
+    mine, agreed = next((e["node"], e["job"]) for e in ev if e["event"] == "goodput")
+    ours = next(e["node"] for e in a.events("goodput"))
+    # called: its wait as a spare ended (round 0 ended: the spare joins the next round)
+    called = next(e["time"] for e in ev if e["event"] == "waiting" and e["what"] != "spare")
+    running, gp = at(ev, "running"), at(ev, "goodput")
+    assert called <= at(ev, "starting") <= running
+    sums(mine)
+    assert mine["standby"] == pytest.approx(called - ev[0]["time"], abs=0.3), (mine, called - ev[0]["time"])
+    done = at(ev, "exit")  # its worker succeeded; the node's figure ends before the exchange of figures
+    assert done - called - TOL < mine["wall"] < gp - called + TOL, (mine, done - called, gp - called)
+    assert mine["restart"] == pytest.approx(running - called, abs=TOL) and mine["restarts"] == 1, mine
+    assert mine["rendezvous"] < gp - done + TOL, "no standby booked as rendezvous"
+    # the job's figure is the members' machine time; the spare's standby is said apart
+    assert agreed["nodes"] == 2 and agreed["standby"] == mine["standby"] and ours["standby"] == 0.0, agreed
+    assert agreed["wall"] == pytest.approx((ours["wall"] + mine["wall"]) / 2, abs=0.002), (agreed, ours, mine)
+    assert agreed["goodput"] == pytest.approx(
+        (ours["training"] + mine["training"]) / (ours["wall"] + mine["wall"]), abs=1e-3
+    ), (agreed, ours, mine)
+    for x in (a, spare):
+        line = x.line(LINE.pattern).group(1)
+        assert re.search(r"; spare standing by [\d.]+ s apart \(capacity in reserve, not the job's time\)", line), line
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -151,3 +151,16 @@ def test_a_job_closed_by_another_node_is_shutdown():
     now[0] = 6.0
     b = acc.finish()
     assert (b.shutdown, b.restart, b.restarts) == (approx(1.0), 0.0, 0)
+
+
+def test_launcher_status_leaves_a_spare_standing_by_out_of_the_jobs_figure():
+    from launcher.cli.status import job_goodput
+    from launcher.rendezvous.keys import Keys
+    from launcher.telemetry.reports import NodeReport
+
+    def node(b: Breakdown) -> NodeReport:
+        return NodeReport("h", "running", 0, 0, 3, goodput=b)
+
+    member, spare = Breakdown(wall=10.0, training=9.0, rendezvous=1.0), Breakdown(standby=8.0)
+    job = job_goodput(DictStore(), Keys("j"), 0, [node(member), node(member), node(spare)])
+    assert (job["nodes"], job["goodput"], job["final"]) == (2, 0.9, False), job

@@ -210,3 +210,75 @@ def test_a_rank_with_nothing_left_to_do_is_not_awaited():
     g.finish(9.0)
     b = g.breakdown(9.0)
     assert (b.restart, b.restarts, b.training) == (approx(1.0), 1, approx(4.0 + 3.0)) and summed(b) == approx(b.wall)
+
+
+def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery():
+    """The load harness' timeline (issue 32): two members train 658 s without steps; a spare stands by
+    from its start (2 s after them) until a member is lost at 594 s; it joins (a restart: the loss was
+    charged) and trains to the end. Its standby is not the job's time."""
+    member, spare = Ledger(0.0), Ledger(2.0)
+    member.rendezvous(0.0)
+    member.formed(0.5)
+    member.running(0.6, {0, 1}, 0)
+    spare.rendezvous(2.0)
+    spare.spare(2.01)  # told the job is full
+    member.membership(594.0)  # the other member lost its lease
+    member.rendezvous(594.0, membership=True)
+    member.running(594.4, {0, 1}, 1)
+    assert spare.breakdown(300.0) == Breakdown(standby=approx(298.0))  # standing by: no wall yet
+    spare.formed(594.5)  # called: it forms the new round with the member
+    spare.running(595.0, {2, 3}, 1)
+    for g in (member, spare):
+        g.done(658.0)
+        g.finish(658.2)
+    m, s = member.breakdown(700.0), spare.breakdown(700.0)
+    assert (m.wall, m.standby, m.restart, m.restarts) == (approx(658.2), 0.0, approx(0.4), 1)
+    assert (s.wall, s.standby) == (approx(658.2 - 594.5), approx(594.5 - 2.0))
+    assert (s.restart, s.training, s.rendezvous, s.startup) == (approx(0.5), approx(63.0), approx(0.2), 0.0)
+    assert sum(s.seconds(c) for c in Component) == approx(s.wall)
+    job = total([m, s])
+    assert job.goodput == approx((m.training + s.training) / (m.wall + s.wall))
+    assert job.goodput > 0.99 and job.standby == approx(592.5)
+    assert job.line().startswith(  # was 54.8 % of 10 m 58 s: rendezvous and waiting 4 m 57 s (the standby)
+        "goodput 99.7 % of 6 m 0 s: rendezvous and waiting 0.5 s, restarts 0.4 s (1); "
+        "spare standing by 9 m 52 s apart (capacity in reserve, not the job's time); lost time measured"
+    ), job.line()
+
+
+def test_a_spare_the_job_finished_without_ran_no_round_and_stood_by_all_along():
+    g = Ledger(10.0)
+    g.rendezvous(10.0)
+    g.spare(10.1)
+    g.finish(70.0)
+    b = g.breakdown(99.0)
+    assert (b.wall, b.standby, b.training) == (0.0, approx(60.0), 0.0)
+
+
+def test_a_spare_stopped_by_a_signal_stood_by_until_then():
+    g = Ledger(0.0)
+    g.spare(0.1)
+    g.shutdown(30.0)
+    g.finish(30.5)
+    b = g.breakdown(99.0)
+    assert (b.wall, b.standby, b.shutdown) == (approx(0.5), approx(30.0), approx(0.5))
+
+
+def test_a_member_that_waits_as_a_spare_after_a_round_stands_by_from_then():
+    g = Ledger(0.0)
+    g.running(1.0, {0}, 0)
+    g.membership(11.0)
+    g.rendezvous(11.0, membership=True)
+    g.spare(12.0)  # the re-formed round is full without it
+    g.called(40.0)  # its wait turned into a round forming: the job's again
+    g.formed(41.0)
+    g.running(41.5, {0}, 0)
+    g.finish(50.0)
+    b = g.breakdown(99.0)
+    assert (b.standby, b.wall) == (approx(28.0), approx(22.0))
+    assert b.rendezvous == approx(1.0 + 1.0 + 1.5)  # forming round 0, 11 to 12, and 40 to 41.5
+    assert sum(b.seconds(c) for c in Component) == approx(b.wall)
+
+
+def test_the_standby_goes_through_a_dict():
+    b = Breakdown(wall=3.0, training=3.0, standby=12.3456)
+    assert Breakdown.from_dict(b.to_dict()) == b.rounded() and b.rounded().standby == 12.346

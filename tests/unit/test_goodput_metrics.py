@@ -44,8 +44,13 @@ def test_a_scrape_has_the_round_the_workers_the_steps_the_failures_and_the_goodp
         'launcher_failures_total{cause="signal"} 0.0',
         'launcher_goodput_seconds{component="rendezvous"} 10.0',
         "launcher_goodput_wall_seconds 10.0",
+        "launcher_goodput_standby_seconds 0.0",
     ):
         assert line in text, line
+    acc("waiting", {"what": "spare"})  # a spare stands by: apart from the wall time
+    now[0] = 70.0
+    text = prometheus_client.generate_latest(registry).decode()
+    assert "launcher_goodput_standby_seconds 20.0" in text and "launcher_goodput_wall_seconds 0.0" in text, text
 
 
 def test_causes():

@@ -127,3 +127,25 @@ def test_a_spare_that_replaced_a_killed_node(tmp_path):
     assert page.count("<tr>") == 1 + 2 + 3, "the header, the job (every node; as agreed) and each of 3 nodes"
     assert "b (group rank 1) (lost at +14.7 s; from its events)" in page
     assert "job (all 3 nodes, mean)" in page and "as agreed (2 nodes of the last round)" in page
+
+
+def test_a_spare_never_called_shows_its_standby_apart_and_is_not_in_the_jobs_figure(tmp_path):
+    member = [
+        (0.0, "rendezvous", {"cause": "start"}),
+        (0.3, "running", {"round": 0, "restarts": 0, "group_rank": 0, "group_world_size": 1}),
+        (52.0, "goodput", {"host": "h0", "node": NODE.to_dict(), "job": None, "why": ""}),
+        (52.0, "finished", {"state": "succeeded", "exit_code": 0, "restarts": 0}),
+    ]
+    stood = Breakdown(standby=51.3)
+    spare = [
+        (0.7, "rendezvous", {"cause": "start"}),
+        (0.71, "waiting", {"what": "spare", "line": "waiting as a spare: round 0 is full (1 of 1 nodes)"}),
+        (52.0, "goodput", {"host": "h1", "node": stood.to_dict(), "job": None, "why": "this node ran no round"}),
+        (52.0, "finished", {"state": "succeeded", "exit_code": 0, "restarts": 0}),
+    ]
+    for name, rows in (("a", member), ("spare", spare)):
+        write(tmp_path / f"{name}.jsonl", [{"time": T + t, "event": k, **f} for t, k, f in rows])
+    page = render([read_node(f) for f in find_files([str(tmp_path)])])
+    assert f"<p>{NODE.line()}</p>" in page, "the job's figure is the member's: the standby is not the job's time"
+    assert "spare standing by (apart)</th>" in page and "<td>51.3 s</td></tr>" in page
+    assert page.count("<tr>") == 1 + 1 + 2, "the header, the job and each node (the spare's row shows its standby)"
