@@ -87,6 +87,7 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
         "monitor_interval": "0.1",
         "shutdown_timeout": None,  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30
         "hang_timeout": None,
+        "hang_startup_timeout": "300",
         "straggler_threshold": "0.5",
         "straggler_period": "60",
         "signals_to_handle": DEFAULT_SIGNALS,
@@ -154,6 +155,7 @@ class LaunchConfig:
     quiet: bool = False
     log_level: str = "info"  # the launcher's own messages: debug, info, warning or error
     hang_timeout: float | None = None  # opt-in: a worker silent this long is hung
+    hang_startup_timeout: float = 300.0  # ... or this long (if longer) before its first line or progress() call
     straggler_threshold: float = 0.5  # a rank below this fraction of the job's median step rate ...
     straggler_period: float = 60.0  # ... for this long is flagged (0: off)
     preload_modules: tuple[str, ...] | None = None  # None: spawn every worker; else fork them from a zygote
@@ -483,6 +485,7 @@ def from_flags(
         hang_timeout=parse_seconds(hang_timeout, "--hang_timeout", minimum=0.1)
         if hang_timeout not in (None, "")
         else None,
+        hang_startup_timeout=parse_seconds(f["hang_startup_timeout"], "--hang_startup_timeout", minimum=0.1),
         straggler_threshold=parse_fraction(f["straggler_threshold"], "--straggler_threshold"),
         straggler_period=parse_seconds(f["straggler_period"], "--straggler_period", minimum=1.0),
         preload_modules=preload if not no_python else None,

@@ -66,6 +66,10 @@ class Member:
         """The last line it printed, on either stream."""
         return max(self.streams, key=lambda s: s.last_at).last_line if self.streams else ""
 
+    def heard(self) -> bool:
+        """Whether the worker printed a line or called launcher.progress() yet (else it is starting)."""
+        return any(s.last_at for s in self.streams) or bool(self.progress_file and os.path.exists(self.progress_file))
+
     def idle(self, now: float) -> float:
         """Seconds since the worker last printed a line or called launcher.progress()."""
         idle = now - max([self.started] + [s.last_at for s in self.streams if s.last_at])

@@ -439,7 +439,8 @@ class Supervisor:
 
     def check_hangs(self) -> None:
         """--hang_timeout: a worker with no output and no progress() call for that long, of the time
-        this agent ran, is hung (a node stopped whole is not: `awake.py`).
+        this agent ran, is hung (a node stopped whole is not: `awake.py`); before its first line or
+        call, it is starting (imports on a busy host take seconds), judged by --hang_startup_timeout.
 
         SIGABRT makes faulthandler (PYTHONFAULTHANDLER=1) dump every thread's stack to the worker's
         stderr before it dies, so the log shows where it was stuck; the group then restarts.
@@ -452,7 +453,7 @@ class Supervisor:
             if m.state is not WorkerState.RUNNING or m.hung or m.returned() is not None:
                 continue  # a worker whose code has returned is exiting, not hung
             idle = self.awake.silence(m.idle(now), now)  # counted while the agent ran (agent/awake.py)
-            if idle > limit:
+            if idle > (limit if m.heard() else max(limit, self.config.hang_startup_timeout)):
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))

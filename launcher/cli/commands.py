@@ -187,6 +187,13 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     "its stacks are dumped, the group restarts.",
 )
 @flag(
+    "hang-startup-timeout",
+    group=SIG,
+    metavar="SEC",
+    help="With --hang_timeout: how long a worker may be silent before its first line or progress() call "
+    "(imports, data set-up, init_process_group); default 300, or --hang_timeout if longer.",
+)
+@flag(
     "straggler-threshold",
     group=SIG,
     metavar="FRACTION",

@@ -81,3 +81,27 @@ def test_recovery_that_cannot_finish_restarts_the_group(tmp_path):
         (2, 1),
     ]  # the fall-back is not charged again
     assert "job succeeded after 1 restart(s)" in r.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_hang_is_one_group_restart_not_a_survivor_replaced(tmp_path):
+    """The ranks blocked in the all-reduce on a hung rank go silent with it: in place cannot tell them
+    apart, so the launcher restarts the group once (never replaces a rank that was only waiting)."""
+    ev, steps = tmp_path / "events.jsonl", tmp_path / "steps"
+    steps.mkdir()
+    launch = Launch()
+    try:
+        r = launch.run(
+            "--nproc_per_node", "3", "--recovery", "in-place", "--preload", "--hang_timeout", "3",
+            "--max_restarts", "1", "--events_file", str(ev), str(WORKERS / "in_place_steps.py"), timeout=130,
+            env={"STEPS": "12", "STEP_LOG": str(steps), "HANG_AT": "1 5"},
+        )  # fmt: skip
+    finally:
+        launch.cleanup()
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = events(ev)
+    declined = [e["reason"] for e in log if e["event"] == "in_place_declined"]
+    assert declined == ["several ranks went silent at once (a hang, and the ranks waiting on it)"], r.stderr
+    assert [(e["round"], e["restarts"]) for e in log if e["event"] == "running"] == [(0, 0), (1, 1)]
+    assert "recovered" not in [e["event"] for e in log]
+    assert r.stdout.count("done rank=") == 3, r.stdout

@@ -90,6 +90,10 @@ def test_the_group_is_stopped_only_where_the_launcher_must():
     assert inv.group_restarts([node(START + several + stop)])[1] == [
         "node0: restarted the group instead of recovering in place: the job has several nodes"
     ]
+    hung = [
+        ev("in_place_declined", 3.0, reason="several ranks went silent at once (a hang, and the ranks waiting on it)")
+    ]
+    assert inv.group_restarts([node(START + hung + stop)]) == (3.0, [])  # a hang: one group restart
     assert inv.group_restarts([node(START + stop)])[1] == [
         "node0: stopped the group (restart) with no in-place recovery declined"
     ]

@@ -384,7 +384,7 @@ def test_a_passthrough_signal_reaches_the_workers_only(tmp_path):
 
 
 def test_a_hang_is_a_failure_and_restarts_the_group(tmp_path):
-    rig = Rig(tmp_path, nproc=2, max_restarts=1, hang_timeout="30")
+    rig = Rig(tmp_path, nproc=2, max_restarts=1, hang_timeout="30", hang_startup_timeout="1")
     rig.start()
     p0, p1 = rig.spawn.procs
     p0.exit(0)  # finished its work; only rank 1 is left, silent
@@ -400,10 +400,23 @@ def test_a_hang_is_a_failure_and_restarts_the_group(tmp_path):
     assert failure.reason == "hung: no progress for 30 s; stacks in its stderr"
 
 
+def test_a_worker_not_yet_heard_from_is_starting_and_judged_by_the_startup_bound(tmp_path):
+    """Before its first line or progress() call a worker is importing or setting up (seconds on a busy
+    host): --hang_timeout does not judge it, --hang_startup_timeout does."""
+    rig = Rig(tmp_path, nproc=1, max_restarts=1, hang_timeout="30", hang_startup_timeout="100")
+    rig.start()
+    p0 = rig.spawn.procs[0]
+    rig.watch(99)
+    assert p0.sent == []
+    rig.watch(2)
+    assert p0.sent == [signal.SIGABRT]
+    assert [f["idle"] for k, f in rig.events if k == "hang"] == [pytest.approx(100.0, abs=0.6)]
+
+
 def test_a_stall_of_the_agent_is_no_workers_silence(tmp_path):
     """The node stopped whole for 40 s (agent and workers): on resume no worker is hung; a worker silent
     for 30 s of the agent's running time after it is (issue 32)."""
-    rig = Rig(tmp_path, nproc=1, max_restarts=1, hang_timeout="30")
+    rig = Rig(tmp_path, nproc=1, max_restarts=1, hang_timeout="30", hang_startup_timeout="1")
     rig.start()
     p0 = rig.spawn.procs[0]
     rig.watch(5)
@@ -419,7 +432,13 @@ def test_a_stall_of_the_agent_is_no_workers_silence(tmp_path):
 
 def test_a_hung_worker_stopped_by_the_launcher_is_still_the_root_cause(tmp_path):
     """A hung worker that ignores SIGABRT is then stopped with the group: it stays the root cause."""
-    rig = Rig(tmp_path, nproc=1, hang_timeout="10", ignore=frozenset({signal.SIGABRT, signal.SIGTERM}))
+    rig = Rig(
+        tmp_path,
+        nproc=1,
+        hang_timeout="10",
+        hang_startup_timeout="1",
+        ignore=frozenset({signal.SIGABRT, signal.SIGTERM}),
+    )
     rig.start()
     rig.watch(11)
     assert rig.spawn.procs[0].sent == [signal.SIGABRT] and rig.sup.state is GroupState.RUNNING

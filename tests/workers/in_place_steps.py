@@ -5,7 +5,8 @@ process appends to $STEP_LOG/<rank>.<pid> one line per event, flushed at once:
 "start <pid> <rank> <world> <round> <step> <t>" once it holds the state, then
 "step <pid> <rank> <world> <round> <step> <t>" after each step done (`step`: the steps done; `t`:
 time.time(), the clock of the agents' events files). Stdout has the campaign's "start rank= world=
-restart= round= from=" line and a "done" line.
+restart= round= from=" line and a "done" line. HANG_AT="RANK STEP": that rank blocks, silent, in that
+step of the job's first round (its peers then wait on it in the step's all-reduce).
 """
 
 import os
@@ -19,6 +20,8 @@ from launcher.worker.inplace import Job
 
 e = os.environ
 steps, step_time = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05"))
+hang = e.get("HANG_AT", "").split()
+hang_at = (int(hang[0]), int(hang[1]), 0) if hang else None
 job = Job(notice=5.0)
 rank, world, pid = job.rank, job.world_size, os.getpid()
 log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
@@ -41,6 +44,8 @@ for step in job.steps(steps):
         restart = e["TORCHELASTIC_RESTART_COUNT"]
         print(f"start rank={rank} world={world} restart={restart} round={job.round} from={job.step}", flush=True)
     with step:
+        if hang_at == (rank, step.index, int(e["TORCHELASTIC_RESTART_COUNT"])):  # HANG_AT: blocks, silent, once
+            time.sleep(3600)
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step.index * 100 + rank))
         optimizer.zero_grad()
         job.model(x).sum().backward()
