@@ -41,6 +41,7 @@ KILL_AT, CKPT_EVERY, STEPS, STEP_TIME = 12, 10, 16, 0.02
 COMPILER = "torch._dynamo,torch._inductor.compile_fx"  # what a first torch.compile call imports (seconds)
 TOOLS = {
     "in place (--preload)": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
+    "in place, zeroed": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
     "restart, --preload": [PY, "-m", "launcher", "--preload"],
     "torchrun": [TORCHRUN, "--standalone"],
 }
@@ -159,7 +160,7 @@ def one_job(tool: str, n: int, script: str, size: int, compiled: int, fresh: boo
     cmd = [*TOOLS[tool], *events, "--nproc_per_node", str(n), "--max_restarts", "1"]
     if compiled == 2 and tool != "torchrun":  # the zygote imports the compiler once: each fork has it
         cmd += ["--preload-modules", COMPILER]
-    cmd += [script, out, str(size), str(compiled), str(int(fresh))]
+    cmd += [script, out, str(size), str(compiled), str(int(fresh and tool != "in place, zeroed"))]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
     result: dict = {"tool": tool}
     try:
@@ -215,15 +216,14 @@ def main() -> None:
         default="10,200,1000,compile,compile-pre",
         help="state sizes in MB, and/or compile (10 MB), compile-pre (the same, --preload-modules " + COMPILER + ")",
     )
-    ap.add_argument("--tools", default="inplace,restart,torchrun", help="which of inplace, restart, torchrun to run")
     ap.add_argument(
-        "--zeroed", dest="fresh", action="store_false", help="a replacement zeroes its blob too (not torch.empty)"
+        "--tools", default="inplace,zeroed,restart,torchrun", help="which of inplace, zeroed, restart, torchrun"
     )
     ap.add_argument("--timeout", type=float, default=240.0, help="per job")
     args = ap.parse_args()
     named = {"compile": ("compile", 10, 1), "compile-pre": ("compile, compiler preloaded", 10, 2)}
     configs = [named[c] if c in named else (f"{c} MB", int(c), 0) for c in args.configs.split(",")]
-    short = dict(zip(("inplace", "restart", "torchrun"), TOOLS))
+    short = dict(zip(("inplace", "zeroed", "restart", "torchrun"), TOOLS))
     tools = [short[t] for t in args.tools.split(",")]
     rows: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,7 +233,7 @@ def main() -> None:
         for rep in range(args.reps):
             for name, size, compiled in configs:
                 for tool in tools if rep % 2 == 0 else list(reversed(tools)):
-                    r = one_job(tool, args.ranks, script, size, compiled, args.fresh, args.timeout)
+                    r = one_job(tool, args.ranks, script, size, compiled, True, args.timeout)
                     rows.setdefault((name, tool), []).append(r)
                     shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
                     print(f"rep {rep} {name}: {shown}", file=sys.stderr, flush=True)
@@ -262,25 +262,28 @@ def main() -> None:
 
 
 def print_phases(configs: list, rows: dict) -> None:
-    """In place: each phase's end, seconds after the kill (medians), one column per configuration."""
-    tool = next(t for t in TOOLS if t.startswith("in place"))
-    if not any(key[1] == tool for key in rows):
+    """In place: each phase's end, seconds after the kill (medians), one column per configuration and tool."""
+    per = {
+        f"{name}{tool[len('in place') :].replace(' (--preload)', '')}": [r["phases"] for r in got if "phases" in r]
+        for name, _, _ in configs
+        for tool in TOOLS
+        if tool.startswith("in place") and (got := rows.get((name, tool)))
+    }
+    if not per:
         return
-    per = {name: [r["phases"] for r in rows[(name, tool)] if "phases" in r] for name, _, _ in configs}
-    keys = sorted(
-        {k for runs in per.values() for p in runs for k in p},
-        key=lambda k: min(
-            statistics.median(p[k] for p in runs if k in p) for runs in per.values() if any(k in p for p in runs)
-        ),
-    )
+    seen = {k for runs in per.values() for p in runs for k in p}
+    first = {
+        k: min(statistics.median(p[k] for p in runs if k in p) for runs in per.values() if any(k in p for p in runs))
+        for k in seen
+    }
     print()
     print("In place, when each phase ended (s after the kill; new: the newcomer, old: the last survivor)")
     print()
     print("| phase | " + " | ".join(per) + " |")
     print("|---" * (len(per) + 1) + "|")
-    for k in keys:
+    for k in sorted(seen, key=first.get):
         cells = [
-            fmt([p.get(k) for p in runs if k in p], 3, "") if any(k in p for p in runs) else "" for runs in per.values()
+            fmt([p[k] for p in runs if k in p], 3, "") if any(k in p for p in runs) else "" for runs in per.values()
         ]
         print(f"| {k} | " + " | ".join(cells) + " |")
 
