@@ -1,5 +1,5 @@
-"""The in-place state transfer over a real gloo group of two processes: a big tensor travels in
-pieces into the receiver's fresh, non-contiguous or missing tensors, every value intact."""
+"""The in-place state transfer over a real gloo group of two processes: tensors land in the
+receiver's fresh (faulted in first), non-contiguous or missing tensors, every value intact."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from support.ports import free_port
 pytestmark = pytest.mark.timeout(90)
 
 
-def test_a_tensor_sent_in_pieces_lands_whole_in_the_receivers_own():
+def test_the_state_lands_whole_in_the_receivers_own_tensors():
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     procs = [
         subprocess.Popen(
             [sys.executable, worker("in_place_transfer.py"), str(rank), str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )  # fmt: skip
         for rank in (0, 1)
     ]

@@ -1,6 +1,6 @@
-"""Rank 0 sends its state to rank 1 with launcher.worker.inplace.transfer, in pieces of 4 KiB; rank 1
-receives into a fresh torch.empty tensor, into a non-contiguous one, and into none (a new tensor),
-then prints `received ok` when every value arrived. argv: RANK PORT."""
+"""Rank 0 sends its state to rank 1 with launcher.worker.inplace.transfer; rank 1 receives into a
+fresh torch.empty tensor of several pages (faulted in first), into a non-contiguous one, and into
+none (a new tensor), then prints `received ok` when every value arrived. argv: RANK PORT."""
 
 import sys
 
@@ -10,7 +10,6 @@ import torch.distributed as dist
 from launcher.worker.inplace import transfer
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
-transfer.CHUNK = 4096  # many pieces, the last one short
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 
 
@@ -25,7 +24,7 @@ class Box:
         self.tensors = dict(state)
 
 
-n = 10 * 1024 + 3  # float32: ten pieces and a bit
+n = 10 * 1024 + 3  # float32: ten pages and a bit
 if rank == 0:
     big, wide = torch.arange(n, dtype=torch.float32), torch.arange(6000.0).reshape(2, 3000)
     box = Box(big=big, wide=wide, new=torch.ones(5000))
