@@ -44,7 +44,7 @@ class Job:
     `ddp(model)` (or `wrap(factory)`), and train in `for step in job.steps(n): with step: ...`.
     Without `--recovery in-place` it is a plain process group: a lost peer raises as usual.
     `job.joining` is True in a replacement, whose kept state a survivor overwrites: build big
-    state with `torch.empty` there (its pages are faulted in while the transfer runs).
+    state with `torch.empty` there (the transfer faults its pages in, then fills them).
     """
 
     def __init__(
