@@ -41,6 +41,8 @@ logging.basicConfig(format="%(message)s")
 logging.getLogger("launcher.worker.inplace").setLevel(logging.INFO)  # one line per recovery
 job = Job()  # in place: joins this round's process group (gloo on CPU, nccl on GPUs)
 rank, world = job.rank, job.world_size
+if job.joining:  # a replacement: a survivor sends the state below (big state: torch.empty here, not zeros)
+    print(f"rank {rank}: a replacement in round {job.round}; the state comes from a survivor", flush=True)
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 if job.backend == "nccl":
     torch.cuda.set_device(job.device)

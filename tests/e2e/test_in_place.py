@@ -57,6 +57,8 @@ def test_killed_worker_is_replaced_alone(tmp_path):
     sums = set(re.findall(r"weights checksum (\S+)", out))
     assert len(re.findall(r"weights checksum", out)) == 4 and len(sums) == 1, out  # the replacement too
     assert re.search(r"\[rank2\]: rank 2: recovered in place in round 1 .*received the state", out), out
+    assert "rank 2: a replacement in round 1; the state comes from a survivor" in out, out  # job.joining
+    assert "a replacement in round 0" not in out, out
 
 
 @pytest.mark.timeout(120)

@@ -32,6 +32,8 @@ class Recovery:
     sent: int  # bytes of state this rank sent (the source), else 0
     received: bool  # this rank received the state (a newcomer, or a survivor that was behind)
     moving: float = 0.0  # seconds of `seconds` spent sending or receiving the state
+    # (phase, wall-clock time) as this rank went: seen, left, joined, planned, moved, made (docs/in-place.md)
+    marks: tuple[tuple[str, float], ...] = ()
 
 
 class Job:
@@ -41,6 +43,8 @@ class Job:
     there, else gloo) on its own prefix of the launcher's store. Then `keep(...)` the state,
     `ddp(model)` (or `wrap(factory)`), and train in `for step in job.steps(n): with step: ...`.
     Without `--recovery in-place` it is a plain process group: a lost peer raises as usual.
+    `job.joining` is True in a replacement, whose kept state a survivor overwrites: build big
+    state with `torch.empty` there (the transfer faults its pages in, then fills them).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class Job:
         self._make: Callable[[bool], Any] | None = None
         self._holds_state = False  # False until this rank holds the job's state (a newcomer: once received)
         self._synced = False
+        self._joined_at = 0.0  # wall-clock time this rank's newest group formed
         self._lost = threading.Event()  # the agent opened the next round
         self._moved = threading.Event()  # this rank joined a new round (the watcher looks further)
         self._lock = threading.Lock()
@@ -84,6 +89,8 @@ class Job:
             self._addr, self._port, is_master=not agent_store and self.rank == 0, timeout=wait, wait_for_workers=False
         )
         self._join(self.round)
+        # A replacement: its round was opened by an in-place recovery, so a survivor sends it the state.
+        self.joining = self.in_place and self._received_round()
         if self.in_place:
             threading.Thread(target=self._watch, name="launcher-inplace-watch", daemon=True).start()
 
@@ -114,7 +121,7 @@ class Job:
         """The steps from `job.step` to `total`; after a recovery the step in flight comes again.
         `job.step` counts the steps done: it is `step.index + 1` once `with step:` ended well."""
         if not self._synced:
-            self._sync(first=not (self.in_place and self._received_round()))
+            self._sync(first=not self.joining)
         while self.step < total:
             if self._lost.is_set():  # a peer was lost between steps: recover before the next
                 self.recover()
@@ -127,16 +134,18 @@ class Job:
         """Leave the broken group, join the agent's newest round, and bring the state to whoever lacks it."""
         if not self.in_place:
             raise RuntimeError("in-place recovery needs `python -m launcher --recovery in-place`")
-        began = time.monotonic()
+        began, marks = time.monotonic(), [("seen", time.time())]
         self.store.wait([keys.opened(self.round + 1)])
         newest = int(self.store.get(keys.NEWEST))
         with self._lock:
             pg, self._pg = self._pg, None
         self.model = None  # the old wrapper holds the old group
         abort.leave(pg, self.backend)
+        marks.append(("left", time.time()))
         self._join(newest)
+        marks.append(("joined", time.time()))
         self._lost.clear()
-        return self._sync(first=False, began=began)
+        return self._sync(first=False, began=began, marks=marks)
 
     def close(self) -> None:
         """Leave the process group (at the end of training)."""
@@ -160,22 +169,26 @@ class Job:
         dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size, timeout=wait)
         with self._lock:
             self._pg, self.round, self._sockets = dist.group.WORLD, rnd, abort.sockets() - before
+        self._joined_at = time.time()
         self._moved.set()
 
     def _received_round(self) -> bool:
         """A newcomer: its round was opened by an in-place recovery (the agent set its key)."""
         return self.store.check([keys.opened(self.round)])
 
-    def _sync(self, first: bool, began: float | None = None) -> Recovery:
+    def _sync(self, first: bool, began: float | None = None, marks: list[tuple[str, float]] | None = None) -> Recovery:
         """Agree on who holds the state, move it, make the model, and tell the agent this rank is in."""
         began = time.monotonic() if began is None else began
+        marks = [("joined", self._joined_at)] if marks is None else marks
         plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device)
+        marks.append(("planned", time.time()))
         sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
             sent = transfer.send(self._kept, self.step, plan.to, self.device)
         elif self.rank in plan.to:
             self.step, received = transfer.receive(self._kept, plan.source, self.device), True
         moved = time.monotonic() - moved
+        marks.append(("moved", time.time()))
         for obj in self._kept.values():
             if isinstance(obj, torch.nn.Module):
                 obj.zero_grad(set_to_none=True)  # the step in flight left partial gradients
@@ -184,7 +197,8 @@ class Job:
         self._holds_state, self._synced = True, True
         if self.in_place and self.store.add(keys.joined(self.round), 1) == self.world_size:
             self.store.set(keys.ready(self.round), b"1")
-        done = Recovery(self.round, time.monotonic() - began, sent, received, moved)
+        marks.append(("made", time.time()))
+        done = Recovery(self.round, time.monotonic() - began, sent, received, moved, tuple(marks))
         if not first:
             self.recoveries.append(done)
             rate = f", {sent / moved / 1e9:.2f} GB/s" if sent and moved > 0 else ""

@@ -4,7 +4,9 @@ Every rank tells the others whether it holds the job's state and at which step (
 the lowest rank among those furthest ahead sends it, point to point, to every rank that lacks it
 or is behind. The structure (state_dicts with the tensors taken out, the step, the RNG) goes as
 one pickled object; the tensors go as they are, small ones packed together into buckets, and a
-module's tensors land straight in the receiver's own parameters.
+module's tensors land straight in the receiver's own parameters. The receiver faults in the pages
+of each tensor before it receives into it: a page fault inside the socket's read stalls the sender
+(on this VM a fresh 1 GB then arrived at 0.1-0.2 GB/s, faulted in first at 0.7 GB/s).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 BUCKET = 16 << 20  # bytes: tensors smaller than this travel packed together
+PAGE = 4096  # bytes: one write per page faults a fresh allocation in
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,13 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
         if len(group) == 1:
             t = tensors[group[0]]
             buf = t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+            _touch(buf)
             dist.recv(buf, src=source)
             if buf is not t:
                 t.copy_(buf)
         else:
             flat = torch.empty(sum(tensors[i].numel() for i in group), dtype=tensors[group[0]].dtype, device=device)
+            _touch(flat)
             dist.recv(flat, src=source)
             at = 0
             for i in group:
@@ -116,6 +121,13 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
         obj.load_state_dict(state[name])
     _set_rng(_fill(structure["rng"], tensors))
     return int(structure["step"])
+
+
+def _touch(t: torch.Tensor) -> None:
+    """Write one byte per page of contiguous `t` (in host memory): a fresh allocation's faults, taken now."""
+    if t.device.type == "cpu" and t.numel() * t.element_size() >= 2 * PAGE:
+        # Received whole right after: the bytes written here are overwritten.
+        t.reshape(-1).view(torch.uint8)[::PAGE].zero_()
 
 
 def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
