@@ -224,7 +224,10 @@ def kill_member(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None
     victim.killed = True
     ep.struck.update(pid for _, pid in workers)
     ep.done.append(f"SIGKILL agent {victim.name} (ranks {[r for r, _ in workers]})")
-    ep.expect.append(("the killed agent", r"died|lost its lease|stopped heartbeating|no node came to fill"))
+    # The node serving the workers' store (group rank 0) takes it with it: a documented group restart.
+    ep.expect.append(
+        ("the killed agent", r"died|lost its lease|stopped heartbeating|no node came to fill|group rank 0\) was lost")
+    )
 
 
 IN_PLACE_STRIKES: dict[Fault, Strike] = {

@@ -18,6 +18,7 @@ from .records import AgentRecord, Episode, Fault, StepLine
 
 RECOVERING = "recovering in place"  # in_place_declined's reason when a worker failed during a recovery
 HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers, waiting on it, are silent too)
+STORE_LOST = "(group rank 0) was lost"  # ... when the node serving the workers' store was lost with it
 
 
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
@@ -31,8 +32,8 @@ def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: 
 
 def group_restarts(agents: list[AgentRecord]) -> tuple[float | None, list[str]]:
     """When the group was first stopped (None: never) and the violations: in place, a group is stopped only
-    where a worker failed while a recovery was under way or ranks hung (in_place_declined), or to end a
-    failed job."""
+    where a worker failed while a recovery was under way, ranks hung, or the node serving the workers' store
+    was lost (in_place_declined), or to end a failed job."""
     first: float | None = None
     v: list[str] = []
     for a in agents:
@@ -45,7 +46,11 @@ def group_restarts(agents: list[AgentRecord]) -> tuple[float | None, list[str]]:
                 pending = None
             elif e.kind == "in_place_declined":
                 excused = True
-                if HUNG not in e.reason and (pending is None or RECOVERING not in e.reason):
+                if (
+                    HUNG not in e.reason
+                    and STORE_LOST not in e.reason
+                    and (pending is None or RECOVERING not in e.reason)
+                ):
                     v.append(f"{a.name}: restarted the group instead of recovering in place: {e.reason}")
             elif e.kind == "in_place_failed":
                 excused = True
