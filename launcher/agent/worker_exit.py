@@ -18,8 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .zygote.messages import RETURNED_SUFFIX
-
+# A worker whose code has returned writes its exit code to its progress file's path plus this: the
+# agent then knows that what is left is the worker's exit, not its work (`members.returned`).
+RETURNED_SUFFIX = ".returned"
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the agent's package: this file, the zygote
 
 
@@ -51,9 +52,14 @@ def run_program(target: str, module: bool, args: Sequence[str]) -> None:
 
 
 def _is_zip(path: str) -> bool:
-    import zipfile
+    """Whether python would run `path` as a zip application (zipimport is loaded at start; zipfile is not)."""
+    import zipimport
 
-    return zipfile.is_zipfile(path)
+    try:
+        zipimport.zipimporter(path)
+    except zipimport.ZipImportError:
+        return False
+    return True
 
 
 def exit_worker(run: Callable[[], None]) -> NoReturn:
