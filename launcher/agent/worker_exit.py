@@ -3,7 +3,8 @@
 `python -u -m launcher.agent.worker_exit SCRIPT ARGS…` (or `… worker_exit -m MODULE ARGS…`) is how
 the agent spawns a Python worker (`--worker_exit quick`, the default): the script runs as under
 `python -u SCRIPT` (argv, `sys.path[0]`, `__main__`, tracebacks, exit codes, signals), and its exit
-runs python's exit steps but skips finalising the interpreter, where torch's teardown race lives
+runs python's exit steps (and the C runtime's flush) but skips finalising the interpreter, where torch's
+teardown race lives
 (gloo's thread asks for the GIL while `Py_FinalizeEx` runs, and the process dies of SIGABRT:
 "terminate called without an active exception"). A worker forked by the zygote (`zygote.server`)
 exits the same way. Only the standard library is imported here, so a spawned worker pays ~nothing
@@ -94,6 +95,7 @@ def exit_worker(run: Callable[[], None]) -> NoReturn:
     atexit._run_exitfuncs()  # prints a failing handler's traceback and goes on, as at a normal exit
     _finalise_main()
     _flush_open_files()
+    _flush_c_stdio()
     if interrupted:  # as python does for an uncaught KeyboardInterrupt: die of SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -136,6 +138,17 @@ def _flush_open_files() -> None:
                 f.flush()
         except (OSError, ValueError, AttributeError):  # closed under us, a broken pipe, a replaced stream
             pass
+
+
+def _flush_c_stdio() -> None:
+    """`fflush(NULL)`, as the C runtime's `exit` does and `os._exit` does not: what native code printed
+    (NCCL's INFO lines, a C++ `std::cout`) sits in C's buffer while stdout is a pipe to the agent."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask (a static build): nothing we could flush
+        pass
 
 
 def _system_exit_code(code: object) -> int:

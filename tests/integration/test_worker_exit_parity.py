@@ -52,6 +52,14 @@ import holder  # opens a file at import and never closes it
 holder.out.write("held by another module's global\\n")
 print("returned")
 """,
+    "c_file": """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+f = libc.fopen(b"c_file.txt", b"w")  # C's own buffer: only the C runtime's exit flushes it
+libc.fputs(b"written by C, never closed\\n", ctypes.c_void_p(f))
+print("returned")
+""",
     "atexit_and_del": """
 import atexit
 
@@ -184,3 +192,11 @@ def test_a_folder_with_a_main_runs_as_under_python(tmp_path):
         == (plain.returncode, plain.stdout, plain.stderr)
         == (0, "True True\n", "")
     )
+
+
+@pytest.mark.timeout(120)
+def test_what_native_code_left_in_cs_buffers_is_written(tmp_path):
+    plain, quick = run_both(tmp_path, "c_file")
+    same(plain, quick, tmp_path)
+    for kind in ("plain", "quick"):
+        assert (tmp_path / kind / "c_file.txt").read_text() == "written by C, never closed\n", kind
