@@ -119,7 +119,9 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 START_METHODS = ("spawn", "fork", "forkserver")
 # What `launcher check` and `launcher bench allreduce` run (cli.WORKLOADS): tools, not training, so
-QUICK_EXIT = "launcher.agent.worker_exit"  # runs a spawned worker's script, then exits it quickly
+# runs a spawned worker's script, then exits it quickly; a file of the standard library only, so that any
+# interpreter runs it (PYTHON_EXEC need not have the launcher installed)
+QUICK_EXIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent", "worker_exit.py")
 # no goodput line: a pre-flight check or a benchmark has no useful work to measure
 TOOL_MODULES = frozenset({"launcher.worker.preflight", "launcher.worker.allreduce"})
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
@@ -233,7 +235,7 @@ def _program(script: str, module: bool, no_python: bool, exit_mode: WorkerExit) 
     python = os.environ.get("PYTHON_EXEC") or _sys_executable()
     # quick: the script runs as under `python -u`, and its exit skips the interpreter's finalisation
     # (torch's teardown race); the zygote forks from the same prefix (program[-1] is the target)
-    interp = (python, "-u", "-m", QUICK_EXIT) if exit_mode is WorkerExit.QUICK else (python, "-u")
+    interp = (python, "-u", QUICK_EXIT) if exit_mode is WorkerExit.QUICK else (python, "-u")
     if module:
         return (*interp, "-m", script)
     if not os.path.exists(script):

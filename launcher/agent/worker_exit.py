@@ -1,21 +1,28 @@
 """What a Python worker runs, forked or spawned: its script as `__main__`, then python's exit less finalisation.
 
-`python -u -m launcher.agent.worker_exit SCRIPT ARGS…` (or `… worker_exit -m MODULE ARGS…`) is how
+`python -u …/launcher/agent/worker_exit.py SCRIPT ARGS…` (or `… worker_exit.py -m MODULE ARGS…`) is how
 the agent spawns a Python worker (`--worker_exit quick`, the default): the script runs as under
 `python -u SCRIPT` (argv, `sys.path[0]`, `__main__`, tracebacks, exit codes, signals), and its exit
 runs python's exit steps (and the C runtime's flush) but skips finalising the interpreter, where torch's
 teardown race lives
 (gloo's thread asks for the GIL while `Py_FinalizeEx` runs, and the process dies of SIGABRT:
 "terminate called without an active exception"). A worker forked by the zygote (`zygote.server`)
-exits the same way. Only the standard library is imported here, so a spawned worker pays ~nothing
-for it (docs/preload.md, "A worker's exit").
+exits the same way. Only the standard library is imported here: any interpreter runs this file, and
+a spawned worker pays ~nothing for it (docs/preload.md, "A worker's exit").
 """
 
 from __future__ import annotations
 
+# What the exit needs is imported now, before the script's folder heads sys.path: a ctypes.py of the
+# user's must not stand in for the standard library's at exit.
+import atexit
+import ctypes
+import gc
+import io
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -85,9 +92,6 @@ def exit_worker(run: Callable[[], None]) -> NoReturn:
         _print_uncaught()
         code = 1
     _mark_returned(code)
-    import atexit
-    import threading
-
     try:
         threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as Py_FinalizeEx does
     except BaseException:
@@ -114,8 +118,6 @@ def _print_uncaught() -> None:
 
 def _finalise_main() -> None:
     """Free what the script's `__main__` holds and the cycles among it (a zygote's frozen preload is not looked at)."""
-    import gc
-
     main = sys.modules.get("__main__")
     if main is not None and main.__dict__ is not globals():  # never this module's own, run as `-m`
         main.__dict__.clear()  # a __del__ that raises is printed ("Exception ignored"), as at shutdown
@@ -127,9 +129,6 @@ def _flush_open_files() -> None:
 
     A file another module's global holds (a log opened at import) is closed by the interpreter's
     finalisation; without it, its buffer would be lost. Closing is left to the kernel."""
-    import gc
-    import io
-
     files = [o for o in gc.get_objects() if isinstance(o, (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom))]
     files.sort(key=lambda o: not isinstance(o, io.TextIOWrapper))
     for f in [*files, sys.stdout, sys.stderr]:
@@ -144,8 +143,6 @@ def _flush_c_stdio() -> None:
     """`fflush(NULL)`, as the C runtime's `exit` does and `os._exit` does not: what native code printed
     (NCCL's INFO lines, a C++ `std::cout`) sits in C's buffer while stdout is a pipe to the agent."""
     try:
-        import ctypes
-
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError):  # no C library to ask (a static build): nothing we could flush
         pass
@@ -181,7 +178,7 @@ def main(argv: list[str]) -> NoReturn:
     module = len(argv) > 1 and argv[1] == "-m"
     rest = argv[2:] if module else argv[1:]
     if not rest:
-        print("usage: python -m launcher.agent.worker_exit (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        print("usage: python worker_exit.py (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         os._exit(2)
     exit_worker(lambda: run_program(rest[0], module, rest[1:]))
 

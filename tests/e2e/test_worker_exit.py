@@ -1,6 +1,6 @@
 """A spawned worker's exit (--worker_exit): quick by default, plain `python -u SCRIPT` on request.
 
-Quick: the worker runs under `python -u -m launcher.agent.worker_exit SCRIPT`, which runs the script as
+Quick: the worker runs under `python -u …/launcher/agent/worker_exit.py SCRIPT`, which runs the script as
 python would and exits without finalising the interpreter, where torch's teardown race is (gloo's
 thread asks for the GIL while `Py_FinalizeEx` runs: SIGABRT, "terminate called without an active
 exception"). What finalisation would have written is still written; exit codes and signals are the
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import holder  # opens a file at import, never closed: only the interpreter's teardown would flush it
 
 holder.out.write(f"rank {os.environ['RANK']}\\n")
-print("quick" if "launcher.agent.worker_exit" in sys.orig_argv else "plain", sys.argv[1:], flush=True)
+print("quick" if any(a.endswith("worker_exit.py") for a in sys.orig_argv) else "plain", sys.argv[1:], flush=True)
 code = int(os.environ.get("EXIT_CODE", "0"))
 if os.environ.get("DIE_OF") == os.environ["RANK"]:
     import signal

@@ -1,4 +1,4 @@
-"""A spawned worker's quick exit (`python -u -m launcher.agent.worker_exit SCRIPT`) behaves as `python -u SCRIPT`.
+"""A spawned worker's quick exit (`python -u …/launcher/agent/worker_exit.py SCRIPT`) behaves as `python -u SCRIPT`.
 
 Each script runs both ways, side by side; what the user can see must be the same: argv, `sys.path[0]`,
 `__main__`, stdout and stderr (tracebacks included), the exit status, a death by signal, an uncaught
@@ -15,7 +15,7 @@ import sys
 import pytest
 from support.paths import ROOT
 
-QUICK = (sys.executable, "-u", "-m", "launcher.agent.worker_exit")
+QUICK = (sys.executable, "-u", str(ROOT / "launcher" / "agent" / "worker_exit.py"))
 PLAIN = (sys.executable, "-u")
 
 SCRIPTS = {
