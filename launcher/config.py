@@ -41,11 +41,12 @@ from .parsers import (
     parse_signals,
     parse_std,
     parse_whole,
+    parse_worker_exit,
 )
 from .rendezvous import BACKENDS, Flags, JobParams, Settings
 from .rendezvous.etcd.settings import ETCD_KEYS
 from .rendezvous.settings import C10D_PORT, RDZV_KEYS, LocalSettings
-from .spec import NumaMode, RecoveryMode, RestartPolicy, Std
+from .spec import NumaMode, RecoveryMode, RestartPolicy, Std, WorkerExit
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 JOIN_TOKEN_ENV = "LAUNCHER_JOIN_TOKEN"  # the optional shared secret a node needs to join a job
@@ -77,6 +78,7 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
         "run_path": False,
         "preload": False,
         "preload_modules": None,
+        "worker_exit": "quick",  # docs/preload.md, "A worker's exit"
         "role": "default",
         "append_local_rank": False,
         "append_local_rank_as": None,
@@ -118,6 +120,9 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 START_METHODS = ("spawn", "fork", "forkserver")
 # What `launcher check` and `launcher bench allreduce` run (cli.WORKLOADS): tools, not training, so
+# runs a spawned worker's script, then exits it quickly; a file of the standard library only, so that any
+# interpreter runs it (PYTHON_EXEC need not have the launcher installed)
+QUICK_EXIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent", "worker_exit.py")
 # no goodput line: a pre-flight check or a benchmark has no useful work to measure
 TOOL_MODULES = frozenset({"launcher.worker.preflight", "launcher.worker.allreduce"})
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
@@ -173,6 +178,7 @@ class LaunchConfig:
     quarantine_file: str | None = None  # $LAUNCHER_QUARANTINE_FILE: a quarantined node appends its name
     recovery: RecoveryMode = RecoveryMode.RESTART  # --recovery: in-place replaces a failed worker alone
     in_place_timeout: float = 60.0  # an in-place recovery not done in this long falls back to a restart
+    worker_exit: WorkerExit = WorkerExit.QUICK  # a spawned Python worker's exit: no finalisation (quick)
 
     @property
     def run_id(self) -> str:
@@ -221,7 +227,7 @@ def read_join_token(conf: dict[str, str], environ: Mapping[str, str]) -> str | N
     return token
 
 
-def _program(script: str, module: bool, no_python: bool) -> tuple[str, ...]:
+def _program(script: str, module: bool, no_python: bool, exit_mode: WorkerExit) -> tuple[str, ...]:
     if not script:
         raise ConfigError("missing the training script (e.g. launcher --nproc_per_node 2 train.py)")
     if module and no_python:
@@ -229,12 +235,15 @@ def _program(script: str, module: bool, no_python: bool) -> tuple[str, ...]:
     if no_python:
         return (script,)
     python = os.environ.get("PYTHON_EXEC") or _sys_executable()
+    # quick: the script runs as under `python -u`, and its exit skips the interpreter's finalisation
+    # (torch's teardown race); the zygote forks from the same prefix (program[-1] is the target)
+    interp = (python, "-u", QUICK_EXIT) if exit_mode is WorkerExit.QUICK else (python, "-u")
     if module:
-        return (python, "-u", "-m", script)
+        return (*interp, "-m", script)
     if not os.path.exists(script):
         raise ConfigError(f"training script {script!r} does not exist (use -m for a module, --no_python for a command)")
     # --run_path: a fresh interpreter runs the script, which is what runpy.run_path in a spawned worker does
-    return (python, "-u", script)
+    return (*interp, script)
 
 
 def _sys_executable() -> str:
@@ -416,7 +425,8 @@ def from_flags(
     master_addr = f["master_addr"]
     if not master_addr or not str(master_addr).strip():
         raise ConfigError("--master_addr is empty; give the address of node rank 0")
-    program = _program(training_script, module, no_python)
+    worker_exit = parse_worker_exit(f["worker_exit"])
+    program = _program(training_script, module, no_python, worker_exit)
     if _free_port_store(str(f["rdzv_backend"]), f["rdzv_endpoint"]):
         if min_nodes > 1:
             raise ConfigError(
@@ -503,6 +513,7 @@ def from_flags(
         health_check=(f["health_check"] or "").strip() or None,
         health_check_timeout=parse_seconds(f["health_check_timeout"], "--health_check_timeout", minimum=0.1),
         quarantine_file=environ.get(QUARANTINE_FILE_ENV) or None,
+        worker_exit=worker_exit,
         recovery=parse_recovery(f["recovery"], max_nodes, environ),
         in_place_timeout=parse_seconds(f["in_place_timeout"], "--in_place_timeout", minimum=1.0),
     )

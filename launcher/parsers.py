@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from .errors import ConfigError
-from .spec import STD_NONE, NumaMode, RecoveryMode, RestartPolicy, Std
+from .spec import STD_NONE, NumaMode, RecoveryMode, RestartPolicy, Std, WorkerExit
 
 
 def parse_endpoint(text: str, default_port: int | None, flag: str = "--rdzv_endpoint") -> tuple[str, int]:
@@ -291,6 +291,15 @@ def parse_numa_binding(text: str | None) -> NumaMode | None:
     except ValueError:
         modes = ", ".join(m.value for m in NumaMode)
         raise ConfigError(f"--numa_binding {text!r} is not a mode; use one of {modes}") from None
+
+
+def parse_worker_exit(text: str | None) -> WorkerExit:
+    """`--worker_exit quick|finalize` → the mode."""
+    try:
+        return WorkerExit(str(text or "quick").strip().lower())
+    except ValueError:
+        modes = ", ".join(m.value for m in WorkerExit)
+        raise ConfigError(f"--worker_exit {text!r} is not a mode; use one of {modes}") from None
 
 
 RESTART_KEYS = {"quick", "backoff", "backoff_max", "no_progress", "deterministic"}

@@ -68,6 +68,13 @@ class RecoveryMode(enum.Enum):
     IN_PLACE = "in-place"  # replace the failed worker alone; the survivors keep their state
 
 
+class WorkerExit(enum.Enum):
+    """How a spawned Python worker exits once its code has returned (--worker_exit; docs/preload.md)."""
+
+    QUICK = "quick"  # python's exit steps, then os._exit: no interpreter finalisation (torch's teardown race)
+    FINALIZE = "finalize"  # plain `python -u SCRIPT`: the interpreter finalises every module
+
+
 class WorkerState(enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

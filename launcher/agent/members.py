@@ -52,7 +52,7 @@ class Member:
     ended_in_exit: bool = False  # its code returned 0 and it was ended, stuck in its exit: a success
 
     def returned(self) -> int | None:
-        """The exit code a forked worker said its code returned with (None: still running, or spawned)."""
+        """The exit code the worker said its code returned with (None: still running, or a plain `python`)."""
         if not self.progress_file:
             return None
         try:

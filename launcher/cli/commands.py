@@ -156,6 +156,13 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     metavar="MODS",
     help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).",
 )
+@flag(
+    "worker-exit",
+    group=RUN,
+    metavar="MODE",
+    help="quick (default): a spawned Python worker runs python's exit steps, then skips the interpreter's "
+    "finalisation (torch's teardown race); finalize: exit as plain `python -u SCRIPT` (docs/preload.md).",
+)
 @flag("role", group=RUN, metavar="NAME", help="Role name (ROLE_NAME).")
 @flag(
     "append-local-rank",

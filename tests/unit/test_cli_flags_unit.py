@@ -213,3 +213,17 @@ def test_c10d_on_port_0_is_one_node_as_torchrun_hosts_it():
     assert len(c.notes) == 1 and "as --standalone" in c.notes[0]
     with pytest.raises(ConfigError, match="give a fixed port"):
         build(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--no-python", "true"])
+
+
+def test_a_python_worker_exits_quickly_unless_finalize_is_asked():
+    """--worker_exit quick (default): `python -u …/launcher/agent/worker_exit.py` before the script or `-m
+    MODULE`; finalize: torchrun's `python -u SCRIPT`; a --no_python command is run as given."""
+    py = cfg._sys_executable()
+    assert build([__file__, "x"]).program == (py, "-u", cfg.QUICK_EXIT, __file__)
+    assert build(["-m", "json.tool"]).program == (py, "-u", cfg.QUICK_EXIT, "-m", "json.tool")
+    assert build(["--worker_exit", "finalize", __file__]).program == (py, "-u", __file__)
+    assert build([__file__], {"PET_WORKER_EXIT": "finalize"}).program == (py, "-u", __file__)
+    assert build(["--worker-exit", "finalize", "-m", "json.tool"]).program == (py, "-u", "-m", "json.tool")
+    assert build(["--no-python", "true"]).program == ("true",)
+    with pytest.raises(ConfigError, match="--worker_exit 'fast' is not a mode; use one of quick, finalize"):
+        build(["--worker_exit", "fast", __file__])

@@ -2,7 +2,8 @@
 
 import sys
 
-from .server import become_worker, exit_worker, main, run_worker
+from ..worker_exit import exit_worker
+from .server import become_worker, main, run_worker
 
 _job = main(sys.argv)  # returns only in a forked worker
 become_worker(_job)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import marshal
 from dataclasses import asdict, dataclass, field
 
+from ..worker_exit import RETURNED_SUFFIX  # noqa: F401  # re-exported: the agent's name for the marker
+
 ENTRY = "launcher.agent.zygote"  # `python -m launcher.agent.zygote`: also how tests and sweeps tell the zygote in ps
-# A forked worker whose code has returned writes its exit code to its progress file's path plus this:
-# the agent then knows that what is left is the worker's exit, not its work (see `server.exit_worker`).
-RETURNED_SUFFIX = ".returned"
 
 
 @dataclass(frozen=True)

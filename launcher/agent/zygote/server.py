@@ -19,11 +19,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import NoReturn
+from collections.abc import Iterable, Sequence
 
 from ..process import PR_SET_PDEATHSIG, prctl, set_name
-from .messages import RETURNED_SUFFIX, ForkRequest, Job, Reply, ZygoteArgs
+from ..worker_exit import run_program
+from .messages import ForkRequest, Job, Reply, ZygoteArgs
 
 
 def main(argv: list[str]) -> Job:
@@ -243,35 +243,7 @@ _FIRST_GROUP: list = []  # the forked worker's first default process group, held
 
 def run_worker(job: Job) -> None:
     """Run the worker's script or module as `__main__`, as `python SCRIPT` or `python -m MODULE` would."""
-    import runpy
-
-    target, args = job.request.program.target, job.request.args
-    if job.request.program.module:
-        sys.argv = [target, *args]
-        sys.path[0] = os.getcwd()
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    elif os.path.isfile(target):  # as the interpreter runs a script: __file__ absolute, argv[0] as typed
-        import types
-        from importlib.machinery import SourceFileLoader
-
-        path = os.path.abspath(target)
-        sys.argv = [target, *args]
-        sys.path[0] = os.path.dirname(os.path.realpath(target))
-        main = types.ModuleType("__main__")
-        main.__dict__.update(
-            __file__=path,
-            __cached__=None,
-            __loader__=SourceFileLoader("__main__", path),
-            __builtins__=sys.modules["builtins"],
-        )
-        sys.modules["__main__"] = main
-        with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
-        exec(code, main.__dict__)
-    else:  # a folder or a zip with __main__.py
-        sys.argv = [target, *args]
-        sys.path[0] = os.path.dirname(os.path.realpath(target))
-        runpy.run_path(target, run_name="__main__")
+    run_program(job.request.program.target, job.request.program.module, job.request.args)
 
 
 def _await_adoption(agent: int) -> None:
@@ -309,79 +281,3 @@ def _close(fds: Iterable[int]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-def exit_worker(run: Callable[[], None]) -> NoReturn:
-    """Run the worker's code, then exit as `python` would, without finalising the preloaded heap.
-
-    What `python` does at exit, in its order: print an uncaught exception, wait for the non-daemon
-    threads, run the atexit handlers (the user's, logging's flush, multiprocessing's), free the
-    script's globals and their garbage (an unclosed file is flushed, a `__del__` runs), flush stdio;
-    then, where an interpreter would finalise every object the zygote preloaded (~0.7 s, and the
-    teardown races of native threads that wait for the GIL), `os._exit` with the same code.
-    """
-    code, interrupted = 0, False
-    try:
-        run()
-    except SystemExit as e:
-        code = _system_exit_code(e.code)
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
-        interrupted = True
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    _mark_returned(code)
-    import atexit
-    import threading
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as Py_FinalizeEx does
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-    atexit._run_exitfuncs()  # prints a failing handler's traceback and goes on, as at a normal exit
-    _finalise_main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed or replaced by the user: nothing to flush
-            pass
-    if interrupted:  # as python does for an uncaught KeyboardInterrupt: die of SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
-
-
-def _finalise_main() -> None:
-    """Free what the script's `__main__` holds, and the cycles among it (the frozen preload is never looked at)."""
-    import gc
-
-    main = sys.modules.get("__main__")
-    if main is not None:
-        main.__dict__.clear()  # a __del__ that raises is printed ("Exception ignored"), as at shutdown
-    gc.collect()
-
-
-def _system_exit_code(code: object) -> int:
-    """`sys.exit(code)`'s exit status, as the interpreter computes it (a message is printed, status 1)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    try:
-        print(code, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-    return 1
-
-
-def _mark_returned(code: int) -> None:
-    """Tell the agent the worker's code has returned: its exit is not a hang (`RETURNED_SUFFIX`)."""
-    progress = os.environ.get("LAUNCHER_PROGRESS_FILE")
-    if not progress:
-        return
-    try:
-        with open(progress + RETURNED_SUFFIX, "w") as f:
-            f.write(f"{code}\n")
-    except OSError:  # its folder is gone or read-only: the agent judges by output, as for a spawned worker
-        pass
