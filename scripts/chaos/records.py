@@ -52,7 +52,7 @@ LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
 # The in-place shape's kinds; agent-kill there is a member's agent with a spare standing by, and the job
 # runs on two nodes and a spare (multi-node in-place recovery), so it is off unless asked for.
 IN_PLACE_FAULTS = [Fault.WORKER_KILL, Fault.WORKER_FREEZE, Fault.WORKER_HANG, Fault.AGENT_KILL]
-IN_PLACE_DEFAULT = (Fault.WORKER_KILL, Fault.WORKER_FREEZE)
+IN_PLACE_DEFAULT = (Fault.WORKER_KILL, Fault.WORKER_FREEZE, Fault.WORKER_HANG, Fault.AGENT_KILL)
 HANG_TIMEOUT = 5.0  # the in-place shape's --hang_timeout: a worker-freeze stays under it, a worker-hang passes it
 RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
