@@ -266,14 +266,20 @@ def _not_whole(rnd: Round) -> str:
     try:
         client = StoreClient(rnd.master_addr, rnd.master_port, timeout=5.0, connect_timeout=1.0)
     except (OSError, StoreError) as e:
-        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+        return _store_gone(e)
     try:
         whole = client.check([keys.ready(rnd.round)])
     except (OSError, StoreError) as e:
-        return f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost"
+        return _store_gone(e)
     finally:
         client.close()
     return "" if whole else f"round {rnd.round}'s ranks never all joined it holding the state"
+
+
+def _store_gone(e: Exception) -> str:
+    return (
+        f"the workers' store did not answer ({e}): the node serving it (group rank 0) was lost or restarted the group"
+    )
 
 
 def _misfit(old: Round, new: Round) -> str:
@@ -284,7 +290,7 @@ def _misfit(old: Round, new: Round) -> str:
         return f"this node's ranks moved (group rank {old.group_rank} -> {new.group_rank})"
     if new.group_world_size > 1 and (new.master_addr, new.master_port) != (old.master_addr, old.master_port):
         return (
-            "the node serving the workers' store (group rank 0) was lost: its store went with it, "
-            f"round {new.round} has a new one"
+            "the node serving the workers' store (group rank 0) was lost or restarted the group: "
+            f"round {new.round} has a new store"
         )
     return ""

@@ -204,7 +204,10 @@ def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang:
     ep.done.append(f"SIGSTOP rank {rank} (pid {pid}) of {victim.name} for {length:.1f} s")
     if hang:
         ep.struck.add(pid)
-        ep.expect.append(("the hung worker", rf"rank {rank} (?:made no progress|hung)"))
+        # The ranks waiting on it in the all-reduce go silent with it, on every node: any of them may be
+        # judged first, and its node restarts the group (in place cannot tell them apart; docs/in-place.md).
+        silent = r"went silent at once|group rank 0\) was lost or restarted|made no progress|hung: no progress"
+        ep.expect.append(("the hung worker", rf"rank {rank} (?:made no progress|hung)|{silent}"))
 
 
 def hang_worker(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:

@@ -18,7 +18,7 @@ from .records import AgentRecord, Episode, Fault, StepLine
 
 RECOVERING = "recovering in place"  # in_place_declined's reason when a worker failed during a recovery
 HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers, waiting on it, are silent too)
-STORE_LOST = "(group rank 0) was lost"  # ... when the node serving the workers' store was lost with it
+STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving the workers' store was lost with it
 
 
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
@@ -146,7 +146,7 @@ def budget(ep: Episode, agents: list[AgentRecord], cap: int) -> list[str]:
     v: list[str] = []
     hung = ep.landed.count(Fault.WORKER_HANG)
     for a in agents:
-        charged, failed, failed_ranks = 0, 0, []
+        charged, failed, failed_ranks, ran = 0, 0, [], False
         for e in a.events:
             if e.kind == "exit" and e.returncode != 0 and not e.collateral:
                 failed += 1
@@ -154,9 +154,9 @@ def budget(ep: Episode, agents: list[AgentRecord], cap: int) -> list[str]:
             elif e.kind in ("running", "starting") and e.restarts is not None:
                 if e.kind == "starting":  # the group (re)starts: a failure before it is no in-place round's
                     failed_ranks = []
-                if e.restarts not in (charged, charged + 1):
+                if ran and e.restarts not in (charged, charged + 1):  # a spare's first round carries the job's count
                     v.append(f"{a.name}: round {e.round} charged {e.restarts} restart(s) after {charged}")
-                charged = e.restarts
+                charged, ran = e.restarts, True
             elif e.kind == "recovered":  # with a spare, a lost node's ranks failed on no survivor's file
                 if (failed_ranks or not ep.spare) and sorted(e.ranks) != sorted(failed_ranks):
                     v.append(f"{a.name}: round {e.round} recovered ranks {list(e.ranks)}, but {failed_ranks} failed")
