@@ -206,7 +206,10 @@ def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang:
         ep.struck.add(pid)
         # The ranks waiting on it in the all-reduce go silent with it, on every node: any of them may be
         # judged first, and its node restarts the group (in place cannot tell them apart; docs/in-place.md).
+        # A survivor frozen by it cannot join an in-place round: that round's wait runs out (in_place_failed)
+        # and the group restarts as a membership round, which a node not involved names so.
         silent = r"went silent at once|group rank 0\) was lost or restarted|made no progress|hung: no progress"
+        silent += r"|did not finish within|: membership\b"
         ep.expect.append(("the hung worker", rf"rank {rank} (?:made no progress|hung)|{silent}"))
 
 

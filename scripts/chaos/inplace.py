@@ -24,16 +24,17 @@ STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
     """Every in-place invariant of the episode `ep` (whose agents left `agents`, whose workers logged `lines`,
     a job of `world` ranks and `steps` steps under --max_restarts `cap`); the violations."""
-    restarted, v = group_restarts(agents)
+    restarted, v = group_restarts(agents, hung=Fault.WORKER_HANG in ep.landed)
     v += pids_kept(ep, agents, lines, restarted) + world_constant(lines, world)
     v += steps_forward(lines, restarted) + all_steps_done(agents, lines, steps)
     return v + one_verdict(agents) + budget(ep, agents, cap)
 
 
-def group_restarts(agents: list[AgentRecord]) -> tuple[float | None, list[str]]:
+def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float | None, list[str]]:
     """When the group was first stopped (None: never) and the violations: in place, a group is stopped only
     where a worker failed while a recovery was under way, ranks hung, or the node serving the workers' store
-    was lost (in_place_declined), or to end a failed job."""
+    was lost (in_place_declined), where a survivor frozen past --hang_timeout (`hung`) kept an in-place round
+    from finishing (in_place_failed), or to end a failed job."""
     first: float | None = None
     v: list[str] = []
     for a in agents:
@@ -54,7 +55,8 @@ def group_restarts(agents: list[AgentRecord]) -> tuple[float | None, list[str]]:
                     v.append(f"{a.name}: restarted the group instead of recovering in place: {e.reason}")
             elif e.kind == "in_place_failed":
                 excused = True
-                v.append(f"{a.name}: the in-place recovery of round {e.round} did not finish (in_place_failed)")
+                if not hung:  # a survivor frozen past --hang_timeout cannot join: the documented fallback
+                    v.append(f"{a.name}: the in-place recovery of round {e.round} did not finish (in_place_failed)")
             elif e.kind == "stopping":
                 first = e.at if first is None else min(first, e.at)
                 if not excused and e.reason != "fail":

@@ -101,6 +101,7 @@ def test_the_group_is_stopped_only_where_the_launcher_must():
     assert inv.group_restarts([node(pending + failed + stop)])[1] == [
         "node0: the in-place recovery of round 1 did not finish (in_place_failed)"
     ]
+    assert inv.group_restarts([node(pending + failed + stop)], hung=True) == (3.0, [])  # a frozen survivor
     assert inv.group_restarts([node(START + [ev("stopping", 3.0, reason="fail")])]) == (3.0, [])
 
 
