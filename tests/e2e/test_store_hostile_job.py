@@ -111,7 +111,9 @@ def test_a_two_node_job_finishes_beside_every_attack_on_its_store(procs, tmp_pat
                 c.close()
                 fresh.append(time.monotonic() - t)
             except StoreError as e:
-                if host.poll() is None:  # the job may finish, and its store go, meanwhile
+                try:  # the job may have finished, its store closing before its process exits
+                    host.wait(timeout=5)
+                except subprocess.TimeoutExpired:
                     errors.append(str(e))
         time.sleep(1.0)
     for t in readers:
