@@ -86,11 +86,19 @@ class InPlace:
         self.sup, self.timeout = sup, timeout
         self.joining: Joining | None = None
         self.pending: Pending | None = None
+        self.ended: float | None = None  # when the last recovery ended, on the supervisor's clock
         env = sup.launching.environ  # the workers' launcher.worker.inplace.Job reads them
         env[keys.RECOVERY_VAR] = keys.IN_PLACE
         # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
         # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
         env.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if sup.config.multi_node else ONE_NODE_NOTICE))
+
+    def silence(self, idle: float, now: float) -> float | None:
+        """A worker's silence as --hang_timeout counts it: none while a recovery is under way (the survivors
+        wait on it, bounded by --in_place_timeout), and none from before the last recovery ended."""
+        if self.joining is not None or self.pending is not None:
+            return None
+        return idle if self.ended is None else min(idle, now - self.ended)
 
     def recover(self, failed: list[Member]) -> bool:
         """Replace the `failed` workers of this node alone and keep the others running; False: restart the group."""
@@ -211,8 +219,8 @@ class InPlace:
         sup, pending = self.sup, self.pending
         if pending is None or pending.round != event.round:
             return
-        self.pending = None
-        took = sup.clock() - pending.began
+        self.pending, self.ended = None, sup.clock()
+        took = self.ended - pending.began
         if event.ok:
             log.info(f"round {pending.round}: every rank is stepping again, {took:.2f} s after the failure (in place)")
             sup.emit("recovered", round=pending.round, ranks=list(pending.ranks), seconds=round(took, 3))

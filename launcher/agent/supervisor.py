@@ -453,7 +453,8 @@ class Supervisor:
             if m.state is not WorkerState.RUNNING or m.hung or m.returned() is not None:
                 continue  # a worker whose code has returned is exiting, not hung
             idle = self.awake.silence(m.idle(now), now)  # counted while the agent ran (agent/awake.py)
-            if idle > (limit if m.heard() else max(limit, self.config.hang_startup_timeout)):
+            idle = self.in_place.silence(idle, now) if self.in_place else idle  # not while it recovers
+            if idle is not None and idle > (limit if m.heard() else max(limit, self.config.hang_startup_timeout)):
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))

@@ -107,3 +107,30 @@ def test_a_hang_is_one_group_restart_not_a_survivor_replaced(tmp_path):
     assert [(e["round"], e["restarts"]) for e in log if e["event"] == "running"] == [(0, 0), (1, 1)]
     assert "recovered" not in [e["event"] for e in log]
     assert r.stdout.count("done rank=") == 3, r.stdout
+
+
+@pytest.mark.timeout(150)
+def test_survivors_waiting_on_a_slow_replacement_are_not_hung(tmp_path):
+    """While an in-place recovery is under way its survivors wait, silent, for the replacement: the hang
+    clock stops for them (--in_place_timeout bounds the wait) and restarts when the recovery ends."""
+    ev, steps = tmp_path / "events.jsonl", tmp_path / "steps"
+    steps.mkdir()
+    launch = Launch()
+    try:
+        agent = launch.start(
+            "--nproc_per_node", "3", "--recovery", "in-place", "--preload", "--hang_timeout", "2",
+            "--max_restarts", "1", "--events_file", str(ev), str(WORKERS / "in_place_steps.py"),
+            env={"STEPS": "60", "STEP_LOG": str(steps), "JOIN_DELAY": "4"},
+        )  # fmt: skip
+        for line in agent.stdout:
+            if line.startswith("[rank0]: start"):
+                break
+        victim = next(e["pid"] for e in events(ev) if e["event"] == "spawn" and e["rank"] == 2)
+        os.kill(victim, signal.SIGKILL)
+        out, err = agent.communicate(timeout=120)
+    finally:
+        launch.cleanup()
+    assert agent.returncode == 0, out + err
+    kinds = [e["event"] for e in events(ev)]
+    assert "hang" not in kinds and "in_place_declined" not in kinds, err
+    assert kinds.count("recovered") == 1, err

@@ -6,7 +6,8 @@ process appends to $STEP_LOG/<rank>.<pid> one line per event, flushed at once:
 "step <pid> <rank> <world> <round> <step> <t>" after each step done (`step`: the steps done; `t`:
 time.time(), the clock of the agents' events files). Stdout has the campaign's "start rank= world=
 restart= round= from=" line and a "done" line. HANG_AT="RANK STEP": that rank blocks, silent, in that
-step of the job's first round (its peers then wait on it in the step's all-reduce).
+step of the job's first round (its peers then wait on it in the step's all-reduce). JOIN_DELAY=S: a
+replacement sleeps S s before it joins (the survivors wait for it, silent).
 """
 
 import os
@@ -23,6 +24,8 @@ steps, step_time = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05"))
 hang = e.get("HANG_AT", "").split()
 hang_at = (int(hang[0]), int(hang[1]), 0) if hang else None
 job = Job(notice=5.0)
+if job.joining:  # JOIN_DELAY: a replacement slow to reach the state (a big model, a busy host)
+    time.sleep(float(e.get("JOIN_DELAY", "0")))
 rank, world, pid = job.rank, job.world_size, os.getpid()
 log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
 
