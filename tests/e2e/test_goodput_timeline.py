@@ -131,11 +131,7 @@ def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery(tmp_p
         # the spare stands by while the members train 10 more steps (0.5 s or more), then a member is lost
         now = max(int(n) for n in re.findall(r"step rank=\d+ n=(\d+)", a.stdout)) if "step" in a.stdout else 0
         a.wait_for(rf"step rank=\d+ n={now + 10}\b")
-        b.signal(signal.SIGKILL)
-        b.wait()
-        running_in(spare)
-        job.open_gate()
-        assert {x.name: x.wait() for x in (a, spare)} == {"a": 0, "spare": 0}
+        lose_to_the_spare(job, a, b, spare)
     finally:
         job.cleanup()
     ev = spare.events()
@@ -162,6 +158,15 @@ def test_a_spare_standing_by_is_apart_and_its_joining_is_the_jobs_recovery(tmp_p
         assert re.search(r"; spare standing by [\d.]+ s apart \(capacity in reserve, not the job's time\)", line), line
 
 
+def lose_to_the_spare(job, a, b, spare) -> None:
+    """Member b SIGKILLed; the spare takes its place; the job finishes on a and the spare, both rc 0."""
+    b.signal(signal.SIGKILL)
+    b.wait()
+    running_in(spare)
+    job.open_gate()
+    assert {x.name: x.wait() for x in (a, spare)} == {"a": 0, "spare": 0}
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -172,11 +177,7 @@ def test_the_report_of_a_spare_replacing_a_killed_node(tmp_path):
     try:
         a, b, spare = members_then_spare(job)
         lost = b.running()[0]["group_rank"]
-        b.signal(signal.SIGKILL)
-        b.wait()
-        running_in(spare)
-        job.open_gate()
-        assert {x.name: x.wait() for x in (a, spare)} == {"a": 0, "spare": 0}
+        lose_to_the_spare(job, a, b, spare)
     finally:
         job.cleanup()
     page, png = tmp_path / "report.html", tmp_path / "report.png"
