@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import wait_for
 
 from launcher.tcpstore import MAGIC, StoreClient, StoreError, StoreServer
 from launcher.tcpstore import server as server_mod
@@ -47,16 +48,6 @@ def s(b: bytes) -> bytes:
 
 def multi_get(*keys: bytes) -> bytes:
     return b"\x0a" + u64(len(keys)) + b"".join(s(k) for k in keys)
-
-
-def wait_until(predicate, timeout: float = 20.0, what: str = "a condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -101,7 +92,7 @@ def servers():
 def test_a_connection_that_never_validates_is_closed_at_the_handshake_deadline(servers, opened):
     srv = servers(handshake=0.3)
     silent, validated = opened(srv.port), opened(srv.port, VALIDATE)
-    wait_until(lambda: closed_by_peer(silent), 10, "the silent connection to be closed")
+    wait_for(lambda: closed_by_peer(silent), 10, "the silent connection to be closed")
     assert not closed_by_peer(validated)  # a client that validated may stay idle as long as it likes
 
 
@@ -116,7 +107,7 @@ def test_at_the_cap_a_newcomer_is_refused_with_a_clear_answer(servers, caplog):
         assert srv.refused >= 1
         assert any("at its cap of 2 connections" in r.getMessage() for r in caplog.records if r.levelno >= 30)
         held[0].close()
-        wait_until(lambda: len(srv._conns) < 2, 5, "the server to see the close")
+        wait_for(lambda: len(srv._conns) < 2, 5, "the server to see the close")
         StoreClient("127.0.0.1", srv.port, timeout=5).close()  # room again
     finally:
         for c in held:
@@ -126,7 +117,7 @@ def test_at_the_cap_a_newcomer_is_refused_with_a_clear_answer(servers, caplog):
 def test_at_the_cap_a_connection_silent_for_a_while_makes_room(servers, opened):
     srv = servers(max_conns=2)
     silent = [opened(srv.port) for _ in range(2)]
-    wait_until(lambda: len(srv._conns) == 2, 5, "both silent connections accepted")
+    wait_for(lambda: len(srv._conns) == 2, 5, "both silent connections accepted")
     c = StoreClient("127.0.0.1", srv.port, timeout=5, connect_timeout=5)  # refused until one is EVICT_AFTER old
     c.set("k", b"v")
     assert c.get("k") == b"v"
@@ -142,7 +133,7 @@ def test_a_reply_over_the_frame_limit_is_refused_before_it_is_built(servers, ope
     assert writer.get("nothing", False) == b""  # the set has landed
     srv.peak_held = srv.held
     greedy = opened(srv.port, VALIDATE + multi_get(*[b"/big"] * 100))
-    wait_until(lambda: closed_by_peer(greedy), 10, "the greedy connection to be closed")
+    wait_for(lambda: closed_by_peer(greedy), 10, "the greedy connection to be closed")
     assert srv.peak_held < 1 << 20  # nothing of the 800 MiB was queued
     assert writer.get("big") == b"v" * (8 << 20)  # everyone else is served as before
     writer.close()
@@ -156,7 +147,7 @@ def test_unread_replies_share_one_budget_and_a_reply_that_does_not_fit_waits(ser
     assert writer.get("nothing", False) == b""  # the set has landed
     ask = VALIDATE + multi_get(*[b"/big"] * 7)  # a 56 MiB reply each
     readers = [opened(srv.port, ask) for _ in range(5)]  # none reads
-    wait_until(lambda: len(srv._starved) == 4, 20, "four replies to wait for the budget")
+    wait_for(lambda: len(srv._starved) == 4, 20, "four replies to wait for the budget")
     assert srv.peak_held <= budget
     assert writer.get("big") == b"v" * (8 << 20)  # a reply to a client that reads is not held up by them
     want, got = 7 * (8 + (8 << 20)), dict.fromkeys(readers, 0)
@@ -165,7 +156,7 @@ def test_unread_replies_share_one_budget_and_a_reply_that_does_not_fit_waits(ser
         for r in select.select(readers, [], [], 1)[0]:
             got[r] += len(r.recv(1 << 20))
     assert max(got.values()) == want
-    wait_until(lambda: len(srv._starved) == 3, 20, "the next reply to be built")
+    wait_for(lambda: len(srv._starved) == 3, 20, "the next reply to be built")
     assert srv.peak_held <= budget
     writer.close()
 

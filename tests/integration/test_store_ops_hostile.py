@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import wait_for
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -110,16 +111,6 @@ def torch_client(port: int, timeout: float = 30):
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
 
 
-def wait_until(predicate, timeout: float = 20.0, what: str = "a condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def readable(socks: list[socket.socket]) -> int:
     return len(select.select(socks, [], [], 0)[0])
 
@@ -197,7 +188,7 @@ def test_compare_set_answers_wait_for_the_budget(host, opened):
     assert c.get("big") == big  # landed: the others' connections see it
     before = host.stats()
     greedy = [opened(host.port, b"\x02" + s(b"/big") + s(b"x") + s(b"y"), rcvbuf=1 << 16) for _ in range(24)]
-    wait_until(lambda: readable(greedy) >= 4, 20, "the first answers to be sent")
+    wait_for(lambda: readable(greedy) >= 4, 20, "the first answers to be sent")
     t = time.monotonic()
     assert c.get("big") == big
     c.set("other", b"o" * (1 << 20))
@@ -245,7 +236,7 @@ def test_wait_registrations_count_in_the_budget(host, opened):
         assert ends.count("closed") >= 1, ends
         assert after["peak_held"] <= BUDGET + SLACK, after
         assert after["hwm"] - before["rss"] < 2 * BUDGET, (before, after)
-        wait_until(lambda: host.stats()["held"] < SLACK, 10, "the waits' memory to be released")
+        wait_for(lambda: host.stats()["held"] < SLACK, 10, "the waits' memory to be released")
 
 
 def test_appends_cost_what_they_append(host, opened):
@@ -299,7 +290,7 @@ def test_half_received_requests_count_as_the_objects_parsed(host, opened):
     before = host.stats()
     senders = [opened(host.port, b"\x0b" + u64(128 << 10) + pairs) for _ in range(8)]
     if host.kind == "ours":  # libuv leaves what it has not parsed in the kernel's buffers: nothing to wait for
-        wait_until(lambda: host.stats()["peak_held"] > BUDGET // 2, 30, "the requests to be parsed")
+        wait_for(lambda: host.stats()["peak_held"] > BUDGET // 2, 30, "the requests to be parsed")
     c = torch_client(host.port)
     c.set("fresh", b"1")
     assert c.get("fresh") == b"1"
@@ -386,10 +377,10 @@ def test_freed_budget_serves_the_starved_request(kind, opened, monkeypatch):
         setter.set("big", big)
         assert setter.get("big") == big  # landed: the others' connections see it
         hogs = [opened(port, b"\x0a" + strs([b"/big"] * 2), rcvbuf=1 << 16) for _ in range(2)]
-        wait_until(lambda: readable(hogs) == 2, 20, "both hogs' answers to begin")
+        wait_for(lambda: readable(hogs) == 2, 20, "both hogs' answers to begin")
         asker = opened(port, b"\x0a" + strs([b"/big"] * 3))
         if srv:
-            wait_until(lambda: len(srv._starved) == 1, 10, "the GET to wait for the budget")
+            wait_for(lambda: len(srv._starved) == 1, 10, "the GET to wait for the budget")
         for x in hogs:
             x.close()
         asker.settimeout(10)
