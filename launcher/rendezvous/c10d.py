@@ -181,8 +181,17 @@ class TCPStoreAdapter:
     def end_session(self) -> None:
         """This agent leaves: its held keys go now, not at the end of the lease."""
         try:
-            self.client.end_session()
-        except StoreError:  # gone already: the lease ends it
+            if not self.client.busy:
+                self.client.end_session()
+                return
+            # The joining thread may be blocked in a WAIT on this connection (seconds): end the
+            # session on a connection of its own rather than wait for that answer.
+            other = self.clone()
+            try:
+                other.client.end_session()
+            finally:
+                other.close()
+        except (StoreError, RendezvousError):  # gone already: the lease ends it
             log.debug("ending the store session failed", exc_info=True)
 
     def clone(self) -> TCPStoreAdapter:

@@ -134,6 +134,11 @@ class StoreClient:
         self.boot = found  # this server process's id (extension 2), None when it has none
 
     @property
+    def busy(self) -> bool:
+        """Another thread is in an exchange on this connection (it may be blocked in a wait)."""
+        return self._lock.locked()
+
+    @property
     def extended(self) -> bool:
         """The server has our extension ops and this connection joined `session`."""
         return self.version >= 1

@@ -110,7 +110,9 @@ class StoreServer(StoreOps):
     ):
         super().__init__(grace, clock)
         self.expect = expect
-        self.max_conns = raise_descriptor_limit(expect) if max_conns is None else max_conns
+        # Always: it sets the process's descriptor cap, which every server's accept checks.
+        cap = raise_descriptor_limit(expect)
+        self.max_conns = cap if max_conns is None else max_conns
         # a job's workers all connect at once, each silent until its process gets the CPU: never fewer
         self.max_greeting = min(self.max_conns, max(2, self.max_conns // 4, expect))
         self.handshake, self.budget = handshake, budget
