@@ -66,9 +66,16 @@ class Member:
         """The last line it printed, on either stream."""
         return max(self.streams, key=lambda s: s.last_at).last_line if self.streams else ""
 
-    def heard(self) -> bool:
-        """Whether the worker printed a line or called launcher.progress() yet (else it is starting)."""
-        return any(s.last_at for s in self.streams) or bool(self.progress_file and os.path.exists(self.progress_file))
+    def stepped(self) -> bool:
+        """Whether the worker called launcher.progress() yet."""
+        return bool(self.progress_file and os.path.exists(self.progress_file))
+
+    def heard(self, steps_known: bool = False) -> bool:
+        """Whether the worker is past its start-up: it called launcher.progress(), or printed a line where
+        the job's workers are not known to call it (`steps_known`: one of this node's did, in any
+        round). A script that reports steps prints before its first one, then waits in its first
+        collective for its slowest peer (a spare's workers importing torch on a busy host): start-up."""
+        return self.stepped() or (not steps_known and any(s.last_at for s in self.streams))
 
     def idle(self, now: float) -> float:
         """Seconds since the worker last printed a line or called launcher.progress()."""

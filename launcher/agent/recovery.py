@@ -107,16 +107,18 @@ class InPlace:
         ranks = sorted(m.worker.rank for m in failed)
         for m in failed:  # replaced, not failed, from now on (and not counted among the members that finished)
             m.state = WorkerState.STOPPED
+        if self.joining is not None:  # the next round is on its way: these are replaced in it too
+            # (also ranks judged hung now, waiting on the rank that round replaces: declining here
+            # would charge the one fault twice and ask for a round while that one is asked for)
+            self.joining.ranks.extend(ranks)
+            self.joining.pids.update(pids)
+            return True
         if any(m.hung for m in failed) and sum(m.hung for m in sup.members) > 1:
             for m in failed:
                 m.state = WorkerState.FAILED
             # The ranks blocked in a collective on a hung one are as silent as it, and the hang clock
             # judges them in the same look: replacing them would leave nobody holding the state.
             return self._decline("several ranks went silent at once (a hang, and the ranks waiting on it)")
-        if self.joining is not None:  # the next round is on its way: these are replaced in it too
-            self.joining.ranks.extend(ranks)
-            self.joining.pids.update(pids)
-            return True
         why = self._declined(rnd)
         if why or rnd.restart_count >= sup.config.max_restarts:  # spent: the group stops, as with restart
             for m in failed:

@@ -98,6 +98,7 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self.in_place = in_place(self)  # --recovery in-place: a failed worker is replaced alone
+        self._steps_known = False  # a worker of this node called launcher.progress(), in any round (check_hangs)
 
     # ------------------------------------------------------------------ the loop
 
@@ -454,7 +455,10 @@ class Supervisor:
                 continue  # a worker whose code has returned is exiting, not hung
             idle = self.awake.silence(m.idle(now), now)  # counted while the agent ran (agent/awake.py)
             idle = self.in_place.silence(idle, now) if self.in_place else idle  # not while it recovers
-            if idle is not None and idle > (limit if m.heard() else max(limit, self.config.hang_startup_timeout)):
+            self._steps_known = self._steps_known or m.stepped()
+            if idle is not None and idle > (
+                limit if m.heard(self._steps_known) else max(limit, self.config.hang_startup_timeout)
+            ):
                 m.hung = True
                 log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))

@@ -96,6 +96,7 @@ class SpareLost:
 
 
 FINISHED = "it finished"  # how the close of a job that succeeded begins: its spares end with exit 0
+JOB_FINISHED = "the job finished"  # the last round's change once every member is done: no re-forming
 
 
 def budget_spent(used: int, max_restarts: int) -> bool:

@@ -32,7 +32,7 @@ from ..errors import (
     RestartBudgetExhausted,
 )
 from ..spec import Round, Verdict
-from .api import FINISHED, Cause, MembershipChanged, WaitKind, WaitReport, budget_spent
+from .api import FINISHED, JOB_FINISHED, Cause, MembershipChanged, WaitKind, WaitReport, budget_spent
 from .keys import Keys
 from .losses import Losses
 from .records import (
@@ -175,7 +175,7 @@ class ElasticRendezvous:
                 self.store.set(self.keys.done(r, g), b"1")
                 if self.losses.finish(self.store, r, rnd.group_world_size):  # the last one: the job is done
                     # A late node stops; the spares wake (the round's change) and end with exit 0.
-                    self._set_change(r, "the job finished")
+                    self._set_change(r, JOB_FINISHED)
                 if self.is_host:  # the others still need the store: wait for them (exit barrier), then the spares
                     self._wait_finished(rnd)
                     wait_spares_read(self.store, self.keys, HOST_LEAVING_WAIT)

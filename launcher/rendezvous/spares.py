@@ -19,9 +19,9 @@ from typing import cast
 from ..errors import RendezvousError
 from ..net import hostname
 from ..spec import Round
-from .api import SpareLost, WaitKind, WaitReport
+from .api import JOB_FINISHED, SpareLost, WaitKind, WaitReport
 from .keys import Keys
-from .records import decode_spare, encode_spare, sealed_members
+from .records import decode_spare, encode_spare, printable, sealed_members
 from .store import HELD, Capability, DeletingStore, LivenessStore, Store, any_set, capabilities_of
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,9 @@ class SpareSeat:
             check_closed()
             orphaned.look(store, began)
         check_closed()
+        why = printable(store.get(self.keys.change(r)) or b"")
+        if why and why != JOB_FINISHED:  # the cause, said where the spare's part begins
+            log.info(f"membership changed ({why}): this spare joins round {r + 1}")
         if told is not None:  # the standby ends: from here this node's time is the job's (its goodput)
             told(WaitReport(f"round {r} ended: this spare joins the next round", WaitKind.NODES))
         return True

@@ -14,17 +14,24 @@ step logs, beside the campaign's common ones.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .records import AgentRecord, Episode, Fault, StepLine
 
 RECOVERING = "recovering in place"  # in_place_declined's reason when a worker failed during a recovery
 HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers, waiting on it, are silent too)
 STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving the workers' store was lost with it
+NOT_WHOLE = "never all joined it holding the state"  # ... when the round's workers had not all started yet
 
 
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
     """Every in-place invariant of the episode `ep` (whose agents left `agents`, whose workers logged `lines`,
     a job of `world` ranks and `steps` steps under --max_restarts `cap`); the violations."""
-    restarted, v = group_restarts(agents, hung=Fault.WORKER_HANG in ep.landed)
+    hung = Fault.WORKER_HANG in ep.landed
+    restarted, v = group_restarts(agents, hung=hung)
+    if hung:  # across nodes the ranks waiting on the hung one are as silent, and each node judges its own
+        judged = {e.pid for a in agents for e in a.events if e.kind == "hang" and e.pid is not None}
+        ep = replace(ep, struck=ep.struck | judged)
     v += pids_kept(ep, agents, lines, restarted) + world_constant(lines, world)
     v += steps_forward(lines, restarted) + all_steps_done(agents, lines, steps)
     return v + one_verdict(agents) + budget(ep, agents, cap)
@@ -32,15 +39,19 @@ def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: 
 
 def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float | None, list[str]]:
     """When the group was first stopped (None: never) and the violations: in place, a group is stopped only
-    where a worker failed while a recovery was under way, ranks hung, or the node serving the workers' store
-    was lost (in_place_declined), where a survivor frozen past --hang_timeout (`hung`) kept an in-place round
+    where a worker failed while a recovery was under way, ranks hung, the node serving the workers' store
+    was lost, or the change came while the round's workers, started afresh, had not all joined it
+    (in_place_declined), where a survivor frozen past --hang_timeout (`hung`) kept an in-place round
     from finishing (in_place_failed), or to end a failed job."""
     first: float | None = None
     v: list[str] = []
     for a in agents:
         pending: int | None = None  # the round recovering in place
+        fresh: int | None = None  # the round whose workers this agent started afresh (a start or restart)
         excused = False  # the launcher said why it stops the group next
         for e in a.events:
+            if e.kind == "starting":
+                fresh = e.round
             if e.kind == "running" and e.in_place:
                 pending = e.round
             elif e.kind == "recovered" and e.round == pending:
@@ -51,6 +62,7 @@ def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float
                     HUNG not in e.reason
                     and STORE_LOST not in e.reason
                     and (pending is None or RECOVERING not in e.reason)
+                    and (fresh is None or f"round {fresh}'s ranks {NOT_WHOLE}" not in e.reason)
                 ):
                     v.append(f"{a.name}: restarted the group instead of recovering in place: {e.reason}")
             elif e.kind == "in_place_failed":

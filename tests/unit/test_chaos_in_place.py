@@ -103,6 +103,14 @@ def test_the_group_is_stopped_only_where_the_launcher_must():
     ]
     assert inv.group_restarts([node(pending + failed + stop)], hung=True) == (3.0, [])  # a frozen survivor
     assert inv.group_restarts([node(START + [ev("stopping", 3.0, reason="fail")])]) == (3.0, [])
+    # a change while the workers it started afresh had not all joined their round: nothing to keep yet
+    starting = [ev("in_place_declined", 3.0, reason="round 0's ranks never all joined it holding the state")]
+    assert inv.group_restarts([node(START + starting + stop)]) == (3.0, [])
+    in_place = [ev("in_place_declined", 3.0, reason="round 1's ranks never all joined it holding the state")]
+    assert inv.group_restarts([node(done + in_place + stop)])[1] == [  # round 1 was an in-place one
+        "node0: restarted the group instead of recovering in place: "
+        "round 1's ranks never all joined it holding the state"
+    ]
 
 
 def test_the_world_size_never_changes():

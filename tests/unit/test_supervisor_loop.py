@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import signal
+from pathlib import Path
 
 import pytest
 from support.clock import FakeClock
@@ -411,6 +412,24 @@ def test_a_worker_not_yet_heard_from_is_starting_and_judged_by_the_startup_bound
     rig.watch(2)
     assert p0.sent == [signal.SIGABRT]
     assert [f["idle"] for k, f in rig.events if k == "hang"] == [pytest.approx(100.0, abs=0.6)]
+
+
+def test_once_the_workers_report_steps_a_line_does_not_end_a_restarted_workers_startup(tmp_path):
+    """A script that reports steps prints before its first one, then waits in its first collective for its
+    slowest peer (a spare importing torch on a busy host): after a restart, its line alone does not put it
+    under --hang_timeout; its first progress() call would (issue 32)."""
+    rig = Rig(tmp_path, nproc=1, max_restarts=1, hang_timeout="30", hang_startup_timeout="100")
+    rig.start()
+    Path(rig.sup.members[0].progress_file).write_text("1")  # step 1: this node's workers report steps
+    rig.watch(1)
+    rig.spawn.procs[0].exit(1)
+    rig.running(2)
+    line = type("S", (), {"last_line": "start rank=0", "last_at": rig.clock.now})()
+    rig.sup.members[0].streams = [line]
+    rig.watch(60)
+    assert rig.spawn.procs[1].sent == []  # past --hang_timeout, before its first step: starting
+    rig.watch(41)
+    assert rig.spawn.procs[1].sent == [signal.SIGABRT]  # --hang_startup_timeout
 
 
 def test_a_stall_of_the_agent_is_no_workers_silence(tmp_path):
