@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (if needed), lint, and run the whole test suite; extra arguments go to pytest.
 # ruff first (check and format --check, config in pyproject.toml): a lint failure ends the run at once.
-# The tests mostly wait on real processes, so three pytest workers (one test file each at a time:
-# module fixtures such as the Slurm cluster stay single) cut the wall time on two cores.
+# The tests mostly wait on real processes, so pytest runs a worker more than there are cores, three
+# at least (one test file each at a time: module fixtures such as the Slurm cluster stay single);
+# TEST_WORKERS overrides.
 # Layers: tests/unit (in process, seconds), tests/integration, tests/e2e; e.g. `scripts/test.sh tests/unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,4 +11,5 @@ bash scripts/setup.sh --test
 LINTED=(launcher tests scripts examples)
 .venv/bin/ruff check "${LINTED[@]}"
 .venv/bin/ruff format --check "${LINTED[@]}"
-exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
+cores=$(nproc 2>/dev/null || echo 2)
+exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores > 2 ? cores + 1 : 3))}" --dist loadfile "$@"

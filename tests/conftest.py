@@ -9,12 +9,25 @@ from support.rendezvous import serve_store
 
 # These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with
 # workers forked from the --preload zygote; nothing they check may differ.
-BOTH_STARTS = {"test_supervise", "test_faults", "test_faults_nodes", "test_faults_store", "test_examples"}
+BOTH_STARTS = {"test_supervise", "test_faults"}
+# These run each such test once, forked and spawned in turn down the module, the first forked (the fast
+# path the faults strain most): both starts are covered at half the cost (each start imports torch).
+ONE_START = {"test_faults_nodes", "test_faults_store", "test_examples"}
+_turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
 def pytest_generate_tests(metafunc):
-    if metafunc.module.__name__ in BOTH_STARTS and "workers_from" in metafunc.fixturenames:
+    if "workers_from" not in metafunc.fixturenames:
+        return
+    if metafunc.module.__name__ in BOTH_STARTS:
         metafunc.parametrize("workers_from", ["spawn", "preload"], indirect=True)
+    elif metafunc.module.__name__ in ONE_START and not _parametrized(metafunc, "workers_from"):
+        turn = _turns[metafunc.module.__name__] = _turns.get(metafunc.module.__name__, -1) + 1
+        metafunc.parametrize("workers_from", [["preload", "spawn"][turn % 2]], indirect=True)
+
+
+def _parametrized(metafunc, name: str) -> bool:
+    return any(name in m.args[0] for m in metafunc.definition.iter_markers("parametrize"))
 
 
 @pytest.fixture

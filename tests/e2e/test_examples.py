@@ -92,7 +92,7 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
         assert torch.equal(want[name], got[name]), name
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [3])  # an odd world: no op can pass by pairing ranks
 def test_collectives(launch, nproc):
     r = launch.run("--nproc_per_node", str(nproc), COLLECTIVES, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -22,7 +22,7 @@ from launcher.tcpstore import StoreServer
 
 pytest.importorskip("torch")
 
-ROUNDS = 20  # per server: each round checks a present key, a missing one, and what a cancel leaves behind
+ROUNDS = 6  # per server: each round checks a present key, a missing one, and what a cancel leaves behind
 
 CLIENT = r"""
 import datetime, json, sys
