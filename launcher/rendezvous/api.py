@@ -18,6 +18,15 @@ class Cause(enum.Enum):
     FAILURE = "failure"
     MEMBERSHIP = "membership"
 
+    def change(self, node: str) -> str:
+        """What node `node`, asking for the next round for this cause, writes as its round's change: what
+        the other nodes say ("membership changed (...)") when it is the first to end the round."""
+        if self is Cause.FAILURE:
+            return f"a worker failed on {node}"
+        if self is Cause.MEMBERSHIP:
+            return f"{node} re-forms the group"
+        return f"{node} starts"
+
 
 @dataclass(frozen=True)
 class JobParams:

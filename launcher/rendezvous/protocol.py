@@ -126,7 +126,7 @@ class ElasticRendezvous:
                 r = self.current.round
                 if cause is Cause.FAILURE:
                     self._report_failure(r, verdict)
-                self._set_change(r, f"{self.node.node_id}: {cause.value}")
+                self._set_change(r, cause.change(self.node.node_id))
                 self._advance(r)
                 self._last, self.current = self.current, None
                 r = self._look()
@@ -265,7 +265,7 @@ class ElasticRendezvous:
                 self._forming = None
                 if rnd is not None:
                     if self.seat.number:
-                        self.seat.unregister(st)
+                        self.seat.joined(st, r)
                     return rnd  # else the sealer left this ticket out: as if it came too late
             if sealed is None:
                 sealed = self._wait_for(r, deadline)

@@ -19,7 +19,7 @@ from typing import cast
 from ..errors import RendezvousError
 from ..net import hostname
 from ..spec import Round
-from .api import JOB_FINISHED, SpareLost, WaitKind, WaitReport
+from .api import SpareLost, WaitKind, WaitReport
 from .keys import Keys
 from .records import decode_spare, encode_spare, printable, sealed_members
 from .store import HELD, Capability, DeletingStore, LivenessStore, Store, any_set, capabilities_of
@@ -173,9 +173,6 @@ class SpareSeat:
             check_closed()
             orphaned.look(store, began)
         check_closed()
-        why = printable(store.get(self.keys.change(r)) or b"")
-        if why and why != JOB_FINISHED:  # the cause, said where the spare's part begins
-            log.info(f"membership changed ({why}): this spare joins round {r + 1}")
         if told is not None:  # the standby ends: from here this node's time is the job's (its goodput)
             told(WaitReport(f"round {r} ended: this spare joins the next round", WaitKind.NODES))
         return True
@@ -184,6 +181,12 @@ class SpareSeat:
         """The agent ends while it waits as a spare (`why`: a signal, said in one line; empty: quietly)."""
         if why:
             log.info(f"left as a spare ({why})")
+        self.unregister(store)
+
+    def joined(self, store: Store, r: int) -> None:
+        """This spare took a seat in round r: say why the round before ended (the cause it steps in for)."""
+        why = printable(store.get(self.keys.change(r - 1)) or b"") if r > 0 else ""
+        log.info(f"membership changed ({why or 'a seat came free'}): this spare takes a seat in round {r}")
         self.unregister(store)
 
     def unregister(self, store: Store) -> None:

@@ -209,7 +209,7 @@ def freeze_worker(ep: Episode, w: World, victim: Proc, rng: random.Random, hang:
         # A survivor frozen by it cannot join an in-place round: that round's wait runs out (in_place_failed)
         # and the group restarts as a membership round, which a node not involved names so.
         silent = r"went silent at once|group rank 0\) was lost or restarted|made no progress|hung: no progress"
-        silent += r"|did not finish within|: membership\b"
+        silent += r"|did not finish within|re-forms the group"
         ep.expect.append(("the hung worker", rf"rank {rank} (?:made no progress|hung)|{silent}"))
 
 
