@@ -45,6 +45,7 @@ from .records import (
     encode_descriptor,
     encode_plan,
     encode_verdict,
+    failure_text,
     parse_count,
     printable,
     sealed_members,
@@ -471,15 +472,9 @@ class ElasticRendezvous:
         store host may go as soon as every node has acknowledged)."""
         reason = self._why_changed(st, r)[:300]
         closed = self._closed(st) is not None
-        raw = None if closed else st.get(self.keys.cause(r))
-        if raw is not None:
-            try:
-                cause = decode_verdict(raw)
-            except RendezvousError as e:
-                log.debug(f"{e}; ignored")
-            else:
-                reason = f"{cause.describe()}" + (f": {cause.error}" if cause.error else "") + f", node {cause.node}"
-                return MembershipChanged(reason, failed=True)
+        failure = None if closed else failure_text(st.get(self.keys.cause(r)))
+        if failure is not None:
+            return MembershipChanged(failure, failed=True)
         return MembershipChanged(reason, closed=closed)
 
     def _wait_acks(self, rnd: Round, at_most: float | None = None) -> None:

@@ -9,6 +9,7 @@ back is bounded (MAX_VALUE) and checked field by field; a bad one is a Rendezvou
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from ..errors import RendezvousError
 from ..net import hostname, interface_of, outward_address
 from ..spec import Verdict
 from .api import JobParams
+
+log = logging.getLogger(__name__)
 
 MAX_VALUE = 1 << 16  # a descriptor or plan larger than this is hostile, not ours
 MAX_VERDICT = 4096  # a verdict is a few short fields; anything larger is not ours
@@ -240,6 +243,18 @@ def decode_verdict(raw: bytes) -> Verdict:
         raise RendezvousError("rendezvous store holds an oversized verdict under this job's prefix")
     value = checked(load(raw, "verdict"), VERDICT_FIELDS, "verdict")
     return Verdict(**{name: value[name] for name in VERDICT_FIELDS})
+
+
+def failure_text(raw: bytes | None) -> str | None:
+    """The failure a round's `cause` key reports, as the other nodes say it; None: none, or not ours."""
+    if raw is None:
+        return None
+    try:
+        cause = decode_verdict(raw)
+    except RendezvousError as e:  # garbled or hostile: the round's change text names it instead
+        log.debug(f"{e}; ignored")
+        return None
+    return cause.describe() + (f": {cause.error}" if cause.error else "") + f", node {cause.node}"
 
 
 def load(raw: bytes | None, what: str) -> dict:

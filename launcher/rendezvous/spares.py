@@ -21,7 +21,7 @@ from ..net import hostname
 from ..spec import Round
 from .api import SpareLost, WaitKind, WaitReport
 from .keys import Keys
-from .records import decode_spare, encode_spare, printable, sealed_members
+from .records import decode_spare, encode_spare, failure_text, printable, sealed_members
 from .store import HELD, Capability, DeletingStore, LivenessStore, Store, any_set, capabilities_of
 
 log = logging.getLogger(__name__)
@@ -185,8 +185,10 @@ class SpareSeat:
 
     def joined(self, store: Store, r: int) -> None:
         """This spare took a seat in round r: say why the round before ended (the cause it steps in for)."""
+        failure = failure_text(store.get(self.keys.cause(r - 1))) if r > 0 else None
         why = printable(store.get(self.keys.change(r - 1)) or b"") if r > 0 else ""
-        log.info(f"membership changed ({why or 'a seat came free'}): this spare takes a seat in round {r}")
+        said = f"a worker failed on another node: {failure}" if failure else f"membership changed ({why})"
+        log.info(f"{said}: this spare takes a seat in round {r}")
         self.unregister(store)
 
     def unregister(self, store: Store) -> None:
