@@ -189,6 +189,11 @@ class InPlace:
         new = replace(new, master_addr=old.master_addr, master_port=old.master_port, use_agent_store=True)
         try:
             client = StoreClient(old.master_addr, old.master_port, timeout=10.0)
+            if client.check([keys.declined(old.round)]):  # a node restarts its workers: they will not come
+                why = client.get(keys.declined(old.round), False).decode(errors="replace")
+                client.close()
+                self._decline(f"another node restarts the group ({why})")
+                return self._restart(Then.MEMBERSHIP)
             client.set(keys.NEWEST, str(new.round).encode())  # every node sets it: the first wakes the survivors
             client.set(keys.opened(new.round), b"1")  # the survivors' wake-up
         except (OSError, StoreError) as e:
@@ -244,6 +249,14 @@ class InPlace:
         log.info(f"no in-place recovery: {why}; restarting the group")
         self.sup.emit("in_place_declined", reason=why)
         offer_port(self.sup.rendezvous, 0)
+        rnd = self.sup.round
+        if rnd is not None and rnd.use_agent_store and rnd.group_world_size > 1:  # the other nodes follow
+            try:
+                client = StoreClient(rnd.master_addr, rnd.master_port, timeout=2.0, connect_timeout=0.5)
+                client.set(keys.declined(rnd.round), why.encode())
+                client.close()
+            except (OSError, StoreError):  # its store is gone: the others cannot recover in place either
+                log.debug("could not tell round %d's store of the decline", rnd.round, exc_info=True)
         return False
 
     def _declined(self, rnd: Round | None) -> str:

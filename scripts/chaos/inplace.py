@@ -22,6 +22,7 @@ RECOVERING = "recovering in place"  # in_place_declined's reason when a worker f
 HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers, waiting on it, are silent too)
 STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving the workers' store was lost with it
 NOT_WHOLE = "never all joined it holding the state"  # ... when the round's workers had not all started yet
+FOLLOWED = "another node restarts the group"  # ... when another node declined (its decline is checked on its own)
 
 
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
@@ -61,6 +62,7 @@ def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float
                 if (
                     HUNG not in e.reason
                     and STORE_LOST not in e.reason
+                    and FOLLOWED not in e.reason
                     and (pending is None or RECOVERING not in e.reason)
                     and (fresh is None or f"round {fresh}'s ranks {NOT_WHOLE}" not in e.reason)
                 ):

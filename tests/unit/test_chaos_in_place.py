@@ -106,6 +106,8 @@ def test_the_group_is_stopped_only_where_the_launcher_must():
     # a change while the workers it started afresh had not all joined their round: nothing to keep yet
     starting = [ev("in_place_declined", 3.0, reason="round 0's ranks never all joined it holding the state")]
     assert inv.group_restarts([node(START + starting + stop)]) == (3.0, [])
+    other = [ev("in_place_declined", 3.0, reason="another node restarts the group (several ranks went silent)")]
+    assert inv.group_restarts([node(done + other + stop)]) == (3.0, [])  # that node's decline is checked on its own
     in_place = [ev("in_place_declined", 3.0, reason="round 1's ranks never all joined it holding the state")]
     assert inv.group_restarts([node(done + in_place + stop)])[1] == [  # round 1 was an in-place one
         "node0: restarted the group instead of recovering in place: "

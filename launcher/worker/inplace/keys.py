@@ -28,6 +28,12 @@ def ready(rnd: int) -> str:
     return f"{NAMESPACE}/{rnd}/ready"
 
 
+def declined(rnd: int) -> str:
+    """Set by an agent that restarts its workers rather than keep them past round `rnd` (its reason): the
+    other nodes do not wait in place for workers that will not come."""
+    return f"{NAMESPACE}/{rnd}/declined"
+
+
 def group_prefix(rnd: int) -> str:
     """Where round `rnd`'s process group meets (torch's PrefixStore adds the '/')."""
     return f"{NAMESPACE}/{rnd}/pg"
