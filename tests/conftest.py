@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from support.etcd import Member, Members
 from support.launcher_runs import Cluster, Launch
 from support.rendezvous import serve_store
+
+# A shell without job control starts a background command (`bash scripts/test.sh &`, nohup, a CI
+# runner's step) with SIGINT ignored, and an ignored signal stays ignored across exec: every launcher
+# and worker the tests start would ignore the Ctrl-C they send (Python, and the launcher with it, keep
+# an inherited SIG_IGN, as a background job should). A handler is reset to the default at exec: the
+# processes the tests start get a terminal's Ctrl-C however the suite itself was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with
 # workers forked from the --preload zygote; nothing they check may differ.
