@@ -45,6 +45,7 @@ class Recovered:
 
     round: int
     ok: bool
+    lost: str = ""  # why the wait ended early: the round's store went away (else the bound passed)
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,9 @@ class InPlace:
             log.info(f"round {pending.round}: every rank is stepping again, {took:.2f} s after the failure (in place)")
             sup.emit("recovered", round=pending.round, ranks=list(pending.ranks), seconds=round(took, 3))
             return
+        if event.lost:  # the node serving the round's store was lost (or restarted) under the wait
+            self._decline(event.lost)
+            return self._restart(Then.MEMBERSHIP)  # its restart is charged already, as below
         log.warning(
             f"the in-place recovery of round {pending.round} did not finish within {self.timeout:g} s "
             "(--in_place_timeout); restarting the group"
@@ -273,14 +277,15 @@ class InPlace:
         return ""
 
     def _wait(self, client: StoreClient, rnd: int) -> None:
+        lost = ""
         try:
             ok = client.wait([keys.ready(rnd)], timeout=self.timeout)
-        except (OSError, StoreError):  # the store closed under the wait: the group is stopping anyway
+        except (OSError, StoreError) as e:  # the store closed under the wait: its node was lost or restarted
             log.debug("the wait for in-place round %d ended with the store", rnd, exc_info=True)
-            ok = False
+            ok, lost = False, _store_gone(e)
         finally:
             client.close()
-        self.sup.post(Recovered(rnd, ok))
+        self.sup.post(Recovered(rnd, ok, lost))
 
 
 def _not_whole(rnd: Round) -> str:
