@@ -32,7 +32,11 @@ class BootstrapStore:
         """The round as the workers should see it, and a problem to report ("" if none).
 
         Group rank 0 serves a fresh store on MASTER_PORT; if it cannot, its worker rank 0 hosts
-        one as before (False there; the other nodes' workers are clients either way)."""
+        one as before (False there; the other nodes' workers are clients either way). A server still open
+        on the round's port was kept for it (a round asked for in place, whose workers restart in it: the
+        other nodes' workers are in it already; each round meets on its own prefix): it stays."""
+        if self.server is not None and rnd.group_rank == 0 and self.server.port == rnd.master_port:
+            return dataclasses.replace(rnd, use_agent_store=True), ""
         self.close()
         if not self.enabled:
             return rnd, ""

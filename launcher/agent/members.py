@@ -16,6 +16,7 @@ from ..config import LaunchConfig
 from ..policy.governor import Ended
 from ..spec import Exit, Failure, Round, Verdict, Worker, WorkerRow, WorkerState
 from ..telemetry.reports import WorkerReport
+from ..telemetry.stragglers import Flagged
 from ..telemetry.summary import read_error_file
 from . import process
 from .env import WorkerSpec, worker_env, workers_of
@@ -175,6 +176,26 @@ def end_stuck_exits(members: Sequence[Member], now: float, emit) -> None:
         )
         emit("stuck_exit", rank=m.worker.rank, pid=m.proc.pid, quiet=round(quiet, 3))
         m.proc.signal_group(signal.SIGKILL)
+
+
+def mark_stragglers(members: Sequence[Member], event: Flagged, host: str, c: LaunchConfig, emit) -> None:
+    """Mark the `members` the job's judge flagged (or cleared): one line and one event each."""
+    for m in members:
+        slow = m.worker.rank in event.ranks
+        if slow == m.straggler or m.state is not WorkerState.RUNNING:
+            continue
+        m.straggler = slow
+        if slow:
+            rate = event.ranks[m.worker.rank]
+            log.warning(
+                f"rank {m.worker.rank} on {host} is a straggler: {rate:.2f} steps/s, "
+                f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
+                f"for {c.straggler_period:g} s (--straggler_threshold)"
+            )
+            emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
+        else:
+            log.info(f"rank {m.worker.rank} on {host} caught up with the job's median step rate")
+            emit("straggler_cleared", rank=m.worker.rank)
 
 
 def route(

@@ -16,6 +16,8 @@ post. Recovering in place, every agent of the job
 It declines (the group restarts as with --recovery restart) when no restart is left, when a worker
 fails or the membership changes while a recovery is under way, when the round's store is not the
 launcher's, and when the next round cannot keep it (the node serving it was lost) or the world changed.
+A node that learns so once in the round (another node restarts its workers there) restarts its own
+in that round, heartbeating it through the stop, rather than ask for one more.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .members import Member
 
 log = logging.getLogger(__name__)
 ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
+NEW_STORE = "the node serving the workers' store (group rank 0) was lost or restarted the group"
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
 
 
@@ -186,6 +189,8 @@ class InPlace:
         why = _misfit(old, new)
         if why:
             self._decline(why)
+            if why.startswith(NEW_STORE):  # group rank 0 restarted its workers in it (or a spare took its seat)
+                return self._restart_in(new)
             return self._restart(Then.MEMBERSHIP)  # this round is taken: the next one re-forms the group
         new = replace(new, master_addr=old.master_addr, master_port=old.master_port, use_agent_store=True)
         try:
@@ -194,12 +199,12 @@ class InPlace:
                 why = client.get(keys.declined(old.round), False).decode(errors="replace")
                 client.close()
                 self._decline(f"another node restarts the group ({why})")
-                return self._restart(Then.MEMBERSHIP)
+                return self._restart_in(new)
             client.set(keys.NEWEST, str(new.round).encode())  # every node sets it: the first wakes the survivors
             client.set(keys.opened(new.round), b"1")  # the survivors' wake-up
         except (OSError, StoreError) as e:
             log.warning(f"no in-place recovery: the round's store did not answer ({e}); restarting the group")
-            return self._restart(Then.MEMBERSHIP)
+            return self._restart_in(new)  # its node lost: the round's watch ends it, and a new one forms
         ranks = tuple(sorted(joining.ranks))
         used = f"{new.restart_count} of {sup.config.max_restarts} restarts used"
         if ranks:
@@ -248,6 +253,16 @@ class InPlace:
         """Stop this node's workers; the round after comes from the rendezvous with a fresh store."""
         offer_port(self.sup.rendezvous, 0)
         self.sup.stop_workers(signal.SIGTERM, self.sup.config.shutdown_timeout, then=then, reason="restart")
+
+    def _restart_in(self, new: Round) -> None:
+        """Restart this node's workers in round `new`, which it has joined: another node starts its own there.
+        Asking for a round more would cost the job a second restart, and the stop (up to --shutdown_timeout
+        for a worker that ignores SIGTERM) would not heartbeat `new`: the others would take it for lost."""
+        sup = self.sup
+        offer_port(sup.rendezvous, 0)
+        sup._watch(new)
+        sup.held = (new, sup.clock())  # started once the stop is complete (`Supervisor.check_stop`)
+        sup.stop_workers(signal.SIGTERM, sup.config.shutdown_timeout, then=Then.MEMBERSHIP, reason="restart")
 
     def _decline(self, why: str) -> bool:
         log.info(f"no in-place recovery: {why}; restarting the group")
@@ -317,8 +332,5 @@ def _misfit(old: Round, new: Round) -> str:
     if (new.group_rank, new.rank_offset) != (old.group_rank, old.rank_offset):
         return f"this node's ranks moved (group rank {old.group_rank} -> {new.group_rank})"
     if new.group_world_size > 1 and (new.master_addr, new.master_port) != (old.master_addr, old.master_port):
-        return (
-            "the node serving the workers' store (group rank 0) was lost or restarted the group: "
-            f"round {new.round} has a new store"
-        )
+        return f"{NEW_STORE}: round {new.round} has a new store"
     return ""

@@ -37,7 +37,17 @@ from .env import PROGRESS_VAR, worker_argv
 from .filetimer import FILE_VAR, end_expired
 from .logs_specs import Placement
 from .loop_events import Refused, RoundFailed, RoundReady, Stopping, Then, Waiting
-from .members import Member, end_stuck_exits, ended_round, prepare, route, routing_of, verdict_of, worker_spec
+from .members import (
+    Member,
+    end_stuck_exits,
+    ended_round,
+    mark_stragglers,
+    prepare,
+    route,
+    routing_of,
+    verdict_of,
+    worker_spec,
+)
 from .oom import oom_kills
 from .parts import Identity, Launching, Observers
 from .recovery import Joined, Recovered, in_place
@@ -74,7 +84,7 @@ class Supervisor:
         self.requeue = False  # the rendezvous ended the job in a way a requeue may cure
         self._peer_failed = False  # the round ends for a worker that failed on another node
         self._delay = 0.0  # the backoff before the next round's workers start
-        self._held: tuple[Round, float] | None = None  # a round formed, its workers to start at that time
+        self.held: tuple[Round, float] | None = None  # a round formed (joined), its workers to start at that time
         self.spec = worker_spec(config)
         self.routing = routing_of(config)
         self.state = GroupState.RENDEZVOUS
@@ -135,8 +145,8 @@ class Supervisor:
             timeout = self.config.monitor_interval
             if self.stop:
                 timeout = min(timeout, max(0.0, self.stop.deadline - self.clock()))
-            if self._held:
-                timeout = min(timeout, max(0.0, self._held[1] - self.clock()))
+            if self.held and self.state is GroupState.RENDEZVOUS:
+                timeout = min(timeout, max(0.0, self.held[1] - self.clock()))
         for key, _ in self._selector.select(timeout):
             if key.data is None:
                 try:
@@ -150,8 +160,8 @@ class Supervisor:
             except queue.Empty:
                 break
             self.handle(event)
-        if self._held and self.state is GroupState.RENDEZVOUS and self.clock() >= self._held[1]:
-            rnd, self._held = self._held[0], None
+        if self.held and self.state is GroupState.RENDEZVOUS and self.clock() >= self.held[1]:
+            rnd, self.held = self.held[0], None
             self.spawn_workers(rnd, watched=True)
         self.reap_workers()
         self.check_stop()
@@ -180,9 +190,10 @@ class Supervisor:
             self._set_state(GroupState.FAILED)
         elif isinstance(event, Refused) and self.state is GroupState.RENDEZVOUS:
             self.give_up(Stop.QUARANTINE, event.why)
-        elif isinstance(event, MembershipChanged) and self._held and self.state is GroupState.RENDEZVOUS:
-            self._held = None  # the held round ended before its workers started: join the next one
-            self.begin_round(Cause.MEMBERSHIP)
+        elif isinstance(event, MembershipChanged) and self.held and self.state is not GroupState.RUNNING:
+            self.held = None  # the held round ended before its workers started: join the next one
+            if self.state is GroupState.RENDEZVOUS:
+                self.begin_round(Cause.MEMBERSHIP)  # (while STOPPING, `check_stop` asks for it)
         elif isinstance(event, Waiting) and self.state is GroupState.RENDEZVOUS:
             self.waiting = event.line
             if event.kind is not self.wait_kind:  # the events file hears of each new kind of wait once
@@ -234,7 +245,7 @@ class Supervisor:
         """Backoff: take the formed round (heartbeating), start its workers `_delay` s from now."""
         delay, self._delay = self._delay, 0.0
         self._watch(rnd)
-        self._held = (rnd, self.clock() + delay)
+        self.held = (rnd, self.clock() + delay)
         self.waiting = f"backoff: restarting in {delay:g} s"
         streak = self.governor.history.quick_streak
         log.info(f"restarting in {delay:g} s: {streak} quick failures in a row (--restart_policy backoff)")
@@ -400,7 +411,8 @@ class Supervisor:
                 self.signal_workers(signal.SIGKILL)
             return
         self.sweep(graceful=False)
-        self.bootstrap.close()  # before the next round: no worker may meet this round's keys
+        if self.held is None:  # a round joined already keeps the store the other nodes' workers are in
+            self.bootstrap.close()  # before the next round: no worker may meet this round's keys
         (then, begun), self.stop = (self.stop.then, self.stop.begun), None
         if then in (Then.RESTART, Then.MEMBERSHIP):
             rnd = self.round.round if self.round else 0
@@ -411,7 +423,10 @@ class Supervisor:
                 if decision.stop is Stop.QUARANTINE:
                     self.governor.quarantine(decision.why)
                 return self.give_up(decision.stop, decision.why)
-        if then is Then.RESTART:
+        if self.held is not None and then is Then.MEMBERSHIP:  # joined already (recovery.py): its workers start now
+            self.held, self._delay = (self.held[0], self.clock() + self._delay), 0.0
+            self._set_state(GroupState.RENDEZVOUS)
+        elif then is Then.RESTART:
             self.begin_round(Cause.FAILURE, self._verdict())
         elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
@@ -420,23 +435,7 @@ class Supervisor:
 
     def flag_stragglers(self, event: Flagged) -> None:
         """Mark this node's ranks the job's judge flagged (or cleared): one line and one event each."""
-        c = self.config
-        for m in self.members:
-            slow = m.worker.rank in event.ranks
-            if slow == m.straggler or m.state is not WorkerState.RUNNING:
-                continue
-            m.straggler = slow
-            if slow:
-                rate = event.ranks[m.worker.rank]
-                log.warning(
-                    f"rank {m.worker.rank} on {self.identity.host} is a straggler: {rate:.2f} steps/s, "
-                    f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
-                    f"for {c.straggler_period:g} s (--straggler_threshold)"
-                )
-                self.emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
-            else:
-                log.info(f"rank {m.worker.rank} on {self.identity.host} caught up with the job's median step rate")
-                self.emit("straggler_cleared", rank=m.worker.rank)
+        mark_stragglers(self.members, event, self.identity.host, self.config, self.emit)
 
     def check_hangs(self) -> None:
         """--hang_timeout: a worker with no output and no progress() call for that long, of the time

@@ -132,8 +132,11 @@ def _flush_open_files() -> None:
 
     A file another module's global holds (a log opened at import) is closed by the interpreter's
     finalisation; without it, its buffer would be lost. Closing is left to the kernel."""
-    files = [o for o in gc.get_objects() if isinstance(o, (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom))]
-    files.sort(key=lambda o: not isinstance(o, io.TextIOWrapper))
+    # type(), not isinstance(): isinstance reads an object's `__class__`, which some objects compute, and
+    # torch's deprecated `torch.distributed.reduce_op` printed a FutureWarning into every rank's exit so.
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    files = [o for o in gc.get_objects() if issubclass(type(o), kinds)]
+    files.sort(key=lambda o: not issubclass(type(o), io.TextIOWrapper))
     for f in [*files, sys.stdout, sys.stderr]:
         try:
             if not f.closed and f.writable():

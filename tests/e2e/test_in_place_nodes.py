@@ -36,8 +36,8 @@ class Nodes:
     """Agents of one job (--nnodes 2, 2 workers each) on a rendezvous store no node hosts, so that any node
     may be lost: a `launcher store` (c10d) or a real etcd; each agent's events file is NAME.events."""
 
-    def __init__(self, tmp: Path, backend: str = "c10d"):
-        self.tmp, self.cluster, self.etcd = tmp, Cluster(), None
+    def __init__(self, tmp: Path, backend: str = "c10d", *extra: str, conf: str = ""):
+        self.tmp, self.cluster, self.etcd, self.extra = tmp, Cluster(), None, extra
         if backend == "etcd":
             self.etcd = Member(tmp).start()
             self.etcd.wait_ready()
@@ -46,13 +46,13 @@ class Nodes:
         else:
             port = free_port()
             self.cluster.store("127.0.0.1", port)
-            self.rdzv = c10d(port, "2", nproc=2, run_id="inplace", conf="is_host=false")
+            self.rdzv = c10d(port, "2", nproc=2, run_id="inplace", conf=",".join(filter(None, ["is_host=false", conf])))
 
     def start(self, name: str) -> tuple[Agent, Path]:
         ev = self.tmp / f"{name}.events"
         agent = self.cluster.start(
-            *self.rdzv, "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev), "--no-live",
-            "--shutdown_timeout", "5", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
+            *self.rdzv, *self.extra, "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev),
+            "--no-live", "--shutdown_timeout", "5", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
         )  # fmt: skip
         return agent, ev
 
@@ -143,3 +143,38 @@ def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
     # the spare names what it steps in for: the loss (or the survivor's restart), not "NODE: membership"
     said = re.search(r"launcher: membership changed \((.*)\): this spare takes a seat in round 1", spare.stderr)
     assert said and re.fullmatch(r"node with group rank 0 died .*|\S+ re-forms the group", said[1]), spare.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_node_that_learns_of_a_restart_restarts_in_the_round_it_joined_heartbeating_it(tmp_path):
+    """A hang across nodes: the workers of group rank 0's node frozen; the other node's ranks, waiting on them,
+    all go silent, so it restarts its group and says so in the round's store. Group rank 0's node, following
+    in place, reads that once in the round and restarts its own workers there: their stop takes the whole
+    --shutdown_timeout (frozen, SIGTERM waits), over twice the 2 s liveness timeout, and it heartbeats the
+    round meanwhile, so nobody takes it for lost and the one fault costs one restart (it asked for a round
+    more, unheard, and so cost two, chaos c10d seed 9062)."""
+    nodes = Nodes(tmp_path, "c10d", "--hang_timeout", "3", conf="keep_alive_interval=0.5,keep_alive_max_attempt=4")
+    frozen: dict[int, int] = {}
+    try:
+        (head, hev), (other, oev) = members(nodes)
+        head.wait_for(r"step 50/150", timeout=120)
+        frozen = spawns(hev)
+        for pid in frozen.values():
+            os.kill(pid, signal.SIGSTOP)
+        other.wait_for(r"no in-place recovery: several ranks went silent at once", 60, "err")
+        head.wait_for(r"no in-place recovery: another node restarts the group", 60, "err")
+        codes = {n.name: n.wait(150) for n in (head, other)}
+        assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{other.stderr[-3000:]}"
+        assert "heartbeating" not in head.stderr + other.stderr, other.stderr[-3000:]
+        for ev in (hev, oev):  # round 1 is the restart, on both nodes, charged once
+            assert [(e["round"], e["restarts"]) for e in events(ev, "running")] == [(0, 0), (1, 1)], events(ev)
+        fresh = [(e["rank"], e["round"]) for e in events(hev, "spawn")[len(frozen) :]]
+        assert fresh == [(rank, 1) for rank in sorted(frozen)], fresh
+        assert not {k: v for k, v in nodes.cluster.leftovers().items() if k != "store"}
+    finally:
+        for pid in frozen.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        nodes.cleanup()

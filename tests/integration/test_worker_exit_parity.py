@@ -60,6 +60,21 @@ f = libc.fopen(b"c_file.txt", b"w")  # C's own buffer: only the C runtime's exit
 libc.fputs(b"written by C, never closed\\n", ctypes.c_void_p(f))
 print("returned")
 """,
+    "computed_class": """
+import sys, types
+
+class Deprecated:  # as torch.distributed.reduce_op: reading its __class__ warns
+    @property
+    def __class__(self):
+        import warnings  # (__main__'s globals may be gone by the exit)
+
+        warnings.warn("__class__ read", FutureWarning)
+        return type(self)
+
+elsewhere = sys.modules["elsewhere"] = types.ModuleType("elsewhere")
+elsewhere.kept = Deprecated()  # a module's global: alive at the exit
+print("returned")
+""",
     "atexit_and_del": """
 import atexit
 
@@ -114,6 +129,7 @@ def same(plain, quick, tmp_path):
         ("keyboard_interrupt", ()),
         ("sigterm", ()),
         ("atexit_and_del", ()),
+        ("computed_class", ()),
     ],
 )
 def test_a_script_sees_and_shows_what_it_would_under_python(tmp_path, name, args):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -478,6 +479,39 @@ def test_a_membership_change_re_forms_without_charging_the_budget(tmp_path):
     assert rig.rdzv.causes == [Cause.START, Cause.MEMBERSHIP]
     assert rig.sup.round.restart_count == 0
     assert rig.sup.failures[0].collateral
+
+
+def joined_round(rig: Rig, restarts: int) -> Round:
+    """The next round as another node formed it, this node in it (the rendezvous is not asked again)."""
+    rig.rdzv.round += 1
+    return replace(rig.sup.round, round=rig.rdzv.round, restart_count=restarts)
+
+
+def test_a_restart_in_a_round_joined_already_heartbeats_it_and_starts_there(tmp_path):
+    """recovery.py: another node restarts its workers in the round this node joined in place. The slow stop
+    (workers that ignore SIGTERM) heartbeats that round, and the fresh workers start in it: no round more."""
+    rig = Rig(tmp_path, nproc=2, max_restarts=1, ignore=frozenset({signal.SIGTERM}), recovery="in-place")
+    rig.start()
+    old = rig.spawn.procs[:2]
+    rnd = joined_round(rig, 1)
+    rig.sup.in_place._restart_in(rnd)
+    assert rig.rdzv.watched == [0, 1] and rig.sup.state is GroupState.STOPPING  # heartbeating round 1 at once
+    rig.watch(rig.config.shutdown_timeout + 1)  # SIGTERM ignored: SIGKILL at the deadline
+    rig.running(4)
+    assert all(p.code == -signal.SIGKILL for p in old)
+    assert rig.rdzv.causes == [Cause.START] and rig.rdzv.watched == [0, 1]  # no rendezvous asked, no watch twice
+    assert {p.env["LAUNCHER_ROUND"] for p in rig.spawn.procs[2:]} == {"1"} and rig.sup.round.restart_count == 1
+
+
+def test_a_round_joined_already_that_ends_during_the_stop_is_left_for_the_next(tmp_path):
+    rig = Rig(tmp_path, nproc=1, max_restarts=1, ignore=frozenset({signal.SIGTERM}), recovery="in-place")
+    rig.start()
+    rig.sup.in_place._restart_in(joined_round(rig, 0))
+    rig.sup.post(MembershipChanged("a node died"))  # round 1 ended before its workers started
+    rig.watch(rig.config.shutdown_timeout + 1)
+    rig.running(2)
+    assert rig.rdzv.causes == [Cause.START, Cause.MEMBERSHIP] and rig.sup.round.round == 2
+    assert rig.spawn.procs[1].env["LAUNCHER_ROUND"] == "2"
 
 
 def test_a_rendezvous_error_fails_with_its_message(tmp_path):
