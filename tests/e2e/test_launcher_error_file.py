@@ -14,9 +14,15 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():
-    with open(os.path.join(os.environ["MARK_DIR"], os.environ["RANK"]), "w") as f:
+    mark = os.path.join(os.environ["MARK_DIR"], os.environ["RANK"])
+    with open(mark + ".part", "w") as f:
         f.write(os.environ["TORCHELASTIC_ERROR_FILE"])
+    os.replace(mark + ".part", mark)
     if os.environ["RANK"] == "1":
+        # rank 0 may still be importing on a busy host: the group's stop would end it before its mark
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(os.environ["MARK_DIR"], "0")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise ValueError("bad learning rate -1")
     time.sleep(30)
 
