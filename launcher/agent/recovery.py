@@ -38,7 +38,6 @@ from .members import Member
 
 log = logging.getLogger(__name__)
 ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
-NEW_STORE = "the node serving the workers' store (group rank 0) was lost or restarted the group"
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
 
 
@@ -189,9 +188,14 @@ class InPlace:
         why = _misfit(old, new)
         if why:
             self._decline(why)
-            if why.startswith(NEW_STORE):  # group rank 0 restarted its workers in it (or a spare took its seat)
-                return self._restart_in(new)
             return self._restart(Then.MEMBERSHIP)  # this round is taken: the next one re-forms the group
+        if new.group_world_size > 1 and (new.master_addr, new.master_port) != (old.master_addr, old.master_port):
+            # group rank 0 restarted its workers in it (or a spare took its seat): they are in its new store
+            self._decline(
+                "the node serving the workers' store (group rank 0) was lost or restarted the group: "
+                f"round {new.round} has a new store"
+            )
+            return self._restart_in(new)
         new = replace(new, master_addr=old.master_addr, master_port=old.master_port, use_agent_store=True)
         try:
             client = StoreClient(old.master_addr, old.master_port, timeout=10.0)
@@ -258,11 +262,9 @@ class InPlace:
         """Restart this node's workers in round `new`, which it has joined: another node starts its own there.
         Asking for a round more would cost the job a second restart, and the stop (up to --shutdown_timeout
         for a worker that ignores SIGTERM) would not heartbeat `new`: the others would take it for lost."""
-        sup = self.sup
-        offer_port(sup.rendezvous, 0)
-        sup._watch(new)
-        sup.held = (new, sup.clock())  # started once the stop is complete (`Supervisor.check_stop`)
-        sup.stop_workers(signal.SIGTERM, sup.config.shutdown_timeout, then=Then.MEMBERSHIP, reason="restart")
+        self.sup._watch(new)
+        self.sup.held = (new, self.sup.clock())  # started once the stop is complete (`Supervisor.check_stop`)
+        self._restart(Then.MEMBERSHIP)
 
     def _decline(self, why: str) -> bool:
         log.info(f"no in-place recovery: {why}; restarting the group")
@@ -326,11 +328,9 @@ def _store_gone(e: Exception) -> str:
 
 
 def _misfit(old: Round, new: Round) -> str:
-    """Why round `new` cannot keep `old`'s workers in place ("" if it can)."""
+    """Why round `new` cannot keep `old`'s workers in place: their seats changed ("" if they did not)."""
     if (new.world_size, new.group_world_size) != (old.world_size, old.group_world_size):
         return f"the next round's world differs (world size {old.world_size} -> {new.world_size})"
     if (new.group_rank, new.rank_offset) != (old.group_rank, old.rank_offset):
         return f"this node's ranks moved (group rank {old.group_rank} -> {new.group_rank})"
-    if new.group_world_size > 1 and (new.master_addr, new.master_port) != (old.master_addr, old.master_port):
-        return f"{NEW_STORE}: round {new.round} has a new store"
     return ""
