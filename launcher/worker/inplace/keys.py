@@ -11,6 +11,12 @@ IN_PLACE = "in-place"
 NOTICE_VAR = "LAUNCHER_INPLACE_NOTICE"  # seconds a worker waits for the agent's word after a peer's error
 NAMESPACE = "launcher/inplace"
 NEWEST = f"{NAMESPACE}/round"  # the newest in-place round the agent opened (a decimal number)
+HELD = f"{NAMESPACE}/held"  # set once a round was whole: some rank holds the job's state (a replacement receives it)
+SLOTS_VAR = "LAUNCHER_INPLACE_SLOTS"  # a folder in memory (/dev/shm), the agent's, where each rank keeps its own state
+# A worker that cannot go on in place (a lost peer outside `with step:`, a step torn between two kept
+# optimizers) exits with this code after one line: the agent restarts the group, charging nothing more
+# when a recovery is under way (the fault was charged already).
+LEAVE_EXIT = 86
 
 
 def opened(rnd: int) -> str:
@@ -32,6 +38,23 @@ def declined(rnd: int) -> str:
     """Set by an agent that restarts its workers rather than keep them past round `rnd` (its reason): the
     other nodes do not wait in place for workers that will not come."""
     return f"{NAMESPACE}/{rnd}/declined"
+
+
+def entering(rnd: int, rank: int) -> str:
+    """Set by a worker right before it joins round `rnd`'s process group: a rank lost before that left
+    nothing of itself in the round, and its replacement can take its seat in the same round."""
+    return f"{NAMESPACE}/{rnd}/entering/{rank}"
+
+
+def closing(rnd: int) -> str:
+    """A counter each worker adds 1 to once it reached the job's end (`Job.close`) in round `rnd`."""
+    return f"{NAMESPACE}/{rnd}/closing"
+
+
+def finished(rnd: int) -> str:
+    """Set by the last worker to reach the job's end in round `rnd`: the training is over; a worker lost
+    after it costs nothing and runs nothing again."""
+    return f"{NAMESPACE}/{rnd}/finished"
 
 
 def group_prefix(rnd: int) -> str:
