@@ -28,11 +28,11 @@ n = 10 * 1024 + 3  # float32: ten pages and a bit
 if rank == 0:
     big, wide = torch.arange(n, dtype=torch.float32), torch.arange(6000.0).reshape(2, 3000)
     box = Box(big=big, wide=wide, new=torch.ones(5000))
-    transfer.send({"box": box}, 7, (1,), torch.device("cpu"))
+    transfer.send({"box": box}, {"step": 7}, (1,), torch.device("cpu"))
 else:
     fresh, wide = torch.empty(n), torch.empty(3000, 2).t()  # the second is not contiguous
     box = Box(big=fresh, wide=wide, new=torch.empty(3))  # `new` has another shape: received into a new tensor
-    step = transfer.receive({"box": box}, 0, torch.device("cpu"))
+    step = transfer.receive({"box": box}, 0, torch.device("cpu"))["step"]
     got = box.tensors
     assert step == 7 and got["big"] is fresh and torch.equal(fresh, torch.arange(n, dtype=torch.float32))
     assert torch.equal(got["wide"], torch.arange(6000.0).reshape(2, 3000)) and torch.equal(got["new"], torch.ones(5000))

@@ -66,6 +66,19 @@ def wake(pg: dist.ProcessGroup, backend: str, own: Collection[tuple[int, str]]) 
             continue
 
 
+def shut(own: Collection[tuple[int, str]]) -> None:
+    """Shut down the sockets `own` (the store client's): a call blocked on them raises at once. A join
+    waiting in the store for a rank that will not come (lost before it joined) wakes so."""
+    for fd, link in own:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:  # closed, and the number reused since
+                continue
+            with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves the client's descriptor
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:  # gone or not connected any more
+            continue
+
+
 def leave(pg: dist.ProcessGroup | None, backend: str) -> None:
     """On the main thread, at a step boundary: abort (NCCL) and destroy the round's group."""
     if pg is None:

@@ -1,14 +1,18 @@
 """In-place recovery, the worker's side: the process group of each round, the state a newcomer
-receives, and the step loop that turns a lost peer into one recovery at a step boundary."""
+receives, and the step loop that turns a lost peer into one recovery at a step boundary, exactly:
+a step is applied once (its commit point: step.py), a loader resumes at the batch in flight
+(data.py), each rank's random streams go on where they were (slots.py), and the job's end is one
+point every rank reaches (`close`)."""
 
 from __future__ import annotations
 
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +20,9 @@ import torch
 import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
-from . import abort, keys, transfer
+from . import abort, data, keys, rng, transfer
+from .slots import Slot
+from .step import Commits, Snapshot, Step
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +47,8 @@ class Job:
 
     Made once, first thing: it joins the round's process group (`backend`: nccl where CUDA is
     there, else gloo) on its own prefix of the launcher's store. Then `keep(...)` the state,
-    `ddp(model)` (or `wrap(factory)`), and train in `for step in job.steps(n): with step: ...`.
+    `ddp(model)` (or `wrap(factory)`), and train in `for step in job.steps(n): with step: ...`
+    (or `job.steps(loader)`, inside `for epoch in job.epochs(...)`), and `close()` at the end.
     Without `--recovery in-place` it is a plain process group: a lost peer raises as usual.
     `job.joining` is True in a replacement, whose kept state a survivor overwrites: build big
     state with `torch.empty` there (the transfer faults its pages in, then fills them).
@@ -67,7 +74,8 @@ class Job:
         self.in_place = env.get(keys.RECOVERY_VAR) == keys.IN_PLACE and agent_store
         # torchrun sets no LAUNCHER_ROUND: its restarts meet on their own prefix all the same
         self.round = int(env.get("LAUNCHER_ROUND", env.get("TORCHELASTIC_RESTART_COUNT", "0")))
-        self.step = 0
+        self.step = 0  # steps done (committed)
+        self.epoch: int | None = None  # the epoch in flight, under `epochs()`
         # How long a peer's error waits for the agent's word: the agent says (longer across nodes, where a
         # node lost whole is known only once the rendezvous store ends its session); 5 s without it.
         self.timeout, self.notice = timeout, notice if notice is not None else float(env.get(keys.NOTICE_VAR, "5"))
@@ -76,85 +84,124 @@ class Job:
         self._kept: dict[str, Any] = {}
         self._make: Callable[[bool], Any] | None = None
         self._holds_state = False  # False until this rank holds the job's state (a newcomer: once received)
-        self._synced = False
+        self._synced = self._leaving = self._closed = self._settling = self._store_shut = False
         self._joined_at = 0.0  # wall-clock time this rank's newest group formed
         self._lost = threading.Event()  # the agent opened the next round
         self._moved = threading.Event()  # this rank joined a new round (the watcher looks further)
         self._lock = threading.Lock()
         self._pg: dist.ProcessGroup | None = None
         self._sockets: abort.Sockets = frozenset()  # those the current group opened (gloo's wake-up)
+        self._store_sockets: abort.Sockets = frozenset()  # the store client's (a join blocked on it wakes)
+        self._inflight: Step | None = None
+        self._commits, self._snapshot = Commits(self), Snapshot()
+        self._last_epoch: int | None = None  # the newest epoch done, under `epochs()`
+        self._batch = 0  # the batches of the loader's pass in flight done
+        self._pass_rng: tuple[int, rng.State] | None = None  # (step the pass began at, streams before its iterator)
+        self._loader_state: dict | None = None  # a stateful loader's, before the batch in flight
+        self._sampler_epoch: int | None = None  # the pass's sampler's epoch (a DistributedSampler's `set_epoch`)
+        self._loader: Any = None  # the stateful loader of the pass in flight
+        self._in_pass = False  # inside `steps(loader)`: a commit moves the pass on a batch
+        self._received: dict | None = None  # the sender's record, for the loader pass it resumes
+        self._pending: tuple[str, int, rng.State] | None = None  # streams to take up at step N's start
+        self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
+        # This rank's own streams, where its replacement finds them (the agent's folder in memory).
+        self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank)
+        self._record: dict[str, Any] = {}
+        self._own = self._slot.read()  # a replacement: what its predecessor wrote
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-        wait = datetime.timedelta(seconds=timeout)
-        self.store = dist.TCPStore(
-            self._addr, self._port, is_master=not agent_store and self.rank == 0, timeout=wait, wait_for_workers=False
-        )
-        self._join(self.round)
-        # A replacement: its round was opened by an in-place recovery, so a survivor sends it the state.
-        self.joining = self.in_place and self._received_round()
+        self.store = self._connect(is_master=not agent_store and self.rank == 0)
         if self.in_place:
+            self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
             threading.Thread(target=self._watch, name="launcher-inplace-watch", daemon=True).start()
+        first = self.round
+        if self.in_place and self.store.check([keys.NEWEST]):  # started late: its round was replaced already
+            first = max(first, int(self.store.get(keys.NEWEST)))
+        self._enter(first, sync=False)
+        # A replacement: its round was opened by an in-place recovery, and some rank holds the job's state.
+        self.joining = self.in_place and self.store.check([keys.opened(self.round), keys.HELD])
 
     # ------------------------------------------------------------------ what the script calls
 
     def keep(self, **state: Any) -> None:
         """Register what a newcomer receives from a survivor: objects with `state_dict()` and
-        `load_state_dict()` (a model, an optimizer, a scheduler, a stateful sampler). The step
-        and the RNG come with them."""
+        `load_state_dict()` (a model, an optimizer, a GradScaler, a scheduler). The step, the
+        loader's position and the random streams come with them. A kept optimizer's step is the
+        step's commit point (step.py)."""
         for name, obj in state.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"keep({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
+            _refuse_sharded(f"keep({name}=...)", obj)
+            self._commits.watch(name, obj)
         self._kept.update(state)
 
     def wrap(self, make: Callable[[bool], Any]) -> None:
         """How to make `job.model` (e.g. the DDP wrapper): `make(first)` is called once the state is
-        in place, and again after each recovery; `first` is True in the job's first round only."""
+        in place, and again after each recovery; `first` is True where no rank held the state yet."""
         self._make = make
 
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> None:
         """`job.model` is DistributedDataParallel(module, **kwargs), made again after each recovery
-        (without DDP's broadcast from rank 0 then: the state is in place already)."""
-        from torch.nn.parallel import DistributedDataParallel
+        (without DDP's broadcast from rank 0 then, where torch can skip it: the state is in place)."""
+        from . import ddp
 
-        self.wrap(lambda first: DistributedDataParallel(module, init_sync=first, **kwargs))
+        self.wrap(lambda first: ddp.make(module, first, self._layout, **kwargs))
 
-    def steps(self, total: int) -> Iterator[Step]:
-        """The steps from `job.step` to `total`; after a recovery the step in flight comes again.
-        `job.step` counts the steps done: it is `step.index + 1` once `with step:` ended well."""
-        if not self._synced:
-            self._sync(first=not self.joining)
-        while self.step < total:
-            if self._lost.is_set():  # a peer was lost between steps: recover before the next
-                self.recover()
-            step = Step(self, self.step)
-            yield step
-            if not step.entered:
-                self.step += 1
+    def epochs(self, epochs: Iterable[int]) -> Iterator[int]:
+        """The epochs of `epochs` not done yet: a replacement resumes at the one in flight."""
+        self._sync_once()
+        for epoch in epochs:
+            done = self._last_epoch is not None and epoch <= self._last_epoch
+            if done or (self.epoch is not None and epoch < self.epoch):
+                continue
+            self.epoch = epoch
+            if self._batch == 0:  # a fresh epoch: the streams it begins with, before the script's own code
+                self._take_pending(self.step, fresh=True)
+            yield epoch
+            self.epoch, self._last_epoch, self._batch = None, epoch, 0
+
+    def steps(self, what: int | Iterable) -> Iterator[Step]:
+        """The steps from `job.step` to `what` (a count), or one per batch of `what` (a loader: the
+        batch is `step.batch`; a replacement resumes at the batch in flight). After a recovery the step
+        in flight comes again unless it was committed. `job.step` counts the steps committed."""
+        self._sync_once()
+        if isinstance(what, int):
+            while self.step < what:
+                if self._lost.is_set():  # a peer was lost between steps: recover before the next
+                    self.recover()
+                    continue
+                yield from self._attempts(Step(self, self.step))
+            return
+        yield from self._pass(what)
 
     def recover(self) -> Recovery:
         """Leave the broken group, join the agent's newest round, and bring the state to whoever lacks it."""
         if not self.in_place:
             raise RuntimeError("in-place recovery needs `python -m launcher --recovery in-place`")
         began, marks = time.monotonic(), [("seen", time.time())]
-        self.store.wait([keys.opened(self.round + 1)])
-        newest = int(self.store.get(keys.NEWEST))
         with self._lock:
             pg, self._pg = self._pg, None
+        self._layout = self._layout_now()
         self.model = None  # the old wrapper holds the old group
         abort.leave(pg, self.backend)
         marks.append(("left", time.time()))
-        self._join(newest)
-        marks.append(("joined", time.time()))
-        self._lost.clear()
-        return self._sync(first=False, began=began, marks=marks)
+        if self._inflight is not None and not self._inflight.committed:
+            self._snapshot.restore()  # the step runs again from where it began
+        return self._enter(self._next_round(self.round), sync=True, began=began, marks=marks)
 
     def close(self) -> None:
-        """Leave the process group (at the end of training)."""
+        """The job's end: in place, every rank waits here for the others (a rank lost before it is
+        recovered; once all are here, a loss costs nothing). Then leave the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.in_place and not self._leaving:
+            self._finish()
         with self._lock:
             pg, self._pg = self._pg, None
         if pg is not None:
             dist.destroy_process_group()
 
-    # ------------------------------------------------------------------ inside
+    # ------------------------------------------------------------------ the loop
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` comes from a peer the agent replaces (waits up to `notice` s for its word)."""
@@ -162,44 +209,197 @@ class Job:
             return False
         return self._lost.wait(self.notice if isinstance(error, RuntimeError) else 0.0)
 
+    def _attempts(self, step: Step) -> Iterator[Step]:
+        """Yield `step` until it is done: again after a recovery that left it uncommitted."""
+        if self.in_place:
+            self._snapshot.take([m for m in self._kept.values() if isinstance(m, torch.nn.Module)])
+            self._record["start"] = (step.index, self._snapshot.rng)
+            self._slot.write(self._record)
+        while True:
+            self._take_pending(step.index, fresh=False)
+            self._inflight = step
+            yield step
+            self._inflight = None
+            if not step.entered:  # the script did not use `with step:`: done as it is
+                step.commit()
+            if self.step > step.index:  # committed, here or by the rank this one received from
+                return
+            step.entered = step.committed = False
+            step.stepped.clear()
+
+    def _pass(self, loader: Iterable) -> Iterator[Step]:
+        """One pass over `loader`, a step per batch, from the batch in flight."""
+        sampler = getattr(loader, "sampler", None)
+        self._sampler_epoch = getattr(sampler, "epoch", None)
+        began = self.step - self._batch
+        got, self._received = self._received, None
+        if got is not None and self._batch:
+            if got["sampler_epoch"] != self._sampler_epoch:
+                self._leave(
+                    f"the loader resumes at epoch {self._sampler_epoch} of its sampler, the job's is at "
+                    f"{got['sampler_epoch']}: put `job.steps(loader)` inside `for epoch in job.epochs(...)`"
+                )
+            own = (self._own or {}).get("pass")
+            start = own if own and own[0] == began else got["pass_rng"]
+            if start is not None and start[0] == began:
+                rng.put(start[1])  # the iterator draws its seeds as the first time
+        self._pass_rng = (began, rng.get()) if self.in_place else None
+        if self._pass_rng is not None:
+            self._record["pass"] = self._pass_rng
+        it = data.resume(loader, self._batch, got["loader"] if got is not None and self._batch else None)
+        self._loader = loader if data.stateful(loader) and self.in_place else None
+        self._in_pass = True
+        try:
+            while True:
+                if self._lost.is_set():
+                    self.recover()
+                if self._loader is not None:
+                    self._loader_state = loader.state_dict()  # where a redone step's batch is read again
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                yield from self._attempts(Step(self, self.step, batch))
+        finally:
+            self._in_pass, self._loader, self._loader_state = False, None, None
+        self._batch = 0
+
+    def _committed(self, step: Step) -> None:
+        """`step` committed (step.py): it counts as done from here on."""
+        self.step = step.index + 1
+        if self._in_pass:
+            self._batch += 1
+        if self.in_place:
+            self._record["after"] = (self.step, rng.get())
+            # A rank's own buffers (batch-norm statistics of its own batches): nobody else holds them.
+            self._record["buffers"] = (self.step, {k: b.detach().cpu().clone() for k, b in self._own_buffers()})
+            self._slot.write(self._record)
+
+    def _torn(self, step: Step) -> str:
+        return self._commits.torn(step)
+
+    def _take_pending(self, index: int, fresh: bool) -> None:
+        """Take up the streams this rank must begin step `index` with (a replacement's, or received)."""
+        if self._pending is None or self._pending[1] != index:
+            return
+        kind, _, state = self._pending
+        if fresh and kind != "after":
+            return
+        self._pending = None
+        rng.put(state)
+
+    # ------------------------------------------------------------------ rounds
+
+    def _sync_once(self) -> None:
+        if not self._synced:
+            self._enter(self.round, sync=True, join=False)
+
+    def _enter(
+        self,
+        rnd: int,
+        *,
+        sync: bool,
+        join: bool = True,
+        began: float | None = None,
+        marks: list[tuple[str, float]] | None = None,
+    ) -> Recovery | None:
+        """Join round `rnd` and, with `sync`, bring the state to every rank; a newer round opened
+        meanwhile (a fault during the recovery) is joined in its place."""
+        while True:
+            with self._lock:
+                if join:
+                    self._lost.clear()
+                    self.round = rnd
+                self._settling = True
+            self._moved.set()
+            try:
+                if join and self.in_place:
+                    # Opened before the watcher could see this rank joining: its wake-up would be missed.
+                    if self.store.check([keys.opened(rnd + 1)]):
+                        rnd = self._next_round(rnd)
+                        continue
+                    self.store.set(keys.entering(rnd, self.rank), b"1")
+                if join:
+                    self._join(rnd)
+                    if marks is not None:
+                        marks.append(("joined", time.time()))
+                done = self._sync(began, marks) if sync else None
+                with self._lock:
+                    self._settling = False
+                return done
+            except Exception as e:
+                with self._lock:
+                    self._settling = False
+                if not self.lost(e):
+                    raise
+                log.info(f"rank {self.rank}: round {rnd} broke while this rank joined it ({type(e).__name__})")
+                with self._lock:
+                    pg, self._pg = self._pg, None
+                abort.leave(pg, self.backend)
+                self.model = None
+                rnd, join = self._next_round(rnd), True
+
+    def _next_round(self, rnd: int) -> int:
+        """The newest round the agent opened after `rnd` (waits for it)."""
+        if self._store_shut:  # the watcher woke a join blocked on it
+            self.store, self._store_shut = self._connect(is_master=False), False
+        self.store.wait([keys.opened(rnd + 1)])
+        return max(rnd + 1, int(self.store.get(keys.NEWEST)))
+
+    def _connect(self, is_master: bool) -> dist.TCPStore:
+        before = abort.sockets()
+        wait = datetime.timedelta(seconds=self.timeout)
+        store = dist.TCPStore(self._addr, self._port, is_master=is_master, timeout=wait, wait_for_workers=False)
+        self._store_sockets = abort.sockets() - before
+        return store
+
     def _join(self, rnd: int) -> None:
         prefixed = dist.PrefixStore(keys.group_prefix(rnd), self.store)
         wait = datetime.timedelta(seconds=self.timeout)
         before = abort.sockets()
-        dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size, timeout=wait)
+        try:
+            dist.init_process_group(
+                self.backend, store=prefixed, rank=self.rank, world_size=self.world_size, timeout=wait
+            )
+        except BaseException:
+            # torch named the group that failed to form ("0", the default group's name), and would name
+            # the next one "1": in the store under another name than the other ranks' "0".
+            world = getattr(dist.distributed_c10d, "_world", None)
+            if world is not None and not dist.is_initialized() and hasattr(world, "group_count"):
+                world.group_count = 0
+            raise
         with self._lock:
-            self._pg, self.round, self._sockets = dist.group.WORLD, rnd, abort.sockets() - before
+            self._pg, self._sockets = dist.group.WORLD, abort.sockets() - before
         self._joined_at = time.time()
-        self._moved.set()
 
-    def _received_round(self) -> bool:
-        """A newcomer: its round was opened by an in-place recovery (the agent set its key)."""
-        return self.store.check([keys.opened(self.round)])
-
-    def _sync(self, first: bool, began: float | None = None, marks: list[tuple[str, float]] | None = None) -> Recovery:
+    def _sync(self, began: float | None, marks: list[tuple[str, float]] | None) -> Recovery:
         """Agree on who holds the state, move it, make the model, and tell the agent this rank is in."""
+        recovering = marks is not None
         began = time.monotonic() if began is None else began
         marks = [("joined", self._joined_at)] if marks is None else marks
         plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device)
         marks.append(("planned", time.time()))
         sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
-            sent = transfer.send(self._kept, self.step, plan.to, self.device)
+            sent = transfer.send(self._kept, self._meta(), plan.to, self.device)
         elif self.rank in plan.to:
-            self.step, received = transfer.receive(self._kept, plan.source, self.device), True
+            self._adopt(transfer.receive(self._kept, plan.source, self.device), plan.source)
+            received = True
         moved = time.monotonic() - moved
         marks.append(("moved", time.time()))
         for obj in self._kept.values():
             if isinstance(obj, torch.nn.Module):
                 obj.zero_grad(set_to_none=True)  # the step in flight left partial gradients
         if self._make is not None:
-            self.model = self._make(first)
+            self.model = self._make(plan.source < 0)
+            _refuse_sharded("wrap(...)", self.model)
         self._holds_state, self._synced = True, True
         if self.in_place and self.store.add(keys.joined(self.round), 1) == self.world_size:
+            self.store.set(keys.HELD, b"1")
             self.store.set(keys.ready(self.round), b"1")
         marks.append(("made", time.time()))
         done = Recovery(self.round, time.monotonic() - began, sent, received, moved, tuple(marks))
-        if not first:
+        if recovering or received:
             self.recoveries.append(done)
             rate = f", {sent / moved / 1e9:.2f} GB/s" if sent and moved > 0 else ""
             what = "received the state" if received else "kept"
@@ -207,8 +407,81 @@ class Job:
             log.info(f"rank {self.rank}: in place in round {self.round} after {done.seconds:.3f} s; {what}")
         return done
 
+    def _meta(self) -> dict:
+        """The job's own record, sent with the kept state: the position, and the streams to go on with."""
+        step = self._inflight
+        redo = step is not None and not step.committed and self._snapshot.rng is not None
+        streams = ("start", step.index, self._snapshot.rng) if redo else ("after", self.step, rng.get())
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "last_epoch": self._last_epoch,
+            "batch": self._batch,
+            "sampler_epoch": self._sampler_epoch,
+            "pass_rng": self._pass_rng,
+            # a stateful loader's position before the batch the job resumes at
+            "loader": self._loader_state if redo or self._loader is None else self._loader.state_dict(),
+            "rng": streams,
+            "rank": self.rank,
+            "layout": self._layout_now(),
+        }
+
+    def _adopt(self, meta: dict, source: int) -> None:
+        """Take the sender's position, and the streams: this rank's own where its predecessor left them."""
+        self.step, self.epoch, self._last_epoch = meta["step"], meta["epoch"], meta["last_epoch"]
+        self._batch, self._received = meta["batch"], meta
+        self._layout = meta["layout"] or self._layout
+        own = self._own or {}
+        if "buffers" in own and own["buffers"][0] == self.step:
+            mine = own["buffers"][1]
+            with torch.no_grad():
+                for key, buf in self._own_buffers(every=True):
+                    if key in mine:
+                        buf.copy_(mine[key])
+        for kind in ("start", "after"):  # "start": taken at the step's start, after any code between steps
+            if kind in own and own[kind][0] == self.step:
+                self._pending = (kind, self.step, own[kind][1])
+                return
+        if meta["rng"][1] == self.step:
+            self._pending = meta["rng"]
+            if self._own is None and self.world_size > 1:
+                log.info(f"rank {self.rank}: goes on with rank {source}'s random streams (its own were not found)")
+
+    def _own_buffers(self, every: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """The kept modules' buffers that change in a step (`every`: all), by a name each rank shares."""
+        for name, obj in self._kept.items():
+            if isinstance(obj, torch.nn.Module):
+                for key, buf in obj.named_buffers():
+                    if every or self._snapshot.moving(buf):
+                        yield f"{name}.{key}", buf
+
+    def _layout_now(self) -> list[list[int]] | None:
+        from . import ddp
+
+        return ddp.layout_of(self.model) or self._layout
+
+    def _finish(self) -> None:
+        """Count this rank at the job's end; wait for every rank (recovering a lost one meanwhile)."""
+        client: StoreClient | None = None
+        try:
+            while True:
+                if self._store_shut:
+                    self.store, self._store_shut = self._connect(is_master=False), False
+                rnd = self.round
+                if self.store.add(keys.closing(rnd), 1) == self.world_size:
+                    self.store.set(keys.finished(rnd), b"1")
+                client = client or StoreClient(self._addr, self._port, timeout=max(10.0, 2 * WATCH_EVERY))
+                while not self._lost.is_set():
+                    if client.wait([keys.finished(rnd)], timeout=WATCH_EVERY):
+                        return
+                self.recover()  # a peer was lost before the end: it comes back, and every rank counts again
+        finally:
+            if client is not None:
+                client.close()
+
     def _watch(self) -> None:
-        """The wake-up: once the agent opens the next round, flag it and wake a blocked collective."""
+        """The wake-up: once the agent opens the next round, flag it and wake a blocked collective
+        (or a join blocked on the store)."""
         try:
             client = StoreClient(self._addr, self._port, timeout=max(10.0, 2 * WATCH_EVERY))
         except (OSError, StoreError):
@@ -222,41 +495,59 @@ class Job:
             except (OSError, StoreError):  # the store closed: the job ended or the launcher restarts it
                 log.debug("in-place watcher: the store went away", exc_info=True)
                 return
-            self._lost.set()
             with self._lock:  # the main thread destroys the group under this lock: never wake a destroyed one
-                if self._pg is not None and self.round == rnd:
+                if self.round != rnd:  # this rank went to a newer round by itself
+                    continue
+                self._lost.set()
+                if self._pg is not None:
                     abort.wake(self._pg, self.backend, self._sockets)
+                if self._settling:  # a join waits on the store for a rank that will not come
+                    self._store_shut = True
+                    abort.shut(self._store_sockets)
             while self.round == rnd:
                 self._moved.wait()
                 self._moved.clear()
 
+    # ------------------------------------------------------------------ leaving
 
-class Step:
-    """One training step: `with step:` turns a lost peer inside into a recovery (the step comes again)."""
+    def _peer_error(self, error: BaseException) -> bool:
+        """`lost`, waiting for the agent's word only on an error that may come from a peer (a script's
+        own bug outside `with step:` is reported at once)."""
+        text = str(error).lower()
+        looks = isinstance(error, getattr(dist, "DistError", ())) or any(
+            word in text for word in ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout")
+        )
+        return self.in_place and (self._lost.is_set() or (looks and self.lost(error)))
 
-    def __init__(self, job: Job, index: int):
-        self.job, self.index = job, index
-        self.entered = self.done = False
+    def _leave(self, why: str) -> None:
+        """In place cannot go on exactly: say why in one line and exit; the agent restarts the group."""
+        self._leaving = True
+        print(f"rank {self.rank}: {why}; leaving, the group restarts (docs/in-place.md)", file=sys.stderr, flush=True)
+        raise SystemExit(keys.LEAVE_EXIT)
 
-    def __index__(self) -> int:
-        return self.index
+    def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        """A lost peer outside `with step:` (an eval, a barrier): one line and LEAVE_EXIT, not a traceback."""
+        if not self._leaving and issubclass(kind, Exception) and self._peer_error(error):
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            try:
+                self._leave(f"a peer was lost outside `with step:` ({kind.__name__}: {first[:200]})")
+            except SystemExit:
+                logging.shutdown()
+                sys.stdout.flush()
+                os._exit(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
+        self._leaving = True  # failing: no wait at the job's end
+        self._previous_hook(kind, error, tb)
 
-    def __int__(self) -> int:
-        return self.index
 
-    def __repr__(self) -> str:
-        return f"Step({self.index})"
-
-    def __enter__(self) -> Step:
-        self.entered = True
-        return self
-
-    def __exit__(self, kind, error, tb) -> bool:
-        if error is None:
-            self.done, self.job.step = True, self.index + 1
-            return False
-        if not self.job.lost(error):
-            return False
-        log.info(f"rank {self.job.rank}: a peer was lost in step {self.index} ({type(error).__name__}); recovering")
-        self.job.recover()
-        return True
+def _refuse_sharded(where: str, obj: Any) -> None:
+    """A replacement gets a survivor's whole state: state sharded across ranks cannot come back so."""
+    name = type(obj).__name__
+    sharded = name in ("FullyShardedDataParallel", "ZeroRedundancyOptimizer", "FSDPModule")
+    if isinstance(obj, torch.nn.Module) and not sharded:
+        sharded = any(type(p).__name__ == "DTensor" for p in obj.parameters())
+        name = f"{name} with DTensor parameters (FSDP2, tensor parallel)" if sharded else name
+    if sharded:
+        raise SystemExit(
+            f"launcher: {where}: {name} shards its state across ranks, and --recovery in-place rebuilds a lost "
+            "rank from a replica of the whole state (DDP); use --recovery restart"
+        )

@@ -2,7 +2,8 @@
 
 Every rank tells the others whether it holds the job's state and at which step (one all_gather);
 the lowest rank among those furthest ahead sends it, point to point, to every rank that lacks it
-or is behind. The structure (state_dicts with the tensors taken out, the step, the RNG) goes as
+or is behind. The structure (state_dicts with the tensors taken out, and the job's own record: the
+step, the loader's position, the random streams) goes as
 one pickled object; the tensors go as they are, small ones packed together into buckets, and a
 module's tensors land straight in the receiver's own parameters. The receiver faults in the pages
 of each tensor before it receives into it: a page fault inside the socket's read stalls the sender
@@ -12,7 +13,6 @@ of each tensor before it receives into it: a page fault inside the socket's read
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,13 +60,12 @@ def plan(has_state: bool, step: int, device: torch.device) -> Plan:
     return Plan(source, tuple(r for r, (held, s) in enumerate(told) if not held or s < best), best)
 
 
-def send(kept: Mapping[str, Any], step: int, to: tuple[int, ...], device: torch.device) -> int:
-    """Send the kept objects' state, the step and this rank's RNG to ranks `to`; returns the bytes sent once."""
+def send(kept: Mapping[str, Any], meta: dict, to: tuple[int, ...], device: torch.device) -> int:
+    """Send the kept objects' state and the job's `meta` to ranks `to`; returns the bytes sent once."""
     tensors: list[torch.Tensor] = []
     structure = {
         "state": {name: _strip(obj.state_dict(), tensors) for name, obj in kept.items()},
-        "step": step,
-        "rng": _strip(_rng(), tensors),
+        "meta": _strip(meta, tensors),
     }
     for dst in to:
         dist.send_object_list([structure], dst=dst)
@@ -78,8 +77,8 @@ def send(kept: Mapping[str, Any], step: int, to: tuple[int, ...], device: torch.
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
-    """Receive from `source` what `send` sent, load it into the kept objects; returns the step."""
+def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> dict:
+    """Receive from `source` what `send` sent, load it into the kept objects; returns the sender's `meta`."""
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source)
     structure = box[0]
@@ -119,8 +118,7 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> int:
         if isinstance(obj, torch.nn.Module) and all(targets[s.index] is not None for s in _slots(state_of[name])):
             continue  # its parameters and buffers hold what was sent already
         obj.load_state_dict(state[name])
-    _set_rng(_fill(structure["rng"], tensors))
-    return int(structure["step"])
+    return _fill(structure["meta"], tensors)
 
 
 def _touch(t: torch.Tensor) -> None:
@@ -198,18 +196,3 @@ def _buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
             groups.append([i])
             size = nbytes if small else 0
     return groups
-
-
-def _rng() -> dict:
-    """This rank's random state: the newcomer continues the source's streams (the lost rank's are gone)."""
-    state: dict = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng(state: dict) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())

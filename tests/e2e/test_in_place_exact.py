@@ -1,0 +1,116 @@
+"""--recovery in-place changes nothing the job computes: after a lost rank, wherever in a step or in
+the job it was lost, the final weights (and each rank's batch-norm buffers) equal an undisturbed
+run's bit for bit, every step is applied once per rank, and every sample of an epoch is used once.
+
+tests/workers/in_place_exact.py trains 3 ranks of DDP with Dropout and BatchNorm (per-rank random
+streams, re-seeded per epoch) over a DataLoader with a DistributedSampler, with a logged loss
+all_reduce after the optimizer step; each process logs the steps it applied and their sample ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support.launcher_runs import Launch
+from support.paths import WORKERS
+
+STEPS = 24  # 2 epochs of 12 batches per rank
+WORLD = 3
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run computed, read from its step logs and events file."""
+
+    returncode: int
+    finals: dict[int, set[tuple[int, str, str]]]  # rank -> {(steps, weights, buffers)} of its final processes
+    applied: dict[int, list[int]]  # rank -> the steps its processes applied, in all
+    ids: collections.Counter  # sample id -> how many times a step applied it, over the ranks
+    restarts: int
+    events: list[dict]
+    err: str
+
+
+def run(tmp: Path, preload: bool = False, **env: str) -> Outcome:
+    logs = tmp / "steps"
+    logs.mkdir(parents=True)
+    launch = Launch(preload=preload)
+    try:
+        r = launch.run(
+            "--nproc_per_node", str(WORLD), "--recovery", "in-place", "--max_restarts", "2",
+            "--events_file", str(tmp / "events.jsonl"), str(WORKERS / "in_place_exact.py"),
+            env={"STEP_LOG": str(logs), "LAUNCHER_INPLACE_SLOTS": str(tmp), **env}, timeout=150,
+        )  # fmt: skip
+    finally:
+        launch.cleanup()
+    finals, applied, ids = collections.defaultdict(set), collections.defaultdict(list), collections.Counter()
+    for f in logs.iterdir():
+        rank = int(f.name.split(".")[0])
+        for line in f.read_text().splitlines():
+            kind, *rest = line.split()
+            if kind == "final":
+                finals[rank].add((int(rest[0]), rest[1], rest[2]))
+            elif kind == "applied":
+                applied[rank].append(int(rest[0]))
+                ids.update(int(i) for i in rest[1:])
+    events = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
+    restarts = max((e["restarts"] for e in events if e["event"] == "running"), default=0)
+    return Outcome(r.returncode, dict(finals), dict(applied), ids, restarts, events, r.stderr)
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> dict[str, Outcome]:
+    """The same jobs run with no fault: what every disturbed run must end with."""
+    out = {}
+    for name, env in (("loader", {}), ("flat", {"FLAT": "1"})):
+        ref = run(tmp_path_factory.mktemp(f"undisturbed-{name}"), **env)
+        assert ref.returncode == 0 and ref.restarts == 0, ref.err
+        out[name] = ref
+    return out
+
+
+def assert_exact(got: Outcome, ref: Outcome, restarts: int = 1) -> None:
+    assert got.returncode == 0, got.err
+    assert got.restarts == restarts, got.err
+    assert got.finals == ref.finals, f"the weights differ from the undisturbed run's\n{got.err}"
+    for rank, steps in got.applied.items():  # a lost rank's steps and its replacement's, together
+        assert sorted(steps) == list(range(STEPS)), f"rank {rank} applied {sorted(steps)}"
+    assert got.ids == ref.ids  # every sample of each epoch used once, by the same ranks' steps
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "case, die",
+    [
+        ("flat", "1 5 after"),  # after the optimizer step, before the loss all_reduce: was applied twice
+        ("loader", "1 5 before"),  # mid-epoch, before the commit: the step again, its dropout as before
+        ("loader", "2 11 after"),  # the epoch's last batch committed: the next epoch, its own shuffle
+    ],
+)
+def test_a_rank_lost_in_a_step_leaves_the_weights_as_an_undisturbed_run(tmp_path, undisturbed, case, die):
+    env = {"DIE_AT": die, **({"FLAT": "1"} if case == "flat" else {})}
+    got = run(tmp_path, **env)
+    assert_exact(got, undisturbed[case])
+    spawns = [e for e in got.events if e["event"] == "spawn" and e["round"] == 1]
+    assert [e["rank"] for e in spawns] == [int(die.split()[0])], spawns  # the lost rank alone
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_lost_after_its_last_step_finishes_the_job_without_running_it_again(tmp_path, undisturbed):
+    got = run(tmp_path, DIE_AT="1 23 end")
+    assert_exact(got, undisturbed["loader"])
+    replacement = [e["pid"] for e in got.events if e["event"] == "spawn" and e["round"] == 1]
+    assert len(replacement) == 1 and "in_place_failed" not in [e["event"] for e in got.events], got.err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preload", [False, True], ids=["spawn", "preload"])
+def test_a_rank_lost_before_the_first_step_costs_one_restart_and_no_wait(tmp_path, undisturbed, preload):
+    got = run(tmp_path, preload=preload, DIE_AT="2 0 start")
+    assert_exact(got, undisturbed["loader"])
+    kinds = [e["event"] for e in got.events]
+    assert "in_place_failed" not in kinds and "in_place_declined" not in kinds, got.err

@@ -1,0 +1,116 @@
+"""A training job to check that in place changes nothing it computes (tests/e2e/test_in_place_exact.py).
+
+DDP over a model with Dropout and BatchNorm (its random streams and buffers matter), trained for EPOCHS
+epochs of a DataLoader with a DistributedSampler, each rank seeding its own streams per epoch (as
+examples/train_ddp.py does); inside each step, after the optimizer's step, a logged loss all_reduce.
+Each process appends to $STEP_LOG/<rank>.<pid>: "applied <step> <sample ids>" right after each
+optimizer step it applied, and at the end "final <steps> <sha256 of the weights>".
+DIE_AT="RANK STEP PHASE" (first round only): that rank SIGKILLs itself in that step at PHASE:
+`before` (after the forward), `after` (after the optimizer step, before the loss all_reduce), or
+STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": another rank dies DELAY s
+after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`.
+FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
+"""
+
+import hashlib
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+e = os.environ
+first_round = e.get("LAUNCHER_ROUND", "0") == "0" and e["TORCHELASTIC_RESTART_COUNT"] == "0"
+die = e.get("DIE_AT", "").split()
+die_rank, die_step, die_phase = (int(die[0]), int(die[1]), die[2]) if die else (-1, -1, "")
+too = e.get("DIE_TOO", "").split()
+rank_now = int(e["RANK"])
+
+
+def kill(after: float = 0.0) -> None:
+    if after:
+        time.sleep(after)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if first_round and die_phase == "start" and rank_now == die_rank:
+    kill()
+if first_round and too and int(too[0]) == rank_now and die_phase == "start":
+    kill(float(too[1]))
+
+import logging  # noqa: E402
+
+from launcher.worker.inplace import Job  # noqa: E402
+
+logging.basicConfig(format="%(message)s")
+logging.getLogger("launcher.worker.inplace").setLevel(logging.INFO)  # a line per recovery
+
+job = Job(notice=5.0)
+rank, world, pid = job.rank, job.world_size, os.getpid()
+log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
+
+g = torch.Generator().manual_seed(7)
+n = 96 * world
+data = TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g), torch.arange(n))
+sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
+loader = DataLoader(data, batch_size=8, sampler=sampler)
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+job.keep(model=model, optimizer=optimizer)
+job.ddp(model)
+epochs, step_time = int(e.get("EPOCHS", "2")), float(e.get("STEP_TIME", "0"))
+
+
+def flat():
+    """One pass of FLAT steps: a step's batch is a function of the step."""
+    torch.manual_seed(rank)
+    for step in job.steps(epochs * len(loader)):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(step.index))
+        step.batch = data[order[rank * 8 : (rank + 1) * 8]]
+        yield step
+
+
+def passes():
+    for epoch in job.epochs(range(epochs)):
+        sampler.set_epoch(epoch)
+        torch.manual_seed(1000 * epoch + rank)  # each rank's own dropout masks, per epoch
+        yield from job.steps(loader)
+
+
+for step in flat() if e.get("FLAT") else passes():
+    with step:
+        x, y, ids = step.batch
+        out = job.model(x)
+        here = first_round and rank == die_rank and step.index == die_step
+        if here and die_phase == "before":
+            kill()
+        loss = nn.functional.cross_entropy(out, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        log.write(f"applied {step.index} {' '.join(map(str, ids.tolist()))}\n")
+        if too and first_round and int(too[0]) == rank and step.index == die_step:
+            threading.Thread(target=kill, args=(float(too[1]),), daemon=True).start()
+        if here and die_phase == "after":
+            kill()
+        dist.all_reduce(loss.detach())  # the logged loss: a collective after the commit point
+        time.sleep(step_time)
+
+if first_round and rank == die_rank and die_phase == "end":
+    kill()
+
+
+def digest(tensors) -> str:
+    return hashlib.sha256(b"".join(t.detach().contiguous().numpy().tobytes() for t in tensors)).hexdigest()
+
+
+weights, buffers = digest(model.parameters()), digest(model.buffers())  # buffers: this rank's own statistics
+log.write(f"final {job.step} {weights} {buffers}\n")
+print(f"rank {rank}: final {job.step} weights {weights[:16]} buffers {buffers[:16]}", flush=True)
+job.close()
