@@ -2,7 +2,8 @@
 
 The supervisor calls `recover` where it would stop the group for a failed worker of this node,
 `follow` where another node's failure or loss would stop it, and `on` with what the threads below
-post. Recovering in place, every agent of the job
+post; what this module reads and drives of the supervisor is `Host`. Recovering in place, every
+agent of the job
 1. asks the rendezvous for the next round on a thread, its workers running meanwhile: the node of
    the failure charges it to the job-wide budget (the others join as for a membership change);
    group rank 0's agent offers the port of the bootstrap store it keeps serving, so the round keeps
@@ -25,20 +26,56 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
+from ..config import LaunchConfig
 from ..errors import RendezvousError
-from ..rendezvous.api import Cause, MembershipChanged, offer_port
-from ..spec import RecoveryMode, Round, WorkerState
+from ..rendezvous.api import Cause, MembershipChanged, RendezvousHandler, offer_port
+from ..spec import Failure, RecoveryMode, Round, Verdict, WorkerState
 from ..tcpstore.client import StoreClient, StoreError
 from ..worker.inplace import keys
+from .bootstrap import BootstrapStore
 from .loop_events import Then
 from .members import Member
 
 log = logging.getLogger(__name__)
 ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
+
+
+class Host(Protocol):
+    """What an in-place recovery reads of its supervisor and the verbs it drives there (`Supervisor` is one)."""
+
+    rendezvous: RendezvousHandler  # asked for the next round, offered the port of the store kept
+    bootstrap: BootstrapStore  # the workers' store this node serves (as group rank 0), kept across rounds
+    round: Round | None  # the round this node's workers run in: a recovery moves it on
+    members: list[Member]  # this node's workers: a recovery drops those it replaces
+    failures: list[Failure]  # every failed exit seen, in order
+    held: tuple[Round, float] | None  # a round joined, its workers started once the stop is complete
+    clock: Callable[[], float]  # the supervisor's clock
+
+    def post(self, event: object) -> None:
+        """Hand an event to the supervisor's loop (from any thread)."""
+
+    def emit(self, kind: str, **fields: object) -> None:
+        """One event to the events file and the other sinks."""
+
+    def root_verdict(self) -> Verdict | None:
+        """This node's root cause, as the rendezvous publishes it should it close the job."""
+
+    def watch_round(self, rnd: Round) -> None:
+        """Heartbeat round `rnd` and watch it from now on."""
+
+    def start_ranks(self, rnd: Round, ranks: Collection[int]) -> bool:
+        """Start this node's workers of round `rnd` whose rank is in `ranks`; False: one could not."""
+
+    def announce_running(self, rnd: Round, **extra: object) -> None:
+        """The `running` event of round `rnd`."""
+
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Stop every live worker (SIGKILL after `grace` s); `then` follows once they are all gone."""
 
 
 @dataclass(frozen=True)
@@ -77,24 +114,23 @@ class Pending:
     ranks: tuple[int, ...]  # the ranks replaced
 
 
-def in_place(sup: Any) -> InPlace | None:
-    """The supervisor's in-place recoveries, where its config asks for them (--recovery in-place)."""
-    return InPlace(sup, sup.config.in_place_timeout) if sup.config.recovery is RecoveryMode.IN_PLACE else None
+def in_place(host: Host, config: LaunchConfig, environ: dict[str, str]) -> InPlace | None:
+    """`host`'s in-place recoveries, where `config` asks for them (--recovery in-place); `environ`: the workers'."""
+    return InPlace(host, config, environ) if config.recovery is RecoveryMode.IN_PLACE else None
 
 
 class InPlace:
-    """The supervisor's in-place recoveries (`sup`: the Supervisor, whose verbs this drives)."""
+    """The in-place recoveries of one agent (`sup`: its supervisor, whose verbs this drives)."""
 
-    def __init__(self, sup: Any, timeout: float):
-        self.sup, self.timeout = sup, timeout
+    def __init__(self, sup: Host, config: LaunchConfig, environ: dict[str, str]):
+        self.sup, self.config, self.timeout = sup, config, config.in_place_timeout
         self.joining: Joining | None = None
         self.pending: Pending | None = None
         self.ended: float | None = None  # when the last recovery ended, on the supervisor's clock
-        env = sup.launching.environ  # the workers' launcher.worker.inplace.Job reads them
-        env[keys.RECOVERY_VAR] = keys.IN_PLACE
+        environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads them
         # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
         # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
-        env.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if sup.config.multi_node else ONE_NODE_NOTICE))
+        environ.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if config.multi_node else ONE_NODE_NOTICE))
 
     def silence(self, idle: float, now: float) -> float | None:
         """A worker's silence as --hang_timeout counts it: none while a recovery is under way (the survivors
@@ -123,7 +159,7 @@ class InPlace:
             # judges them in the same look: replacing them would leave nobody holding the state.
             return self._decline("several ranks went silent at once (a hang, and the ranks waiting on it)")
         why = self._declined(rnd)
-        if why or rnd.restart_count >= sup.config.max_restarts:  # spent: the group stops, as with restart
+        if why or rnd.restart_count >= self.config.max_restarts:  # spent: the group stops, as with restart
             for m in failed:
                 m.state = WorkerState.FAILED
             return self._decline(why) if why else False
@@ -131,7 +167,7 @@ class InPlace:
         named = ", ".join(
             f"rank {f.worker.rank} {f.reason or f.exit.describe()}" for f in sup.failures if f.pid in pids
         )
-        self._ask(Joining(began, ranks, pids, named), Cause.FAILURE, sup._verdict())
+        self._ask(Joining(began, ranks, pids, named), Cause.FAILURE, sup.root_verdict())
         return True
 
     def follow(self, event: MembershipChanged) -> bool:
@@ -158,7 +194,7 @@ class InPlace:
 
     # ------------------------------------------------------------------ inside
 
-    def _ask(self, joining: Joining, cause: Cause, verdict: Any) -> None:
+    def _ask(self, joining: Joining, cause: Cause, verdict: Verdict | None) -> None:
         """Ask the rendezvous for the next round on a thread; the answer comes as `Joined`."""
         sup, self.joining = self.sup, joining
         server = sup.bootstrap.server
@@ -210,7 +246,7 @@ class InPlace:
             log.warning(f"no in-place recovery: the round's store did not answer ({e}); restarting the group")
             return self._restart_in(new)  # its node lost: the round's watch ends it, and a new one forms
         ranks = tuple(sorted(joining.ranks))
-        used = f"{new.restart_count} of {sup.config.max_restarts} restarts used"
+        used = f"{new.restart_count} of {self.config.max_restarts} restarts used"
         if ranks:
             who = f"{joining.failed}; " if joining.failed else ""
             log.info(
@@ -221,12 +257,10 @@ class InPlace:
             log.info(f"recovering in place: round {new.round} ({used}); the workers of this node keep running")
         sup.emit("rendezvous", cause="in_place")
         sup.round, sup.members = new, [m for m in sup.members if m.proc.pid not in joining.pids]
-        sup._watch(new)  # heartbeat and watch the new round (the last one's watch ended with it)
-        workers, envs, plan = sup.prepare_round(new)
-        for worker in workers:
-            if worker.rank in ranks and not sup.start_member(worker, envs[worker.local_rank], plan, new.round):
-                client.close()
-                return  # it could not start: the supervisor is ending the job
+        sup.watch_round(new)  # heartbeat and watch the new round (the last one's watch ended with it)
+        if not sup.start_ranks(new, ranks):
+            client.close()
+            return  # it could not start: the supervisor is ending the job
         sup.announce_running(new, in_place=True)
         self.pending = Pending(new.round, joining.began, ranks)
         threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
@@ -256,13 +290,13 @@ class InPlace:
     def _restart(self, then: Then) -> None:
         """Stop this node's workers; the round after comes from the rendezvous with a fresh store."""
         offer_port(self.sup.rendezvous, 0)
-        self.sup.stop_workers(signal.SIGTERM, self.sup.config.shutdown_timeout, then=then, reason="restart")
+        self.sup.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=then, reason="restart")
 
     def _restart_in(self, new: Round) -> None:
         """Restart this node's workers in round `new`, which it has joined: another node starts its own there.
         Asking for a round more would cost the job a second restart, and the stop (up to --shutdown_timeout
         for a worker that ignores SIGTERM) would not heartbeat `new`: the others would take it for lost."""
-        self.sup._watch(new)
+        self.sup.watch_round(new)
         self.sup.held = (new, self.sup.clock())  # started once the stop is complete (`Supervisor.check_stop`)
         self._restart(Then.MEMBERSHIP)
 
