@@ -373,12 +373,13 @@ class Supervisor:
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
-            if self.in_place and self.in_place.recover([m for m in self.members if m.state is WorkerState.FAILED]):
+            failed = [m for m in self.members if m.state is WorkerState.FAILED]
+            said = self.in_place.recover(failed) if self.in_place else ""
+            if said is None:  # replaced in place, lost after the job's end, or restarted free of charge
                 return
-            cause = min(
-                (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
-            )
-            log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
+            ours = [f for f in self.failures if not f.collateral and f.round == self.round.round]
+            cause = min(ours, key=lambda f: f.at)
+            log.info(said or f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
             # The rendezvous still hears of the failure (it closes the job with its root cause), but
             # with the budget spent the events file says the stop ends the job, not that it restarts.
             spent = self.round is not None and self.round.restart_count >= self.config.max_restarts

@@ -4,6 +4,7 @@ a fake supervisor (its workers are records, its clock the test's), a rendezvous 
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import signal
 import threading
@@ -15,7 +16,7 @@ from support.clock import FakeClock
 from launcher.agent.bootstrap import BootstrapStore
 from launcher.agent.loop_events import Then
 from launcher.agent.members import Member
-from launcher.agent.recovery import Host, Joined, in_place
+from launcher.agent.recovery import Host, InPlace, Joined, Recovered, in_place
 from launcher.agent.supervisor import Supervisor
 from launcher.config import from_flags
 from launcher.rendezvous.api import Cause
@@ -131,7 +132,7 @@ class FakeSupervisor:
 
     # ------------------------------------------------------------------ what the test does
 
-    def fail(self, *ranks: int, code: int = -signal.SIGKILL) -> str | bool | None:
+    def fail(self, *ranks: int, code: int = -signal.SIGKILL) -> str | None:
         """The live workers of `ranks` exit with `code`, reaped as the supervisor does; what `recover` said."""
         failed = []
         for rank in ranks:
@@ -169,6 +170,16 @@ def client(store: StoreServer) -> StoreClient:
     return StoreClient("127.0.0.1", store.port, timeout=5.0)
 
 
+def pending_round_one(sup: FakeSupervisor) -> InPlace:
+    """Rank 2 killed in round 0: round 1 taken, opened, rank 2's replacement started; the recovery pending."""
+    assert sup.fail(2) is None
+    sup.joined()
+    rec = sup.in_place
+    assert rec is not None and rec.pending is not None and rec.pending.round == 1
+    assert sup.starts == [(1, 2)] and sup.rendezvous.causes == [Cause.FAILURE]
+    return rec
+
+
 @pytest.mark.timeout(30)
 def test_the_supervisor_offers_every_name_the_host_declares():
     declared = {n for n in vars(Host) if not n.startswith("_")} | set(typing.get_type_hints(Host))
@@ -182,13 +193,93 @@ def test_the_supervisor_offers_every_name_the_host_declares():
 
 
 @pytest.mark.timeout(30)
-def test_a_killed_rank_is_replaced_alone_in_the_next_round(sup, store):
-    assert sup.fail(2)
-    sup.joined()
-    rec = sup.in_place
-    assert rec is not None and rec.pending is not None and rec.pending.round == 1
-    assert sup.starts == [(1, 2)] and sup.rendezvous.causes == [Cause.FAILURE]
-    assert (
-        client(store).check([keys.opened(1)])
-        and ("running", {"round": 1, "restarts": 1, "in_place": True}) in sup.events
+def test_a_rank_lost_after_every_rank_finished_costs_nothing(sup, store):
+    c = client(store)
+    c.set(keys.finished(0), b"1")
+    assert sup.fail(2) is None
+    gone = next(m for m in sup.members if m.worker.rank == 2)
+    assert gone.state is WorkerState.SUCCEEDED and sup.failures == []  # done, not failed
+    assert sup.rendezvous.causes == [] and sup.starts == [] and sup.stops == []  # nothing asked, started, stopped
+    assert sup.events == [("lost_after_end", {"rank": 2, "pid": gone.proc.pid, "round": 0, "how": "killed by SIGKILL"})]
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_lost_before_entering_a_pending_round_takes_its_seat_there_free(sup, store):
+    rec = pending_round_one(sup)
+    c = client(store)
+    c.set(keys.entering(1, 0), b"1")  # rank 0 entered round 1; rank 1 had not, when it was lost
+    assert sup.fail(1) is None
+    assert sup.starts == [(1, 2), (1, 1)]  # in round 1, the pending one: no round more asked, nothing charged
+    assert sup.rendezvous.causes == [Cause.FAILURE] and sup.stops == []
+    assert rec.pending is not None and rec.pending.ranks == (1, 2)
+    assert "in_place_declined" not in sup.kinds()
+    c.add(keys.joined(1), NPROC)  # every rank joined round 1: the recovery ends, both ranks named
+    c.set(keys.ready(1), b"1")
+    event = sup.posted.get(timeout=10)
+    assert isinstance(event, Recovered) and event.ok
+    rec.on(event)
+    assert ("recovered", {"round": 1, "ranks": [1, 2], "seconds": 0.0}) in sup.events
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_lost_after_entering_a_pending_round_restarts_the_group_in_one_line(sup, store):
+    pending_round_one(sup)
+    client(store).set(keys.entering(1, 1), b"1")
+    said = sup.fail(1)
+    assert said == (
+        "rank 1 killed by SIGKILL while round 1 was recovering in place (after rank 1 entered it): "
+        "no restart left (--max_restarts 1): stopping the group"
     )
+    assert sup.starts == [(1, 2)] and sup.in_place.pending is None
+    declined = [f["reason"] for k, f in sup.events if k == "in_place_declined"]
+    assert declined == ["a worker failed while round 1 was recovering in place (after rank 1 entered it)"]
+
+
+@pytest.mark.timeout(30)
+def test_a_replacement_lost_in_its_own_round_restarts_the_group(sup, store):
+    sup.config = dataclasses.replace(sup.config, max_restarts=2)
+    sup.in_place.config = sup.config
+    pending_round_one(sup)
+    said = sup.fail(2)  # the replacement itself
+    assert said == (
+        "rank 2 killed by SIGKILL while round 1 was recovering in place (rank 2 was started for it): "
+        "restarting the group (one more restart)"
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_leave_exit_while_a_round_is_pending_restarts_the_group_free(sup, store):
+    pending_round_one(sup)
+    assert sup.fail(1, code=keys.LEAVE_EXIT) is None
+    assert sup.stops == [(Then.MEMBERSHIP, "restart")]  # a membership round follows: nothing charged
+    assert sup.in_place.pending is None and sup.rendezvous.causes == [Cause.FAILURE]
+    reason = next(f["reason"] for k, f in sup.events if k == "in_place_declined")
+    assert reason == f"rank 1 cannot go on in place (exit {keys.LEAVE_EXIT}) while round 1 recovers in place"
+
+
+@pytest.mark.timeout(30)
+def test_a_leave_exit_while_the_round_is_asked_for_restarts_the_node_in_that_round(sup, store):
+    sup.rendezvous.gate.clear()
+    assert sup.fail(2) is None  # rank 2 killed: round 1 asked for, not come yet
+    assert sup.fail(1, code=keys.LEAVE_EXIT) is None
+    assert sup.stops == []  # the round asked for is awaited
+    sup.rendezvous.gate.set()
+    sup.joined()
+    assert sup.starts == [] and sup.held is not None and sup.held[0].round == 1  # restarted in round 1
+    assert sup.stops == [(Then.MEMBERSHIP, "restart")] and sup.rendezvous.causes == [Cause.FAILURE]
+    assert not client(store).check([keys.opened(1)])  # round 1 never opened in place
+    assert [k for k in sup.kinds() if k.startswith("in_place")] == ["in_place_declined"]
+
+
+@pytest.mark.timeout(30)
+def test_a_leave_exit_while_another_node_recovers_restarts_free(sup, store):
+    client(store).set(keys.opened(1), b"1")  # round 1 opened by another node's agent
+    assert sup.fail(0, code=keys.LEAVE_EXIT) is None
+    assert sup.stops == [(Then.MEMBERSHIP, "restart")] and sup.rendezvous.causes == []
+
+
+@pytest.mark.timeout(30)
+def test_a_leave_exit_with_no_recovery_under_way_is_an_ordinary_failure(sup, store):
+    assert sup.fail(1, code=keys.LEAVE_EXIT) is None
+    sup.joined()
+    assert sup.starts == [(1, 1)] and sup.rendezvous.causes == [Cause.FAILURE]  # replaced in place, charged
