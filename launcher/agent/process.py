@@ -315,6 +315,15 @@ class Guard:
             except OSError:
                 log.debug("could not hand the guard a last will", exc_info=True)
 
+    def remove(self, path: str) -> None:
+        """If the agent dies, the guard removes the folder `path` (the workers' memory: it outlives them)
+        once it has killed the agent's processes."""
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, b"remove %s\n" % path.encode().hex().encode())
+            except OSError:
+                log.debug("could not hand the guard a folder to remove", exc_info=True)
+
     def stop(self) -> None:
         """Clean exit: the guard leaves without killing anything."""
         if self._fd >= 0:
@@ -352,7 +361,22 @@ def _guard_main(fd: int, agent_id: str) -> None:
             if line.startswith(b"will "):
                 _send_will(line)
         kill_marked(agent_id)
+        for line in lines:
+            if line.startswith(b"remove "):
+                _remove(bytes.fromhex(line[7:].decode()).decode())
     os._exit(0)
+
+
+def _remove(path: str) -> None:
+    """Remove a folder the dead agent's workers wrote in. A worker SIGKILLed a moment ago may still finish
+    the write it was in (the kill lands on its way back to user space): what it adds is removed again."""
+    import shutil
+
+    for _ in range(20):
+        shutil.rmtree(path, ignore_errors=True)  # the guard has nobody to tell: it tries again instead
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.05)
 
 
 def _send_will(line: bytes) -> None:

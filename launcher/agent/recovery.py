@@ -2,7 +2,8 @@
 
 The supervisor calls `recover` where it would stop the group for a failed worker of this node,
 `follow` where another node's failure or loss would stop it, and `on` with what the threads below
-post. Recovering in place, every agent of the job
+post; what this module reads and drives of the supervisor is `Host`. Recovering in place, every
+agent of the job
 1. asks the rendezvous for the next round on a thread, its workers running meanwhile: the node of
    the failure charges it to the job-wide budget (the others join as for a membership change);
    group rank 0's agent offers the port of the bootstrap store it keeps serving, so the round keeps
@@ -11,13 +12,17 @@ post. Recovering in place, every agent of the job
    NCCL collective that would block); gloo's collectives raised already, when the lost peer's
    sockets closed; either way the survivors recover at the end of the step in flight;
 3. starts this node's replacements alone, with the new round's environment (forked with --preload);
+   a worker of this node lost meanwhile, before it entered that round, is replaced in it too;
 4. waits on a thread until every rank joined the round holding the state; when that does not
    happen within --in_place_timeout it stops the group and restarts it, and says so.
 It declines (the group restarts as with --recovery restart) when no restart is left, when a worker
-fails or the membership changes while a recovery is under way, when the round's store is not the
-launcher's, and when the next round cannot keep it (the node serving it was lost) or the world changed.
+fails in the round under way (after entering it) or the membership changes during a recovery, when the
+round's store is not the launcher's, and when the next round cannot keep it (the node serving it was
+lost) or the world changed. A worker that says it cannot go on in place (`keys.LEAVE_EXIT`) while a
+recovery is under way restarts the group free of charge: it is collateral of the fault charged.
 A node that learns so once in the round (another node restarts its workers there) restarts its own
-in that round, heartbeating it through the stop, rather than ask for one more.
+in that round, heartbeating it through the stop, rather than ask for one more. A worker lost after
+every rank finished the job (`keys.finished`) costs nothing: nothing runs again.
 """
 
 from __future__ import annotations
@@ -25,20 +30,56 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
+from ..config import LaunchConfig
 from ..errors import RendezvousError
-from ..rendezvous.api import Cause, MembershipChanged, offer_port
-from ..spec import RecoveryMode, Round, WorkerState
+from ..rendezvous.api import Cause, MembershipChanged, RendezvousHandler, offer_port
+from ..spec import Failure, RecoveryMode, Round, Verdict, WorkerState
 from ..tcpstore.client import StoreClient, StoreError
 from ..worker.inplace import keys
+from .bootstrap import BootstrapStore
 from .loop_events import Then
 from .members import Member
 
 log = logging.getLogger(__name__)
 ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
+
+
+class Host(Protocol):
+    """What an in-place recovery reads of its supervisor and the verbs it drives there (`Supervisor` is one)."""
+
+    rendezvous: RendezvousHandler  # asked for the next round, offered the port of the store kept
+    bootstrap: BootstrapStore  # the workers' store this node serves (as group rank 0), kept across rounds
+    round: Round | None  # the round this node's workers run in: a recovery moves it on
+    members: list[Member]  # this node's workers: a recovery drops those it replaces
+    failures: list[Failure]  # every failed exit seen, in order
+    held: tuple[Round, float] | None  # a round joined, its workers started once the stop is complete
+    clock: Callable[[], float]  # the supervisor's clock
+
+    def post(self, event: object) -> None:
+        """Hand an event to the supervisor's loop (from any thread)."""
+
+    def emit(self, kind: str, **fields: object) -> None:
+        """One event to the events file and the other sinks."""
+
+    def root_verdict(self) -> Verdict | None:
+        """This node's root cause, as the rendezvous publishes it should it close the job."""
+
+    def watch_round(self, rnd: Round) -> None:
+        """Heartbeat round `rnd` and watch it from now on."""
+
+    def start_ranks(self, rnd: Round, ranks: Collection[int]) -> bool:
+        """Start this node's workers of round `rnd` whose rank is in `ranks`; False: one could not."""
+
+    def announce_running(self, rnd: Round, **extra: object) -> None:
+        """The `running` event of round `rnd`."""
+
+    def stop_workers(self, signum: int, grace: float, then: Then, reason: str | None = None) -> None:
+        """Stop every live worker (SIGKILL after `grace` s); `then` follows once they are all gone."""
 
 
 @dataclass(frozen=True)
@@ -66,35 +107,36 @@ class Joining:
     ranks: list[int] = field(default_factory=list)  # this node's ranks to replace
     pids: set[int] = field(default_factory=set)  # the workers they replace (dropped from the members then)
     failed: str = ""  # what failed here ("" when another node's failure or loss is followed)
+    leave: str = ""  # a worker here cannot go on in place (why): this node restarts its workers in the round
 
 
-@dataclass(frozen=True)
+@dataclass
 class Pending:
     """An in-place recovery under way."""
 
     round: int
     began: float  # when the failure was seen, on the supervisor's clock
     ranks: tuple[int, ...]  # the ranks replaced
+    pids: set[int] = field(default_factory=set)  # their replacements, started for this round
 
 
-def in_place(sup: Any) -> InPlace | None:
-    """The supervisor's in-place recoveries, where its config asks for them (--recovery in-place)."""
-    return InPlace(sup, sup.config.in_place_timeout) if sup.config.recovery is RecoveryMode.IN_PLACE else None
+def in_place(host: Host, config: LaunchConfig, environ: dict[str, str]) -> InPlace | None:
+    """`host`'s in-place recoveries, where `config` asks for them (--recovery in-place); `environ`: the workers'."""
+    return InPlace(host, config, environ) if config.recovery is RecoveryMode.IN_PLACE else None
 
 
 class InPlace:
-    """The supervisor's in-place recoveries (`sup`: the Supervisor, whose verbs this drives)."""
+    """The in-place recoveries of one agent (`sup`: its supervisor, whose verbs this drives)."""
 
-    def __init__(self, sup: Any, timeout: float):
-        self.sup, self.timeout = sup, timeout
+    def __init__(self, sup: Host, config: LaunchConfig, environ: dict[str, str]):
+        self.sup, self.config, self.timeout = sup, config, config.in_place_timeout
         self.joining: Joining | None = None
         self.pending: Pending | None = None
         self.ended: float | None = None  # when the last recovery ended, on the supervisor's clock
-        env = sup.launching.environ  # the workers' launcher.worker.inplace.Job reads them
-        env[keys.RECOVERY_VAR] = keys.IN_PLACE
+        environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads them
         # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
         # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
-        env.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if sup.config.multi_node else ONE_NODE_NOTICE))
+        environ.setdefault(keys.NOTICE_VAR, str(NODES_NOTICE if config.multi_node else ONE_NODE_NOTICE))
 
     def silence(self, idle: float, now: float) -> float | None:
         """A worker's silence as --hang_timeout counts it: none while a recovery is under way (the survivors
@@ -103,11 +145,27 @@ class InPlace:
             return None
         return idle if self.ended is None else min(idle, now - self.ended)
 
-    def recover(self, failed: list[Member]) -> bool:
-        """Replace the `failed` workers of this node alone and keep the others running; False: restart the group."""
-        sup, rnd = self.sup, self.sup.round
+    def recover(self, failed: list[Member]) -> str | None:
+        """What the `failed` workers of this node cost. None: the group runs on (they are replaced in place,
+        or were lost after the job's end) or this node restarts it free of charge (a worker could not go on
+        in place, `_leave`); else the group restarts, charged, and this is the line that says why ("": none)."""
+        sup, rnd, pending = self.sup, self.sup.round, self.pending
         pids = {m.proc.pid for m in failed}
         ranks = sorted(m.worker.rank for m in failed)
+        seen = [f for f in sup.failures if f.pid in pids]
+        named = ", ".join(f"rank {f.worker.rank} {f.reason or f.exit.describe()}" for f in seen)
+        left = sorted(f.worker.rank for f in seen if f.exit.returncode == keys.LEAVE_EXIT)
+        under = self.joining is not None or pending is not None  # a recovery of this node
+        asked = [keys.finished(rnd.round)] if rnd is not None else []
+        if pending is not None:
+            asked += [keys.entering(pending.round, r) for r in ranks]
+        elif left and not under and rnd is not None:  # another node's recovery opened the next round
+            asked.append(keys.opened(rnd.round + 1))
+        held = _holds(rnd, asked)
+        if rnd is not None and keys.finished(rnd.round) in held:
+            return self._after_end(failed, seen)
+        if left and (under or (rnd is not None and keys.opened(rnd.round + 1) in held)):
+            return self._leave(failed, left)
         for m in failed:  # replaced, not failed, from now on (and not counted among the members that finished)
             m.state = WorkerState.STOPPED
         if self.joining is not None:  # the next round is on its way: these are replaced in it too
@@ -115,24 +173,23 @@ class InPlace:
             # would charge the one fault twice and ask for a round while that one is asked for)
             self.joining.ranks.extend(ranks)
             self.joining.pids.update(pids)
-            return True
+            return None
+        if pending is not None:
+            return self._during(failed, named, [r for r in ranks if keys.entering(pending.round, r) in held])
         if any(m.hung for m in failed) and sum(m.hung for m in sup.members) > 1:
             for m in failed:
                 m.state = WorkerState.FAILED
             # The ranks blocked in a collective on a hung one are as silent as it, and the hang clock
             # judges them in the same look: replacing them would leave nobody holding the state.
-            return self._decline("several ranks went silent at once (a hang, and the ranks waiting on it)")
+            return self._refuse(named, "several ranks went silent at once (a hang, and the ranks waiting on it)")
         why = self._declined(rnd)
-        if why or rnd.restart_count >= sup.config.max_restarts:  # spent: the group stops, as with restart
+        if why or rnd is None or rnd.restart_count >= self.config.max_restarts:  # spent: stop, as with restart
             for m in failed:
                 m.state = WorkerState.FAILED
-            return self._decline(why) if why else False
-        began = min((f.at for f in sup.failures if f.pid in pids), default=sup.clock())  # when it was seen
-        named = ", ".join(
-            f"rank {f.worker.rank} {f.reason or f.exit.describe()}" for f in sup.failures if f.pid in pids
-        )
-        self._ask(Joining(began, ranks, pids, named), Cause.FAILURE, sup._verdict())
-        return True
+            return self._refuse(named, why) if why else ""
+        began = min((f.at for f in seen), default=sup.clock())  # when it was seen
+        self._ask(Joining(began, ranks, pids, named), Cause.FAILURE, sup.root_verdict())
+        return None
 
     def follow(self, event: MembershipChanged) -> bool:
         """Another node's worker failed, or a node was lost: join the next round in place; False: restart."""
@@ -158,7 +215,7 @@ class InPlace:
 
     # ------------------------------------------------------------------ inside
 
-    def _ask(self, joining: Joining, cause: Cause, verdict: Any) -> None:
+    def _ask(self, joining: Joining, cause: Cause, verdict: Verdict | None) -> None:
         """Ask the rendezvous for the next round on a thread; the answer comes as `Joined`."""
         sup, self.joining = self.sup, joining
         server = sup.bootstrap.server
@@ -197,6 +254,9 @@ class InPlace:
             )
             return self._restart_in(new)
         new = replace(new, master_addr=old.master_addr, master_port=old.master_port, use_agent_store=True)
+        if joining.leave:  # a worker here cannot go on in place: restart them all in this round, charged once
+            self._decline(joining.leave, say=False)
+            return self._restart_in(new)
         try:
             client = StoreClient(old.master_addr, old.master_port, timeout=10.0)
             if client.check([keys.declined(old.round)]):  # a node restarts its workers: they will not come
@@ -210,7 +270,7 @@ class InPlace:
             log.warning(f"no in-place recovery: the round's store did not answer ({e}); restarting the group")
             return self._restart_in(new)  # its node lost: the round's watch ends it, and a new one forms
         ranks = tuple(sorted(joining.ranks))
-        used = f"{new.restart_count} of {sup.config.max_restarts} restarts used"
+        used = f"{new.restart_count} of {self.config.max_restarts} restarts used"
         if ranks:
             who = f"{joining.failed}; " if joining.failed else ""
             log.info(
@@ -221,14 +281,13 @@ class InPlace:
             log.info(f"recovering in place: round {new.round} ({used}); the workers of this node keep running")
         sup.emit("rendezvous", cause="in_place")
         sup.round, sup.members = new, [m for m in sup.members if m.proc.pid not in joining.pids]
-        sup._watch(new)  # heartbeat and watch the new round (the last one's watch ended with it)
-        workers, envs, plan = sup.prepare_round(new)
-        for worker in workers:
-            if worker.rank in ranks and not sup.start_member(worker, envs[worker.local_rank], plan, new.round):
-                client.close()
-                return  # it could not start: the supervisor is ending the job
+        sup.watch_round(new)  # heartbeat and watch the new round (the last one's watch ended with it)
+        if not sup.start_ranks(new, ranks):
+            client.close()
+            return  # it could not start: the supervisor is ending the job
         sup.announce_running(new, in_place=True)
-        self.pending = Pending(new.round, joining.began, ranks)
+        started = {m.proc.pid for m in sup.members if m.worker.rank in ranks}
+        self.pending = Pending(new.round, joining.began, ranks, started)
         threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
 
     def _settle(self, event: Recovered) -> None:
@@ -253,21 +312,95 @@ class InPlace:
         # Its restart is charged already: the new round is asked for as a membership change.
         self._restart(Then.MEMBERSHIP)
 
+    def _after_end(self, failed: list[Member], seen: list[Failure]) -> None:
+        """Workers lost after every rank finished the job (the round's `finished` key): done, not failed."""
+        pids = {m.proc.pid for m in failed}
+        for m in failed:
+            m.state = WorkerState.SUCCEEDED  # the job it ran is over: nothing to recover, nothing to restart
+        self.sup.failures[:] = [f for f in self.sup.failures if f.pid not in pids]
+        for f in seen:
+            how = f.reason or f.exit.describe()
+            log.info(f"rank {f.worker.rank} {how} after every rank finished the job; nothing runs again")
+            self.sup.emit("lost_after_end", rank=f.worker.rank, pid=f.pid, round=f.round, how=how)
+
+    def _leave(self, failed: list[Member], left: list[int]) -> None:
+        """Workers that cannot go on in place (`keys.LEAVE_EXIT`) while a recovery is under way: collateral of
+        the fault charged already, so the group restarts free of charge."""
+        rnd, joining, pending = self.sup.round, self.joining, self.pending
+        for m in failed:
+            m.state = WorkerState.STOPPED
+        nxt = rnd.round + 1 if rnd is not None else 0
+        if pending is not None:
+            under = f"round {pending.round} recovers"
+        elif joining is not None:
+            under = f"round {nxt} is asked for"
+        else:
+            under = f"another node recovers round {nxt}"
+        why = f"{_ranks(left)} cannot go on in place (exit {keys.LEAVE_EXIT}) while {under} in place"
+        log.info(f"{why}: restarting the group, charging no more restarts (the fault was charged)")
+        if joining is not None:  # this node restarts its workers in the round asked for, once it comes
+            joining.leave = joining.leave or why
+            joining.pids.update(m.proc.pid for m in failed)
+            return
+        self.pending = None  # the group restarts: that recovery's wait ends unheard
+        self._decline(why, say=False)
+        self._restart(Then.MEMBERSHIP)
+
+    def _during(self, failed: list[Member], named: str, entered: list[int]) -> str | None:
+        """Workers of this node failed while round `pending.round` recovers in place. One that left nothing of
+        itself there (it had not entered the round, and is no replacement started for it) takes its seat in
+        that round too, free of charge; else the group restarts, charged (the line that says so)."""
+        sup, pending = self.sup, self.pending
+        assert pending is not None
+        ranks = sorted(m.worker.rank for m in failed)
+        started = sorted(m.worker.rank for m in failed if m.proc.pid in pending.pids)
+        if not entered and not started and sup.round is not None and sup.round.round == pending.round:
+            pids = {m.proc.pid for m in failed}
+            sup.members = [m for m in sup.members if m.proc.pid not in pids]
+            log.info(
+                f"{named} before entering round {pending.round}, which is recovering in place: starting "
+                f"{_ranks(ranks)} in that round too (no restart charged)"
+            )
+            if sup.start_ranks(sup.round, ranks):  # else it could not start: the supervisor ends the job
+                pending.ranks = tuple(sorted((*pending.ranks, *ranks)))
+                pending.pids.update(m.proc.pid for m in sup.members if m.worker.rank in ranks)
+            return None
+        for m in failed:
+            m.state = WorkerState.FAILED
+        self.pending = None  # the group restarts: that recovery's wait ends unheard
+        detail = f"after {_ranks(entered)} entered it" if entered else f"{_ranks(started)} was started for it"
+        self._decline(f"a worker failed while round {pending.round} was recovering in place ({detail})", say=False)
+        return f"{named} while round {pending.round} was recovering in place ({detail}): {self._then()}"
+
+    def _refuse(self, named: str, why: str) -> str:
+        """Decline for the `named` failures: the line that says why, and what the group's restart costs."""
+        self._decline(why, say=False)
+        return f"{named}; no in-place recovery: {why}; {self._then()}"
+
+    def _then(self) -> str:
+        """What a charged restart of the group comes to: one more restart, or the end of the job."""
+        rnd, cap = self.sup.round, self.config.max_restarts
+        if rnd is not None and rnd.restart_count >= cap:
+            return f"no restart left (--max_restarts {cap}): stopping the group"
+        return "restarting the group (one more restart)"
+
     def _restart(self, then: Then) -> None:
         """Stop this node's workers; the round after comes from the rendezvous with a fresh store."""
         offer_port(self.sup.rendezvous, 0)
-        self.sup.stop_workers(signal.SIGTERM, self.sup.config.shutdown_timeout, then=then, reason="restart")
+        self.sup.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=then, reason="restart")
 
     def _restart_in(self, new: Round) -> None:
         """Restart this node's workers in round `new`, which it has joined: another node starts its own there.
         Asking for a round more would cost the job a second restart, and the stop (up to --shutdown_timeout
         for a worker that ignores SIGTERM) would not heartbeat `new`: the others would take it for lost."""
-        self.sup._watch(new)
+        self.sup.watch_round(new)
         self.sup.held = (new, self.sup.clock())  # started once the stop is complete (`Supervisor.check_stop`)
         self._restart(Then.MEMBERSHIP)
 
-    def _decline(self, why: str) -> bool:
-        log.info(f"no in-place recovery: {why}; restarting the group")
+    def _decline(self, why: str, say: bool = True) -> bool:
+        """Tell the events file and the other nodes (the round's store) why the group restarts; `say`: log it."""
+        if say:
+            log.info(f"no in-place recovery: {why}; restarting the group")
         self.sup.emit("in_place_declined", reason=why)
         offer_port(self.sup.rendezvous, 0)
         rnd = self.sup.round
@@ -334,3 +467,25 @@ def _misfit(old: Round, new: Round) -> str:
     if (new.group_rank, new.rank_offset) != (old.group_rank, old.rank_offset):
         return f"this node's ranks moved (group rank {old.group_rank} -> {new.group_rank})"
     return ""
+
+
+def _holds(rnd: Round | None, names: Sequence[str]) -> set[str]:
+    """Which keys of `names` round `rnd`'s store holds (none where it does not answer: its node was lost)."""
+    if rnd is None or not rnd.use_agent_store or not names:
+        return set()
+    try:
+        client = StoreClient(rnd.master_addr, rnd.master_port, timeout=2.0, connect_timeout=0.5)
+    except (OSError, StoreError):
+        log.debug("round %d's store did not answer", rnd.round, exc_info=True)
+        return set()
+    try:
+        return {name for name in names if client.check([name])}
+    except (OSError, StoreError):
+        log.debug("round %d's store did not answer", rnd.round, exc_info=True)
+        return set()
+    finally:
+        client.close()
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

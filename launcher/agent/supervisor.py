@@ -18,7 +18,7 @@ import selectors
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from ..config import LaunchConfig
@@ -107,7 +107,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self.in_place = in_place(self)  # --recovery in-place: a failed worker is replaced alone
+        self.in_place = in_place(self, config, self.launching.environ)  # --recovery in-place: a worker replaced alone
         self._steps_known = False  # a worker of this node called launcher.progress(), in any round (check_hangs)
 
     # ------------------------------------------------------------------ the loop
@@ -244,7 +244,7 @@ class Supervisor:
     def hold(self, rnd: Round) -> None:
         """Backoff: take the formed round (heartbeating), start its workers `_delay` s from now."""
         delay, self._delay = self._delay, 0.0
-        self._watch(rnd)
+        self.watch_round(rnd)
         self.held = (rnd, self.clock() + delay)
         self.waiting = f"backoff: restarting in {delay:g} s"
         streak = self.governor.history.quick_streak
@@ -256,7 +256,7 @@ class Supervisor:
         self.stopped_by, self.message = why, why.message(self.governor.host, line)
         log.error(self.message + why.advice)
         if why is not Stop.QUARANTINE:  # the job ends on every node, with this verdict (run.py)
-            root = self._verdict()
+            root = self.root_verdict()
             self.closing = replace(root, code=why.exit_code) if root else None
         self.emit("policy_stop", stop=why.value, reason=line, host=self.governor.host)
         self._set_state(GroupState.FAILED)
@@ -277,16 +277,14 @@ class Supervisor:
         # Heartbeat from now on: starting the workers may wait (the zygote's imports), and peers must
         # not take this node for dead meanwhile. What the watch posts waits in the queue until RUNNING.
         if not watched:
-            self._watch(rnd)
+            self.watch_round(rnd)
         self._peer_failed = False
         self._oom_kills = oom_kills()  # a rise by a worker's SIGKILL means the kernel's OOM killer
         if self.observers.watchdog:
             self.observers.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
-        workers, envs, plan = self.prepare_round(rnd)
-        for worker in workers:
-            if not self.start_member(worker, envs[worker.local_rank], plan, rnd.round):
-                return
+        if not self.start_ranks(rnd):
+            return
         self._set_state(GroupState.RUNNING)
         self.announce_running(rnd)
 
@@ -296,6 +294,12 @@ class Supervisor:
         attempt = os.path.join(out.run_dir, f"attempt_{rnd.round}")
         n, agent = self.config.nproc_per_node, self.identity.agent_id
         return prepare(self.spec, self.routing, rnd, n, out.environ, attempt, agent, out.logs, out.logs_plugin)
+
+    def start_ranks(self, rnd: Round, ranks: Collection[int] | None = None) -> bool:
+        """Start this node's workers of round `rnd` (those of `ranks` alone, where given); False: one could not."""
+        workers, envs, plan = self.prepare_round(rnd)
+        chosen = [w for w in workers if ranks is None or w.rank in ranks]
+        return all(self.start_member(w, envs[w.local_rank], plan, rnd.round) for w in chosen)
 
     def announce_running(self, rnd: Round, **extra: object) -> None:
         """The `running` event: every worker of round `rnd` this node starts has started."""
@@ -369,12 +373,13 @@ class Supervisor:
         if self.state is not GroupState.RUNNING:
             return
         if any(m.state is WorkerState.FAILED for m in self.members):
-            if self.in_place and self.in_place.recover([m for m in self.members if m.state is WorkerState.FAILED]):
+            failed = [m for m in self.members if m.state is WorkerState.FAILED]
+            said = self.in_place.recover(failed) if self.in_place else ""
+            if said is None:  # replaced in place, lost after the job's end, or restarted free of charge
                 return
-            cause = min(
-                (f for f in self.failures if not f.collateral and f.round == self.round.round), key=lambda f: f.at
-            )
-            log.info(f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
+            ours = [f for f in self.failures if not f.collateral and f.round == self.round.round]
+            cause = min(ours, key=lambda f: f.at)
+            log.info(said or f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
             # The rendezvous still hears of the failure (it closes the job with its root cause), but
             # with the budget spent the events file says the stop ends the job, not that it restarts.
             spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
@@ -427,7 +432,7 @@ class Supervisor:
             self.held, self._delay = (self.held[0], self.clock() + self._delay), 0.0
             self._set_state(GroupState.RENDEZVOUS)
         elif then is Then.RESTART:
-            self.begin_round(Cause.FAILURE, self._verdict())
+            self.begin_round(Cause.FAILURE, self.root_verdict())
         elif then is Then.MEMBERSHIP:
             self.begin_round(Cause.MEMBERSHIP)
         else:
@@ -563,12 +568,12 @@ class Supervisor:
             raise RuntimeError(f"group cannot go from {self.state.name} to {new.name}")
         self.state = new
 
-    def _verdict(self) -> Verdict | None:
+    def root_verdict(self) -> Verdict | None:
         """This node's root cause, as the rendezvous publishes it should it close the job."""
         root = RunResult(self.state, 0, tuple(self.failures)).root_cause
         return verdict_of(root) if root else None
 
-    def _watch(self, rnd: Round) -> None:
+    def watch_round(self, rnd: Round) -> None:
         """Heartbeat from now on (the rendezvous), and report this node on the job board."""
         self.rendezvous.watch(rnd, self.post)
         if self.observers.monitor is not None:

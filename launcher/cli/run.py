@@ -17,7 +17,7 @@ import tempfile
 import threading
 from contextlib import ExitStack, nullcontext
 
-from ..agent import process
+from ..agent import process, slots
 from ..agent.logs import Console, LogRouter, configure_console
 from ..agent.members import routing_of
 from ..agent.notify import Notifier
@@ -29,10 +29,12 @@ from ..policy.governor import governor_for
 from ..policy.restart import Stop
 from ..rendezvous import create_rendezvous
 from ..rendezvous.api import last_will
+from ..spec import RecoveryMode
 from ..telemetry.accounting import Accountant, conclude
 from ..telemetry.board import Monitor
 from ..telemetry.stragglers import Judge
 from ..telemetry.summary import copy_root_cause, summary_lines
+from ..worker.inplace import keys
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +73,16 @@ def run(config: LaunchConfig) -> int:
         )
         return exit_code_for_signal(signal.SIGINT)
     run_dir, temporary = make_run_dir(config)
+    environ, memory = dict(os.environ), ""  # what the workers inherit
+    if config.recovery is RecoveryMode.IN_PLACE:  # each rank keeps its own state in a folder in memory
+        memory = environ[keys.SLOTS_VAR] = slots.make(config.run_id, run_dir)
+        guard.remove(memory)  # should the agent die by SIGKILL
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
     prewarm.daemon = True
     prewarm.start()
     with ExitStack() as cleanup:
+        if memory:
+            cleanup.callback(slots.remove, memory)
         cleanup.callback(prewarm.cancel)
         if watchdog:
             cleanup.callback(watchdog.close)
@@ -112,7 +120,7 @@ def run(config: LaunchConfig) -> int:
         supervisor = Supervisor(
             config,
             rendezvous,
-            Launching(logs, run_dir, starter, dict(os.environ), console, guard, logs_plugin),
+            Launching(logs, run_dir, starter, environ, console, guard, logs_plugin),
             identity=Identity.of(agent_id),
             observers=Observers(sinks, [notifier.tick, starter.check, accountant.tick], monitor, watchdog),
             governor=governor,
@@ -137,6 +145,8 @@ def run(config: LaunchConfig) -> int:
                 logs.close()
                 starter.close()
                 governor.close()
+                if memory:  # the workers are gone: before the guard, which removes it should the agent die now
+                    slots.remove(memory)
                 guard.stop()
         why = f"stopped by {signal.Signals(result.signal).name}" if result.signal else ""
         if supervisor.stopped_by is not None:  # the others learn why this node left (a quarantine)

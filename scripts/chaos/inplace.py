@@ -23,6 +23,7 @@ HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers
 STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving the workers' store was lost with it
 NOT_WHOLE = "never all joined it holding the state"  # ... when the round's workers had not all started yet
 FOLLOWED = "another node restarts the group"  # ... when another node declined (its decline is checked on its own)
+LEFT = "cannot go on in place"  # ... when a worker exited keys.LEAVE_EXIT while a recovery was under way
 
 
 def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: int, steps: int, cap: int) -> list[str]:
@@ -40,10 +41,10 @@ def check(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], world: 
 
 def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float | None, list[str]]:
     """When the group was first stopped (None: never) and the violations: in place, a group is stopped only
-    where a worker failed while a recovery was under way, ranks hung, the node serving the workers' store
-    was lost, or the change came while the round's workers, started afresh, had not all joined it
-    (in_place_declined), where a survivor frozen past --hang_timeout (`hung`) kept an in-place round
-    from finishing (in_place_failed), or to end a failed job."""
+    where a worker failed (or could not go on in place) while a recovery was under way, ranks hung, the
+    node serving the workers' store was lost, or the change came while the round's workers, started
+    afresh, had not all joined it (in_place_declined), where a survivor frozen past --hang_timeout
+    (`hung`) kept an in-place round from finishing (in_place_failed), or to end a failed job."""
     first: float | None = None
     v: list[str] = []
     for a in agents:
@@ -63,6 +64,7 @@ def group_restarts(agents: list[AgentRecord], hung: bool = False) -> tuple[float
                     HUNG not in e.reason
                     and STORE_LOST not in e.reason
                     and FOLLOWED not in e.reason
+                    and LEFT not in e.reason
                     and (pending is None or RECOVERING not in e.reason)
                     and (fresh is None or f"round {fresh}'s ranks {NOT_WHOLE}" not in e.reason)
                 ):

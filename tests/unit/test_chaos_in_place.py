@@ -106,6 +106,9 @@ def test_the_group_is_stopped_only_where_the_launcher_must():
     # a change while the workers it started afresh had not all joined their round: nothing to keep yet
     starting = [ev("in_place_declined", 3.0, reason="round 0's ranks never all joined it holding the state")]
     assert inv.group_restarts([node(START + starting + stop)]) == (3.0, [])
+    leave = "rank 0 cannot go on in place (exit 86) while round 1 recovers in place"
+    left = [ev("in_place_declined", 3.0, reason=leave)]
+    assert inv.group_restarts([node(pending + left + stop)]) == (3.0, [])  # collateral of the fault charged
     other = [ev("in_place_declined", 3.0, reason="another node restarts the group (several ranks went silent)")]
     assert inv.group_restarts([node(done + other + stop)]) == (3.0, [])  # that node's decline is checked on its own
     in_place = [ev("in_place_declined", 3.0, reason="round 1's ranks never all joined it holding the state")]

@@ -90,3 +90,16 @@ def test_a_receiver_gets_the_tensors_into_its_own_where_they_fit():
 
 def test_the_keys_of_a_round_live_under_its_own_prefix():
     assert keys.group_prefix(3) == "launcher/inplace/3/pg" and keys.opened(3).startswith("launcher/inplace/3/")
+
+
+def test_the_workers_memory_folder_falls_back_to_the_run_folder_without_dev_shm(tmp_path):
+    from launcher.agent import slots
+
+    path = slots.make("job/1", str(tmp_path), shm=str(tmp_path / "no-shm"))
+    assert os.path.dirname(path) == str(tmp_path)
+    assert os.path.basename(path).startswith(f"launcher-job_1-{os.getpid()}-")
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    (tmp_path / path / "0").write_text("state")
+    slots.remove(path)
+    slots.remove(path)  # gone already: nothing to do
+    assert not os.path.exists(path)
