@@ -43,7 +43,7 @@ def run(tmp: Path, preload: bool = False, **env: str) -> Outcome:
         r = launch.run(
             "--nproc_per_node", str(WORLD), "--recovery", "in-place", "--max_restarts", "2",
             "--events_file", str(tmp / "events.jsonl"), str(WORKERS / "in_place_exact.py"),
-            env={"STEP_LOG": str(logs), "LAUNCHER_INPLACE_SLOTS": str(tmp), **env}, timeout=150,
+            env={"STEP_LOG": str(logs), **env}, timeout=150,
         )  # fmt: skip
     finally:
         launch.cleanup()
