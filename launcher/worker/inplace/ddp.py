@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,19 +34,55 @@ def make(module: torch.nn.Module, first: bool, layout: Layout | None, **kwargs: 
         return DistributedDataParallel(module, **kwargs)
 
 
-def layout_of(model: Any) -> Layout | None:
-    """The bucket layout a DDP reduces with now (None: not a DDP, or torch keeps it out of reach)."""
-    reducer = getattr(model, "reducer", None)
-    own = getattr(model, "_module_parameters", None)
-    if not isinstance(model, DistributedDataParallel) or reducer is None or own is None:
+def zeroed_layout(model: DistributedDataParallel) -> Layout:
+    """The buckets a DDP reduces with now, read from the reducer's zeroed copies of them (for tests)."""
+    index = {id(p): i for i, p in enumerate(model._module_parameters)}
+    buckets = sorted(model.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
+    return [[index[id(p)] for p in b.parameters()] for b in buckets]
+
+
+class Recorder:
+    """The order a DDP's gradients become ready in its first backward, and the buckets DDP rebuilds
+    from it: read without touching the reducer (whose buckets torch shows only as fresh zeroed copies,
+    a second set of gradients at the worst moment)."""
+
+    def __init__(self, model: DistributedDataParallel):
+        self.params: list[torch.Tensor] = list(getattr(model, "_module_parameters", None) or [])
+        self.order: list[int] = []
+        self.limits = _rebuild_limits(model)
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready(i)) for i, p in enumerate(self.params)]
+
+    def _ready(self, index: int):
+        def ready(_: torch.Tensor) -> None:
+            self.order.append(index)
+            if len(self.order) == len(self.params):
+                for handle in self._handles:
+                    handle.remove()
+
+        return ready
+
+    def layout(self) -> Layout | None:
+        """The buckets DDP reduces with once it rebuilt them (None: not known yet, or not reproducible)."""
+        if self.limits is None or not self.params or sorted(self.order) != list(range(len(self.params))):
+            return None
+        tensors = [self.params[i] for i in self.order]
+        buckets, _ = dist._compute_bucket_assignment_by_size(tensors, self.limits, [False] * len(tensors), self.order)
+        return [list(b) for b in buckets]
+
+
+def _rebuild_limits(model: DistributedDataParallel) -> list[int] | None:
+    """The bucket caps DDP's reducer rebuilds with (None: a rebuild this cannot reproduce)."""
+    if os.environ.get("DDP_SET_LAST_BUCKET_CAP") == "1" or any(
+        getattr(m, "sparse", False)
+        for m in model.module.modules()
+        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
+    ):
         return None
-    index = {id(p): i for i, p in enumerate(own)}
-    try:
-        # One zeroed copy of each bucket for a moment: the only way torch shows which tensors each holds.
-        buckets = sorted(reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
-        return [[index[id(p)] for p in b.parameters()] for b in buckets]
-    except (AttributeError, KeyError, RuntimeError):
-        return None
+    config = getattr(model, "_bucket_config", None)  # torch >= 2.12; before it, the reducer's defaults
+    if config is not None and getattr(config, "has_custom_per_bucket_caps", False):
+        return list(config.per_bucket_bytes_caps)
+    first = getattr(config, "first_bucket_bytes_cap", None) or getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    return [int(first), int(model.bucket_bytes_cap)]
 
 
 @contextlib.contextmanager

@@ -104,6 +104,7 @@ class Job:
         self._received: dict | None = None  # the sender's record, for the loader pass it resumes
         self._pending: tuple[str, int, rng.State] | None = None  # streams to take up at step N's start
         self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
+        self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
         # This rank's own streams, where its replacement finds them (the agent's folder in memory).
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank)
         self._record: dict[str, Any] = {}
@@ -144,7 +145,13 @@ class Job:
         (without DDP's broadcast from rank 0 then, where torch can skip it: the state is in place)."""
         from . import ddp
 
-        self.wrap(lambda first: ddp.make(module, first, self._layout, **kwargs))
+        def make(first: bool) -> Any:
+            model = ddp.make(module, first, self._layout, **kwargs)
+            if self._layout is None and self.in_place:
+                self._recorder = ddp.Recorder(model)  # its rebuilt buckets, for the DDP made after a recovery
+            return model
+
+        self.wrap(make)
 
     def epochs(self, epochs: Iterable[int]) -> Iterator[int]:
         """The epochs of `epochs` not done yet: a replacement resumes at the one in flight."""
@@ -456,9 +463,9 @@ class Job:
                         yield f"{name}.{key}", buf
 
     def _layout_now(self) -> list[list[int]] | None:
-        from . import ddp
-
-        return ddp.layout_of(self.model) or self._layout
+        if self._layout is None and self._recorder is not None:
+            self._layout = self._recorder.layout()
+        return self._layout
 
     def _finish(self) -> None:
         """Count this rank at the job's end; wait for every rank (recovering a lost one meanwhile)."""
