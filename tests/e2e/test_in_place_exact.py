@@ -114,3 +114,20 @@ def test_a_rank_lost_before_the_first_step_costs_one_restart_and_no_wait(tmp_pat
     assert_exact(got, undisturbed["loader"])
     kinds = [e["event"] for e in got.events]
     assert "in_place_failed" not in kinds and "in_place_declined" not in kinds, got.err
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_lost_within_100_ms_are_one_recovery_and_one_restart(tmp_path, undisturbed):
+    got = run(tmp_path, DIE_AT="1 5 after", DIE_TOO="2 0.05")
+    assert_exact(got, undisturbed["loader"])
+    spawned = sorted(e["rank"] for e in got.events if e["event"] == "spawn" and e["round"] == 1)
+    assert spawned == [1, 2] and not [e for e in got.events if e["event"] == "spawn" and e["round"] > 1], got.err
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_lost_outside_a_step_is_one_group_restart_in_one_line(tmp_path, undisturbed):
+    got = run(tmp_path, DIE_AT="1 0 eval")
+    assert got.returncode == 0 and got.restarts == 1, got.err
+    assert got.finals == undisturbed["loader"].finals, got.err  # the group ran again from the start: the same
+    assert got.err.count("a peer was lost outside `with step:`") >= 1, got.err
+    assert "Traceback" not in got.err, got.err

@@ -8,7 +8,8 @@ optimizer step it applied, and at the end "final <steps> <sha256 of the weights>
 DIE_AT="RANK STEP PHASE" (first round only): that rank SIGKILLs itself in that step at PHASE:
 `before` (after the forward), `after` (after the optimizer step, before the loss all_reduce), or
 STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": another rank dies DELAY s
-after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`.
+after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`;
+DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's).
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
 """
 
@@ -81,6 +82,9 @@ def passes():
         sampler.set_epoch(epoch)
         torch.manual_seed(1000 * epoch + rank)  # each rank's own dropout masks, per epoch
         yield from job.steps(loader)
+        if first_round and rank == die_rank and epoch == die_step and die_phase == "eval":
+            kill()
+        dist.all_reduce(torch.ones(1))  # an eval's collective, outside `with step:`
 
 
 for step in flat() if e.get("FLAT") else passes():

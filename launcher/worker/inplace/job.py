@@ -529,7 +529,9 @@ class Job:
     def _leave(self, why: str) -> None:
         """In place cannot go on exactly: say why in one line and exit; the agent restarts the group."""
         self._leaving = True
-        print(f"rank {self.rank}: {why}; leaving, the group restarts (docs/in-place.md)", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        # To the descriptor: torch's excepthook (init_process_group's) catches what the hooks it wraps print.
+        os.write(2, f"rank {self.rank}: {why}; leaving, the group restarts (docs/in-place.md)\n".encode())
         raise SystemExit(keys.LEAVE_EXIT)
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
