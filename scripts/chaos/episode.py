@@ -171,8 +171,9 @@ def run_episode(
         t_start = time.monotonic()
         # in place, each agent's zygote imports torch before the first worker: on busy cores, 10-30 s
         start_bound = bound if ep.shape is Shape.IN_PLACE else bound / 2
-        if any(d.phase == Fault.STARTUP.value for d in ep.dies):  # today, a startup death may wait that out
-            start_bound += IN_PLACE_TIMEOUT
+        # a worker lost at startup or teardown may have the others wait --in_place_timeout (what exact.py checks)
+        slack = IN_PLACE_TIMEOUT if {d.phase for d in ep.dies} & {Fault.STARTUP.value, Fault.TEARDOWN.value} else 0.0
+        start_bound += slack
         while sum(a.started() for a in agents) < nproc * members:
             if time.monotonic() - t_start > start_bound:
                 said = [a.err[-1] for a in agents if a.err]  # e.g. a flag this launcher refuses
@@ -190,7 +191,7 @@ def run_episode(
         for at, fault in ep.faults:
             time.sleep(max(0.0, t0 + at - time.monotonic()))
             inject(ep, fault, world, rng)
-        deadline = t0 + bound
+        deadline = t0 + bound + slack
         rcs = {a.name: (a.finish(deadline - time.monotonic()) if not a.killed else -9) for a in agents}
         records = [a.record(rcs[a.name], left_after(a) if rcs[a.name] is not None else []) for a in agents]
         if ep.shape is Shape.IN_PLACE:

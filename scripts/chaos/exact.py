@@ -110,7 +110,10 @@ def teardown_free(lines: list[StepLine]) -> list[str]:
             }
         )
         if again:
-            v.append(f"rank {d.rank} died at teardown and steps ran again after it (rank, index): {again[:6]}")
+            v.append(
+                f"rank {d.rank} died at teardown and {len(again)} step(s) ran again after it, "
+                f"(rank, index) {again[:4]}{' ...' if len(again) > 4 else ''}"
+            )
     return v
 
 

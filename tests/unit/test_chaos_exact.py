@@ -118,7 +118,7 @@ def test_a_teardown_death_runs_no_step_again():
     assert exact.teardown_free(lines) == []
     again = lines + ran(10, 0, [2], 6.0) + ran(13, 1, [2], 6.0)  # a survivor and a replacement redo step 2
     assert exact.teardown_free(again) == [
-        "rank 1 died at teardown and steps ran again after it (rank, index): [(0, 2), (1, 2)]"
+        "rank 1 died at teardown and 2 step(s) ran again after it, (rank, index) [(0, 2), (1, 2)]"
     ]
 
 
