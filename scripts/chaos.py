@@ -1,7 +1,7 @@
 """A randomized fault campaign: seeded, bounded, replayable.
 
 Run:  .venv/bin/python scripts/chaos.py [--backend c10d,etcd] [--shape elastic,spares,in-place] [--episodes 20]
-      [--seed N] [--bound 60] [--in-place-faults worker-kill,worker-freeze]
+      [--seed N] [--bound 60] [--in-place-faults worker-kill,after-commit,...] [--dir D] [--train-seed N]
 
 Each episode runs a real elastic job: 3 launcher agents (`--nnodes 2:3 --nproc_per_node 2 --max_restarts 3`,
 a 2 s liveness timeout (the default before issue 32: the faults are sized around it), a 1 s last call,
@@ -51,20 +51,33 @@ again (no quarantined node is admitted), and the spare takes its place like a lo
 worker kill is also a fault that stops a node.
 
 Shape `in-place` (issue 33): one agent (`--nnodes 1 --nproc_per_node 3 --recovery in-place --preload
---max_restarts 3 --hang_timeout 5`) on the episode's store, running tests/workers/in_place_steps.py (a DDP
-model on gloo under `launcher.worker.inplace.Job`, 100 steps of 0.05 s; each process logs its pid, rank,
-world size, round and steps done to a file per process), with 1 or 2 faults at 0-2.5 s of its
-`--in-place-faults`: worker-kill (a stepping worker SIGKILLed), worker-freeze (one SIGSTOPped for 0.2-1.5 s,
-under --hang_timeout: nothing may happen); and, asked for by name, worker-hang (SIGSTOPped for --hang_timeout
-+ 2 s: it must become one in-place recovery of that rank) and agent-kill (the job runs as `--nnodes 2
---nproc_per_node 2` with a third agent as the spare; a member's agent SIGKILLed: the spare's workers take its
-ranks, in place). Invariants (scripts/chaos/inplace.py), on each agent's events file and the step logs,
-beside the ones above that apply (no orphan, ended clearly, the cause named): a rank's pid changes only where a
-fault ended its process (the survivors keep theirs), no group stopped unless the launcher declined in place
-because a worker failed while a recovery was under way, the world size never changes, a rank's step never
-goes back more than one and no process does a step twice, a job that succeeded did every step, one verdict per
-agent and the same for all, and the restarts charged match the events (one per round a failure opened, within
-the budget, no more than the workers failed and killed; `recovered` names the failed ranks).
+--max_restarts 3 --hang_timeout 5 --in_place_timeout 60`) on the episode's store, running
+tests/workers/in_place_steps.py (a DDP model with BatchNorm and Dropout, Adam, on gloo under
+`launcher.worker.inplace.Job`, 100 steps of 0.05 s, exactly reproducible: its data a function of the step and
+rank, each rank's dropout its own stream; a loss all-reduce after optimizer.step(); each process logs its
+pid, rank, world size, round and steps done, each optimizer step it applied, and at the end its weights'
+sha256 and the optimizer steps its state applied along its lineage), with 1 or 2 faults of its
+`--in-place-faults` (all by default), at 0-2.5 s: worker-kill (a stepping worker SIGKILLed), worker-freeze (one
+SIGSTOPped for 0.2-1.5 s, under --hang_timeout: nothing may happen), worker-hang (SIGSTOPped for --hang_timeout
++ 2 s), agent-kill (the job runs as `--nnodes 2 --nproc_per_node 2` with a third agent as the spare; a member's
+agent SIGKILLed: the spare's workers take its ranks, in place), two-ranks (two workers SIGKILLed 40-70 ms
+apart), recovery-fault (a worker SIGKILLed, then another, a survivor or the replacement, 0-0.3 s after the
+replacement's spawn and before `recovered`; replacements wait 0.6 s before they join); and, inflicted by a
+drawn rank on itself (the worker's DIE_AT, first round only): after-commit (after optimizer.step() of a drawn
+step, before the loss all-reduce), startup (before Job()), teardown (after the last step, before job.close()).
+Invariants (scripts/chaos/inplace.py), on each agent's events file and the step logs, beside the ones above
+that apply (no orphan, ended clearly, the cause named): a rank's pid changes only where a fault ended its
+process (the survivors keep theirs), no group stopped unless the launcher declined in place because a worker
+failed while a recovery was under way, the world size never changes, a rank's step never goes back more than
+one and no process does a step twice, a job that succeeded did every step, one verdict per agent and the same
+for all, and the restarts charged match the events (one per round a failure opened, within the budget, no more
+than the workers failed and killed; `recovered` names the failed ranks). Exactness (scripts/chaos/exact.py):
+the job succeeded and every rank's final weights are the undisturbed run's (the same job, world size, steps
+and --train-seed run once without faults and cached in --dir, /tmp/chaos-campaign by default; the output
+says which), its state applied each step's optimizer step once along its lineage, no process applied a step
+twice, the restarts charged are within each kind's cost (teardown 0, two-ranks 1, recovery-fault 2, the
+others 1, a freeze 0), a startup death has the job stepping within 20 s (it never waits out
+--in_place_timeout), and a teardown death runs no step again.
 
 A violation prints the episode's seed: `--seed S --episodes 1` replays it (the times and the victims
 are the seed's; what the processes do with them is up to the kernel); `--keep` keeps its folder with
@@ -73,7 +86,8 @@ took. Exit status 0 when no invariant was violated, 1 otherwise.
 
 The parts live in scripts/chaos/: records.py (the fault kinds, shapes, timings and an episode's typed
 records), proc.py, net.py and stores.py (the processes, hosts and store), faults.py (the seed's schedule
-and what each kind does), invariants.py (the checks, pure functions of an episode's record), episode.py
+and what each kind does), invariants.py, inplace.py and exact.py (the checks, pure functions of an episode's
+record), reference.py (the in-place job's undisturbed weights), episode.py
 (one episode run and checked) and campaign.py (this command line).
 """
 

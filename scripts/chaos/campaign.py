@@ -6,13 +6,16 @@ import argparse
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 from .episode import run_episode
 from .faults import plan
 from .net import IS_ROOT, netns_usable, sweep_namespaces
-from .records import FAULTS, IN_PLACE_DEFAULT, IN_PLACE_FAULTS, Fault, Shape
+from .records import FAULTS, IN_PLACE_DEFAULT, IN_PLACE_FAULTS, IN_PLACE_STEP_COUNT, Fault, Shape, in_place_world
+from .reference import Reference, reference
 
 
 def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, skip: set[Fault], netns: bool) -> int:
@@ -22,7 +25,12 @@ def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, sk
         skip = {f for f in IN_PLACE_FAULTS if f not in args.in_place_faults}
     bad, landed, seconds = 0, Counter(), 0.0
     for i in range(args.episodes):
-        ep = run_episode(plan(backend, seed + i, skip, shape), args.bound, args.keep, args.verbose, netns)
+        ep = plan(backend, seed + i, skip, shape)
+        ref = None
+        if shape is Shape.IN_PLACE:
+            ep.train_seed = args.train_seed
+            ref = reference_of(args, in_place_world(ep.spare))
+        ep = run_episode(ep, args.bound, args.keep, args.verbose, netns, ref)
         status = "ok" if not ep.violations else "VIOLATION"
         print(
             f"chaos: {label} seed {ep.seed}: {status} ({ep.seconds:.0f} s): "
@@ -45,6 +53,17 @@ def campaign(backend: str, shape: Shape, seed: int, args: argparse.Namespace, sk
     )
     print(f"chaos: {label}: {args.episodes} episodes, {bad} with violations", flush=True)
     return bad
+
+
+REFERENCES: dict[int, Reference] = {}  # world size -> this campaign's reference
+
+
+def reference_of(args: argparse.Namespace, world: int) -> Reference:
+    """The in-place job's undisturbed final weights for `world` ranks (said once per campaign)."""
+    if world not in REFERENCES:
+        REFERENCES[world] = reference(args.dir, world, IN_PLACE_STEP_COUNT, args.train_seed)
+        print(f"chaos: {REFERENCES[world].describe()}", flush=True)
+    return REFERENCES[world]
 
 
 def in_place_faults(text: str) -> tuple[Fault, ...]:
@@ -86,6 +105,15 @@ def parse(description: str) -> argparse.Namespace:
         "--keep", action="store_true", help="keep each episode's folder (logs, checkpoint, the agents' output)"
     )
     ap.add_argument("--verbose", action="store_true", help="print the agents' stderr on a violation")
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "chaos-campaign",
+        help="the campaign's folder: the in-place shape caches there its undisturbed runs' final weights",
+    )
+    ap.add_argument(
+        "--train-seed", type=int, default=0, help="the in-place worker's SEED (its data, initial model, dropout)"
+    )
     return ap.parse_args()
 
 

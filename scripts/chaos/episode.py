@@ -12,13 +12,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import inplace
-from .faults import World, inject
+from . import exact, inplace
+from .faults import World, inject, self_inflicted
 from .invariants import check
 from .net import SUBNET, Net
 from .proc import IN_PLACE_STEPS, STEPS, Proc
 from .records import (
     HANG_TIMEOUT,
+    IN_PLACE_STEP_COUNT,
+    IN_PLACE_TIMEOUT,
     LIVENESS,
     NODES,
     READ_TIMEOUT,
@@ -29,11 +31,11 @@ from .records import (
     Shape,
     StepLine,
 )
+from .reference import Reference
 from .stores import C10dStore, EtcdCluster
 
 ORPHAN_WAIT = 10.0  # s an ended agent's processes get to be gone before they count as left behind
 IN_PLACE_RESTARTS = 3  # the in-place shape's --max_restarts: 1-2 faults never spend it
-IN_PLACE_STEPS_N = 100  # the in-place worker's steps, 0.05 s each
 
 
 def shape_size(ep: Episode) -> tuple[str, int]:
@@ -79,6 +81,7 @@ def agent_argv(ep: Episode, endpoint: str, logs: Path) -> list[str]:
         argv += ["--quarantine", "after=1,window=2"]
     if in_place:  # each agent's events file is --log_dir/events-$SLURMD_NODENAME.jsonl (see agent_env)
         argv += ["--recovery", "in-place", "--preload", "--hang_timeout", f"{HANG_TIMEOUT:g}"]
+        argv += ["--in_place_timeout", f"{IN_PLACE_TIMEOUT:g}"]
         return [*argv, str(IN_PLACE_STEPS)]
     return [*argv, str(STEPS)]
 
@@ -88,7 +91,10 @@ def agent_env(ep: Episode, ckpt: Path, i: int) -> dict[str, str]:
     # 4 s of training; 12 s with a link cut (a cut node may give up while its workers run), 20 s with a
     # link down for good (a node that never gives up runs its workers past STOP_S)
     if ep.shape is Shape.IN_PLACE:  # the step logs live beside the checkpoint folder
-        steps = {"STEP_LOG": str(ckpt), "STEPS": str(IN_PLACE_STEPS_N), "STEP_TIME": "0.05"}
+        steps = {"STEP_LOG": str(ckpt), "STEPS": str(IN_PLACE_STEP_COUNT), "STEP_TIME": "0.05"}
+        steps |= {"SEED": str(ep.train_seed), "DIE_AT": ",".join(d.entry() for d in ep.dies)}
+        if ep.join_delay:
+            steps["JOIN_DELAY"] = f"{ep.join_delay:g}"
         return {**steps, "SLURMD_NODENAME": f"node{i}", "PET_EVENTS_FILE": str(ckpt.parent / f"events-node{i}.jsonl")}
     kinds = {f for _, f in ep.faults}
     steps = 400 if Fault.LINK_DOWN in kinds else 240 if Fault.LINK_CUT in kinds else 80
@@ -126,9 +132,16 @@ def read_steps(folder: Path) -> list[StepLine]:
     return [x for x in lines if x is not None]
 
 
-def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = False, netns: bool = False) -> Episode:
-    """Run `ep`'s job with its faults, check its invariants into ep.violations; everything it started is gone
-    when it returns, its folder too unless `keep`."""
+def run_episode(
+    ep: Episode,
+    bound: float,
+    keep: bool = False,
+    verbose: bool = False,
+    netns: bool = False,
+    ref: Reference | None = None,
+) -> Episode:
+    """Run `ep`'s job with its faults, check its invariants into ep.violations (in place, its final weights
+    against `ref`'s); everything it started is gone when it returns, its folder too unless `keep`."""
     rng = random.Random(ep.seed * 7919 + 1)  # victims, lengths and pauses
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix=f"chaos-{ep.backend}-{ep.seed}-"))
@@ -158,6 +171,9 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         t_start = time.monotonic()
         # in place, each agent's zygote imports torch before the first worker: on busy cores, 10-30 s
         start_bound = bound if ep.shape is Shape.IN_PLACE else bound / 2
+        # a worker lost at startup or teardown may have the others wait --in_place_timeout (what exact.py checks)
+        slack = IN_PLACE_TIMEOUT if {d.phase for d in ep.dies} & {Fault.STARTUP.value, Fault.TEARDOWN.value} else 0.0
+        start_bound += slack
         while sum(a.started() for a in agents) < nproc * members:
             if time.monotonic() - t_start > start_bound:
                 said = [a.err[-1] for a in agents if a.err]  # e.g. a flag this launcher refuses
@@ -175,15 +191,19 @@ def run_episode(ep: Episode, bound: float, keep: bool = False, verbose: bool = F
         for at, fault in ep.faults:
             time.sleep(max(0.0, t0 + at - time.monotonic()))
             inject(ep, fault, world, rng)
-        deadline = t0 + bound
+        deadline = t0 + bound + slack
         rcs = {a.name: (a.finish(deadline - time.monotonic()) if not a.killed else -9) for a in agents}
         records = [a.record(rcs[a.name], left_after(a) if rcs[a.name] is not None else []) for a in agents]
         if ep.shape is Shape.IN_PLACE:
             records = [read_events(r, folder / f"events-{r.name}.jsonl") for r in records]
+            lines = read_steps(ckpt)
+            self_inflicted(ep, lines)  # the workers' DIE_AT deaths that landed
             ep.violations += check(ep, records, None)
-            world_size = nproc * members
-            cap = IN_PLACE_RESTARTS
-            ep.violations += inplace.check(ep, records, read_steps(ckpt), world_size, IN_PLACE_STEPS_N, cap)
+            world_size, cap = nproc * members, IN_PLACE_RESTARTS
+            stepped = [x for x in lines if x.kind in ("start", "step")]
+            ep.violations += inplace.check(ep, records, stepped, world_size, IN_PLACE_STEP_COUNT, cap)
+            if ref is not None:
+                ep.violations += exact.check(ep, records, lines, ref)
         else:
             ep.violations += check(ep, records, read_checkpoint(ckpt))
         if ep.violations and verbose:

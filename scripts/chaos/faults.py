@@ -13,7 +13,23 @@ from pathlib import Path
 
 from .net import Net
 from .proc import Proc, signal_all
-from .records import FAULTS, FOR_GOOD, HANG_TIMEOUT, IN_PLACE_FAULTS, STORE_FAULTS, Episode, Fault, Shape
+from .records import (
+    FAULTS,
+    FOR_GOOD,
+    HANG_TIMEOUT,
+    IN_PLACE_FAULTS,
+    IN_PLACE_STEP_COUNT,
+    JOIN_DELAY,
+    SELF_INFLICTED,
+    STORE_FAULTS,
+    Die,
+    Episode,
+    Event,
+    Fault,
+    Shape,
+    StepLine,
+    in_place_world,
+)
 from .stores import C10dStore, EtcdCluster
 
 
@@ -43,7 +59,9 @@ class World:
 
 
 def plan(backend: str, seed: int, skip: set[Fault] = frozenset(), shape: Shape = Shape.ELASTIC) -> Episode:
-    """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store."""
+    """The seed's faults: 1 or 2, at 0-1.5 s after every worker runs, at most one on the store. In place: at
+    0-2.5 s; a self-inflicted kind is a DIE_AT entry instead (a rank, and for after-commit a step), and a
+    recovery-fault has replacements wait JOIN_DELAY s before they join (the second kill lands in the recovery)."""
     rng = random.Random(seed)
     ep = Episode(backend, seed, shape)
     in_place = shape is Shape.IN_PLACE
@@ -55,6 +73,12 @@ def plan(backend: str, seed: int, skip: set[Fault] = frozenset(), shape: Shape =
             kinds = [f for f in kinds if f not in STORE_FAULTS]
         # in place, spread over 2.5 s: a second kill mostly lands after the first one's recovery
         ep.faults.append((round(rng.uniform(0.0, 2.5 if in_place else 1.5), 3), fault))
+        if fault in SELF_INFLICTED:
+            rank = rng.randrange(in_place_world(ep.spare))
+            at_step = rng.randint(1, IN_PLACE_STEP_COUNT - 2) if fault is Fault.AFTER_COMMIT else 0
+            ep.dies.append(Die(rank, at_step, fault.value))
+        elif fault is Fault.RECOVERY_FAULT:
+            ep.join_delay = JOIN_DELAY
     ep.faults.sort(key=lambda f: f[0])
     return ep
 
@@ -236,11 +260,92 @@ def kill_member(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None
     )
 
 
+def armed(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """after-commit, startup, teardown: nothing at the time; the worker strikes itself where DIE_AT says, and
+    its "die" line says it landed (`self_inflicted`, once the episode is over)."""
+
+
+def kill_two(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """two-ranks: two of the victim's stepping workers SIGKILLed 40-70 ms apart (one fault: one restart)."""
+    victim, workers = workers_of(w, victim)
+    workers = [(r, p) for r, p in workers if p not in ep.struck]
+    gap = rng.uniform(0.04, 0.07)
+    if len(workers) < 2:
+        return
+    pair = rng.sample(workers, 2)
+    began = time.monotonic()
+    signal_all([pair[0][1]], signal.SIGKILL)
+    time.sleep(max(0.0, began + gap - time.monotonic()))
+    signal_all([pair[1][1]], signal.SIGKILL)
+    ep.struck.update(p for _, p in pair)
+    ep.done.append(f"SIGKILL ranks {pair[0][0]} and {pair[1][0]} of {victim.name} {gap * 1000:.0f} ms apart")
+    for rank, pid in pair:
+        ep.expect.append(("the killed workers", rf"rank {rank}\b.*killed by SIGKILL|pid {pid}"))
+
+
+SPAWN_WAIT = 15.0  # s a recovery-fault waits for the first kill's replacement to be spawned
+
+
+def events_now(w: World) -> list[Event]:
+    """Every agent's events so far (in place: --log_dir's events-<node>.jsonl, beside the step logs)."""
+    found: list[Event] = []
+    for a in w.agents:
+        path = w.steplog.parent / f"events-{a.name}.jsonl"
+        text = path.read_text() if path.exists() else ""
+        found += [e for e in map(Event.parse, text.splitlines()) if e is not None]
+    return found
+
+
+def kill_in_recovery(ep: Episode, w: World, victim: Proc, rng: random.Random) -> None:
+    """recovery-fault: a stepping worker SIGKILLed, then, 0-0.3 s after its replacement's `spawn` and before
+    that round's `recovered`, another (a survivor or the replacement; replacements wait JOIN_DELAY s)."""
+    delay, pick = rng.uniform(0.0, 0.3), rng.random()
+    before, began = len(ep.done), time.time()
+    kill_in_place(ep, w, victim, rng)
+    if len(ep.done) == before:
+        return
+    deadline = time.monotonic() + SPAWN_WAIT
+    spawn = None
+    while spawn is None and time.monotonic() < deadline:
+        spawn = next((e for e in events_now(w) if e.kind == "spawn" and e.at >= began), None)
+        time.sleep(0.005)
+    if spawn is None:
+        ep.done.append(f"no replacement spawned within {SPAWN_WAIT:g} s: no second kill")
+        return
+    seen = time.monotonic()
+    survivors = [(r, p) for a in w.agents for r, p in stepping(w, a) if p not in ep.struck and r != spawn.rank]
+    rank, pid = sorted([*survivors, (spawn.rank, spawn.pid)])[int(pick * (len(survivors) + 1))]
+    time.sleep(max(0.0, seen + delay - time.monotonic()))
+    if any(e.kind == "recovered" and e.round == spawn.round for e in events_now(w)):
+        ep.done.append(f"round {spawn.round} recovered within {delay:.2f} s of its spawn: no second kill")
+        return
+    signal_all([pid], signal.SIGKILL)
+    ep.struck.add(pid)
+    who = "the replacement" if pid == spawn.pid else "a survivor"
+    ep.done.append(f"then SIGKILL rank {rank} (pid {pid}, {who}) {delay:.2f} s into round {spawn.round}'s recovery")
+    ep.expect.append(("the second killed worker", rf"rank {rank}\b.*killed by SIGKILL|pid {pid}"))
+
+
+def self_inflicted(ep: Episode, lines: list[StepLine]) -> None:
+    """Record the self-inflicted faults that landed, in order, from the step logs' "die" lines."""
+    for d in sorted((x for x in lines if x.kind == "die"), key=lambda x: x.at):
+        ep.landed.append(Fault(d.phase))
+        ep.victims.append(f"rank {d.rank}")
+        ep.struck.add(d.pid)
+        ep.done.append(f"rank {d.rank} (pid {d.pid}) SIGKILLed itself at {d.phase} ({d.step} steps done)")
+        ep.expect.append((f"the {d.phase} death", rf"rank {d.rank}\b.*killed by SIGKILL|pid {d.pid}"))
+
+
 IN_PLACE_STRIKES: dict[Fault, Strike] = {
     Fault.WORKER_KILL: kill_in_place,
     Fault.WORKER_FREEZE: freeze_worker,
     Fault.WORKER_HANG: hang_worker,
     Fault.AGENT_KILL: kill_member,
+    Fault.AFTER_COMMIT: armed,
+    Fault.STARTUP: armed,
+    Fault.TEARDOWN: armed,
+    Fault.TWO_RANKS: kill_two,
+    Fault.RECOVERY_FAULT: kill_in_recovery,
 }
 
 STRIKES: dict[Fault, Strike] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 NODES = 3
@@ -33,6 +33,11 @@ class Fault(enum.Enum):
     LEADER_KILL = "etcd-leader-kill"  # etcd only
     WORKER_FREEZE = "worker-freeze"  # in-place: one worker SIGSTOPped for less than --hang_timeout
     WORKER_HANG = "worker-hang"  # in-place: one worker SIGSTOPped past --hang_timeout
+    AFTER_COMMIT = "after-commit"  # in-place: a worker SIGKILLs itself after its optimizer step, before a collective
+    STARTUP = "startup"  # in-place: a worker SIGKILLs itself before Job() (it never joined)
+    TEARDOWN = "teardown"  # in-place: a worker SIGKILLs itself after the last step, before job.close()
+    TWO_RANKS = "two-ranks"  # in-place: two workers SIGKILLed 40-70 ms apart
+    RECOVERY_FAULT = "recovery-fault"  # in-place: a worker SIGKILLed, another while its recovery is under way
 
 
 COMMON = [
@@ -51,9 +56,45 @@ QUARANTINES = {Fault.WORKER_KILL}  # the spares shape's --quarantine after=1: it
 LINK_FAULTS = {Fault.LINK_CUT, Fault.LINK_DOWN}
 # The in-place shape's kinds; agent-kill there is a member's agent with a spare standing by, and the job
 # runs on two nodes and a spare (multi-node in-place recovery), so it is off unless asked for.
-IN_PLACE_FAULTS = [Fault.WORKER_KILL, Fault.WORKER_FREEZE, Fault.WORKER_HANG, Fault.AGENT_KILL]
-IN_PLACE_DEFAULT = (Fault.WORKER_KILL, Fault.WORKER_FREEZE, Fault.WORKER_HANG, Fault.AGENT_KILL)
+IN_PLACE_FAULTS = [
+    Fault.WORKER_KILL,
+    Fault.WORKER_FREEZE,
+    Fault.WORKER_HANG,
+    Fault.AGENT_KILL,
+    Fault.AFTER_COMMIT,
+    Fault.STARTUP,
+    Fault.TEARDOWN,
+    Fault.TWO_RANKS,
+    Fault.RECOVERY_FAULT,
+]
+IN_PLACE_DEFAULT = tuple(IN_PLACE_FAULTS)
+# The kinds a worker inflicts on itself (the worker's DIE_AT, set before the job starts): a fault at an exact
+# point of the step, not at a time. Each kind's value is the worker's phase.
+SELF_INFLICTED = {Fault.AFTER_COMMIT, Fault.STARTUP, Fault.TEARDOWN}
+# The restarts each in-place kind may cost at most (the exact in place's bounds): a teardown death none (the
+# training was over), two ranks lost at once one, a second fault during a recovery one more.
+CHARGES = {
+    Fault.WORKER_KILL: 1,
+    Fault.WORKER_FREEZE: 0,
+    Fault.WORKER_HANG: 1,
+    Fault.AGENT_KILL: 1,
+    Fault.AFTER_COMMIT: 1,
+    Fault.STARTUP: 1,
+    Fault.TEARDOWN: 0,
+    Fault.TWO_RANKS: 1,
+    Fault.RECOVERY_FAULT: 2,
+}
 HANG_TIMEOUT = 5.0  # the in-place shape's --hang_timeout: a worker-freeze stays under it, a worker-hang passes it
+IN_PLACE_TIMEOUT = 60.0  # the in-place shape's --in_place_timeout (the default)
+IN_PLACE_STEP_COUNT = 100  # the in-place worker's steps, 0.05 s each
+JOIN_DELAY = 0.6  # s a replacement waits before it joins, in an episode with a recovery-fault: its recovery lasts
+
+
+def in_place_world(spare: bool) -> int:
+    """The in-place job's world size: one node of 3 workers, or two members of 2 (with a spare)."""
+    return 4 if spare else 3
+
+
 RIDDEN_OUT = {Fault.MEMBER_KILL, Fault.LEADER_KILL, Fault.DISK_FULL}  # the job goes on as if nothing happened
 
 
@@ -63,6 +104,21 @@ class Shape(enum.Enum):
     ELASTIC = "elastic"  # --nnodes 2:3, three members
     SPARES = "spares"  # --nnodes 2, two members and a spare
     IN_PLACE = "in-place"  # --recovery in-place: one node of 3 workers (with agent-kill: --nnodes 2 and a spare)
+
+
+@dataclass(frozen=True)
+class Die:
+    """A self-inflicted fault the in-place worker is told of (DIE_AT): `rank` SIGKILLs itself at `phase`
+    (the kind's value) of step `step` (startup, teardown: any step), `delay` s after reaching it."""
+
+    rank: int
+    step: int
+    phase: str
+    delay: float = 0.0
+
+    def entry(self) -> str:
+        """Its DIE_AT entry, "RANK STEP PHASE DELAY"."""
+        return f"{self.rank} {self.step} {self.phase} {self.delay:g}"
 
 
 @dataclass
@@ -82,6 +138,9 @@ class Episode:
     cuts: list[tuple[str, float, float]] = field(default_factory=list)  # (node, when, how long) its link was cut
     struck: set[int] = field(default_factory=set)  # in-place: the worker pids a fault ended (killed, hung, lost)
     spare: bool = False  # in-place: two members and a spare (agent-kill asked for), not one node
+    dies: list[Die] = field(default_factory=list)  # in-place: where workers SIGKILL themselves (DIE_AT)
+    join_delay: float = 0.0  # in-place: JOIN_DELAY, s a replacement waits before it joins
+    train_seed: int = 0  # in-place: the worker's SEED (its data, initial model and dropout)
     seconds: float = 0.0
     kept: Path | None = None  # --keep: the episode's folder
 
@@ -172,7 +231,10 @@ class Event:
 @dataclass(frozen=True)
 class StepLine:
     """A line of the in-place worker's step log (tests/workers/in_place_steps.py): "start" once a process
-    holds the state, "step" after each step done; `step` counts the steps done, `at` is time.time()."""
+    holds the state, "step" after each step done (with the all-reduced loss), "applied" when an optimizer
+    step ran (`step`: that step's index), "die" right before it SIGKILLs itself (its `phase`), "final"
+    after the last step (the optimizer steps it `applied`, those its state's `lineage` applied, and the
+    `digest` of its final weights); `step` counts the steps done, `at` is time.time()."""
 
     kind: str
     pid: int
@@ -181,14 +243,30 @@ class StepLine:
     round: int
     step: int
     at: float
+    phase: str = ""  # die
+    loss: float | None = None  # step
+    applied: int = -1  # final
+    lineage: int = -1  # final
+    digest: str = ""  # final
 
     @classmethod
     def parse(cls, line: str) -> StepLine | None:
         """The record of one line (None: a line cut short by a kill)."""
         parts = line.split()
-        if len(parts) != 7 or parts[0] not in ("start", "step"):
+        if len(parts) < 7 or LINE_FIELDS.get(parts[0]) is None or len(parts) not in LINE_FIELDS[parts[0]]:
             return None
         try:
-            return cls(parts[0], *map(int, parts[1:6]), float(parts[6]))
+            head = cls(parts[0], *map(int, parts[1:6]), float(parts[6]))
+            tail = parts[7:]
+            if head.kind == "step" and tail:
+                return replace(head, loss=float(tail[0]))
+            if head.kind == "die":
+                return replace(head, phase=tail[0])
+            if head.kind == "final":
+                return replace(head, applied=int(tail[0]), lineage=int(tail[1]), digest=tail[2])
+            return head
         except ValueError:
             return None
+
+
+LINE_FIELDS = {"start": (7,), "step": (7, 8), "applied": (7,), "die": (8,), "final": (10,)}  # a kind's fields

@@ -3,6 +3,8 @@ hand-made events files and step logs, one record that breaks each and one that k
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 
 import pytest
@@ -10,8 +12,22 @@ from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))  # the campaign's package, scripts/chaos/
 from chaos import inplace as inv  # noqa: E402
-from chaos.faults import IN_PLACE_STRIKES, plan  # noqa: E402
-from chaos.records import IN_PLACE_FAULTS, AgentRecord, Episode, Event, Fault, Shape, StepLine  # noqa: E402
+from chaos.campaign import in_place_faults  # noqa: E402
+from chaos.faults import IN_PLACE_STRIKES, plan, self_inflicted  # noqa: E402
+from chaos.records import (  # noqa: E402
+    IN_PLACE_DEFAULT,
+    IN_PLACE_FAULTS,
+    IN_PLACE_STEP_COUNT,
+    JOIN_DELAY,
+    SELF_INFLICTED,
+    AgentRecord,
+    Die,
+    Episode,
+    Event,
+    Fault,
+    Shape,
+    StepLine,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -172,11 +188,12 @@ def test_the_budget_matches_the_events():
 
 def test_the_shape_plans_from_its_own_fault_kinds():
     assert set(IN_PLACE_STRIKES) == set(IN_PLACE_FAULTS)
-    skip = {Fault.WORKER_HANG, Fault.AGENT_KILL}
+    skip = set(IN_PLACE_FAULTS) - {Fault.WORKER_KILL, Fault.WORKER_FREEZE}
     ep = plan("c10d", 1010, skip, Shape.IN_PLACE)
     assert {f for _, f in ep.faults} <= {Fault.WORKER_KILL, Fault.WORKER_FREEZE} and not ep.spare
     assert all(0.0 <= at <= 2.5 for at, _ in ep.faults)
     assert plan("c10d", 1010, {Fault.WORKER_HANG}, Shape.IN_PLACE).spare  # agent-kill asked for: a spare
+    assert not ep.dies and not ep.join_delay
 
 
 def test_a_member_lost_with_a_spare_keeps_the_other_members_processes():
@@ -198,3 +215,71 @@ def test_a_member_lost_with_a_spare_keeps_the_other_members_processes():
     assert inv.check(ep, [node(respawned + ended(9.0, 0))], lines, world=2, steps=3, cap=3) == [
         "node0: stopped the group (membership) with no in-place recovery declined"
     ]
+
+
+NEW = {Fault.AFTER_COMMIT, Fault.STARTUP, Fault.TEARDOWN, Fault.TWO_RANKS, Fault.RECOVERY_FAULT}
+
+
+def test_the_exact_kinds_are_drawn_with_the_others_by_default():
+    assert NEW <= set(IN_PLACE_DEFAULT) and set(IN_PLACE_DEFAULT) == set(IN_PLACE_FAULTS)
+    assert in_place_faults("after-commit,two-ranks") == (Fault.AFTER_COMMIT, Fault.TWO_RANKS)
+    with pytest.raises(argparse.ArgumentTypeError, match="before-commit: not an in-place fault"):
+        in_place_faults("before-commit")
+
+
+@pytest.mark.parametrize(
+    "seed,faults,dies,join_delay",
+    [
+        (
+            20,
+            [(0.65, Fault.STARTUP), (2.18, Fault.AFTER_COMMIT)],
+            [Die(2, 0, "startup"), Die(2, 22, "after-commit")],
+            0,
+        ),
+        (21, [(1.724, Fault.TWO_RANKS)], [], 0.0),
+        (26, [(1.36, Fault.RECOVERY_FAULT), (1.649, Fault.STARTUP)], [Die(1, 0, "startup")], JOIN_DELAY),
+        (27, [(0.491, Fault.TEARDOWN), (1.753, Fault.TWO_RANKS)], [Die(0, 0, "teardown")], 0.0),
+    ],
+)
+def test_a_seed_plans_the_same_self_inflicted_deaths(seed, faults, dies, join_delay):
+    ep = plan("c10d", seed, set(IN_PLACE_FAULTS) - NEW, Shape.IN_PLACE)
+    assert (ep.faults, ep.dies, ep.join_delay, ep.spare) == (faults, dies, join_delay, False)
+
+
+def test_self_inflicted_deaths_are_drawn_in_the_job():
+    for seed in range(200):
+        ep = plan("etcd", seed, set(IN_PLACE_FAULTS) - NEW - {Fault.AGENT_KILL}, Shape.IN_PLACE)
+        world = 4 if ep.spare else 3
+        assert sorted(d.phase for d in ep.dies) == sorted(f.value for _, f in ep.faults if f in SELF_INFLICTED)
+        for d in ep.dies:
+            assert 0 <= d.rank < world and d.delay == 0.0
+            assert 1 <= d.step <= IN_PLACE_STEP_COUNT - 2 if d.phase == "after-commit" else d.step == 0
+        assert (ep.join_delay > 0) == any(f is Fault.RECOVERY_FAULT for _, f in ep.faults)
+    assert Die(1, 7, "after-commit", 0.05).entry() == "1 7 after-commit 0.05"  # the worker's DIE_AT entry
+
+
+def test_the_step_log_reads_every_kind_of_line():
+    assert StepLine.parse("step 10 1 3 0 5 1.5 0.25") == StepLine("step", 10, 1, 3, 0, 5, 1.5, loss=0.25)
+    assert StepLine.parse("step 10 1 3 0 5 1.5") == StepLine("step", 10, 1, 3, 0, 5, 1.5)
+    assert StepLine.parse("applied 10 1 3 0 4 1.5") == StepLine("applied", 10, 1, 3, 0, 4, 1.5)
+    assert StepLine.parse("die 10 1 3 0 0 1.5 startup") == StepLine("die", 10, 1, 3, 0, 0, 1.5, phase="startup")
+    final = StepLine.parse("final 10 1 3 1 100 9.5 40 100 ab12")
+    assert final == StepLine("final", 10, 1, 3, 1, 100, 9.5, applied=40, lineage=100, digest="ab12")
+    assert StepLine.parse("final 10 1 3 1 100 9.5 40") is None  # cut short
+    assert StepLine.parse("die 10 1 3 0 0") is None and StepLine.parse("loss 10 1 3 0 0 1.5") is None
+
+
+def test_the_deaths_that_landed_are_the_die_lines():
+    ep = episode()
+    lines = [
+        StepLine("die", 21, 2, 3, 0, 100, 9.0, phase="teardown"),
+        StepLine("die", 20, 1, 3, 0, 0, 1.0, phase="startup"),
+    ]
+    self_inflicted(ep, [*steps(10, 0, [1], 1.0), *lines])
+    assert ep.landed == [Fault.WORKER_KILL, Fault.STARTUP, Fault.TEARDOWN] and ep.struck == {20, 21}
+    assert ep.done == [
+        "rank 1 (pid 20) SIGKILLed itself at startup (0 steps done)",
+        "rank 2 (pid 21) SIGKILLed itself at teardown (100 steps done)",
+    ]
+    assert [what for what, _ in ep.expect] == ["the startup death", "the teardown death"]
+    assert re.search(ep.expect[0][1], "launcher: rank 1 killed by SIGKILL; recovering in place")

@@ -1,42 +1,118 @@
-"""An in-place training loop for the chaos campaign's `in-place` shape (scripts/chaos/inplace.py).
+"""An in-place training loop for the chaos campaign's `in-place` shape (scripts/chaos/inplace.py), exactly
+reproducible: its final weights are a function of the world size, STEPS and SEED alone.
 
-A tiny DDP model on gloo under `launcher.worker.inplace.Job`: STEPS steps of STEP_TIME s each. Each
-process appends to $STEP_LOG/<rank>.<pid> one line per event, flushed at once:
-"start <pid> <rank> <world> <round> <step> <t>" once it holds the state, then
-"step <pid> <rank> <world> <round> <step> <t>" after each step done (`step`: the steps done; `t`:
-time.time(), the clock of the agents' events files). Stdout has the campaign's "start rank= world=
-restart= round= from=" line and a "done" line. HANG_AT="RANK STEP": that rank blocks, silent, in that
-step of the job's first round (its peers then wait on it in the step's all-reduce). JOIN_DELAY=S: a
-replacement sleeps S s before it joins (the survivors wait for it, silent).
+A small DDP model on gloo under `launcher.worker.inplace.Job` (Linear, BatchNorm, Dropout, Linear: the
+RNG and the buffers matter), Adam, STEPS steps. A step's data is a function of SEED, the step and the
+rank; each rank's dropout draws from its own stream (seeded from SEED and the rank). In each step: a sleep
+of STEP_TIME s, the forward, the backward, optimizer.step() (the commit point), then an all-reduce of the
+loss (a collective after the commit: a peer lost there used to make the step, and its update, run twice).
+
+Each process appends to $STEP_LOG/<rank>.<pid> one line per event, flushed at once, each
+"<kind> <pid> <rank> <world> <round> <step> <t> [...]" (`step`: the steps done; `t`: time.time()):
+- "start": once it holds the state; "step ... <loss>": after each step done (the all-reduced mean loss);
+- "applied": an optimizer step ran in this process (`step`: that step's index);
+- "die ... <phase>": right before it SIGKILLs itself (DIE_AT);
+- "final ... <applied> <lineage> <sha256>" after the last step: the optimizer steps this process applied,
+  those its state holds (Adam's own count, passed on with the state: the whole lineage's), and a hash of
+  the model's final state_dict (weights and buffers).
+Stdout has the campaign's "start rank= world= restart= round= from=" line and a "done" line.
+
+Faults it inflicts on itself, in the job's first round only (a process started in round 0):
+- DIE_AT="RANK STEP PHASE [DELAY],...": that rank SIGKILLs itself, DELAY s (default 0) after reaching
+  PHASE of step STEP: `startup` (before Job(); STEP ignored), `before-commit` (in the forward, after the
+  dropout drew), `after-commit` (after optimizer.step(), before the loss all-reduce), `teardown` (after
+  the last step and its "final" line, before job.close(); STEP ignored). Two entries at one point, one
+  with a DELAY of 0.04-0.07, kill two ranks that far apart.
+- HANG_AT="RANK STEP": that rank blocks, silent, in that step (its peers then wait on it).
+JOIN_DELAY=S: a replacement sleeps S s before it joins (the survivors wait for it, silent).
 """
 
+import hashlib
 import os
+import signal
 import time
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import launcher
 from launcher.worker.inplace import Job
 
+PHASES = ("startup", "before-commit", "after-commit", "teardown")
+
+
+@dataclass(frozen=True)
+class Die:
+    """One DIE_AT entry: where a rank SIGKILLs itself."""
+
+    rank: int
+    step: int
+    phase: str
+    delay: float = 0.0
+
+
+def dies_of(text: str) -> list[Die]:
+    """DIE_AT's entries."""
+    found = []
+    for entry in filter(None, (x.strip() for x in text.split(","))):
+        parts = entry.split()
+        if len(parts) not in (3, 4) or parts[2] not in PHASES:
+            raise SystemExit(f"DIE_AT: {entry!r} is not 'RANK STEP PHASE [DELAY]' with PHASE one of {PHASES}")
+        found.append(Die(int(parts[0]), int(parts[1]), parts[2], float(parts[3]) if len(parts) == 4 else 0.0))
+    return found
+
+
 e = os.environ
-steps, step_time = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05"))
+steps, step_time, seed = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05")), int(e.get("SEED", "0"))
+rank, world, pid = int(e["RANK"]), int(e["WORLD_SIZE"]), os.getpid()
+first_round = all(e.get(k, "0") == "0" for k in ("LAUNCHER_ROUND", "TORCHELASTIC_RESTART_COUNT"))
+mine = [d for d in dies_of(e.get("DIE_AT", "")) if d.rank == rank] if first_round else []
 hang = e.get("HANG_AT", "").split()
-hang_at = (int(hang[0]), int(hang[1]), 0) if hang else None
+hang_at = (int(hang[0]), int(hang[1])) if hang and first_round else None
+log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
+job: Job | None = None
+
+
+def note(kind: str, *extra: object) -> None:
+    """One line of this process's step log."""
+    rnd, done = (job.round, job.step) if job is not None else (int(e.get("LAUNCHER_ROUND", "0")), 0)
+    tail = "".join(f" {x}" for x in extra)
+    log.write(f"{kind} {pid} {rank} {world} {rnd} {done} {time.time():.6f}{tail}\n")
+
+
+def die(phase: str, index: int = -1) -> None:
+    """DIE_AT: SIGKILL this process if it is to die here (its "die" line first)."""
+    for d in mine:
+        if d.phase == phase and (phase in ("startup", "teardown") or d.step == index):
+            time.sleep(d.delay)
+            note("die", phase)
+            os.kill(pid, signal.SIGKILL)
+
+
+die("startup")
 job = Job(notice=5.0)
 if job.joining:  # JOIN_DELAY: a replacement slow to reach the state (a big model, a busy host)
     time.sleep(float(e.get("JOIN_DELAY", "0")))
-rank, world, pid = job.rank, job.world_size, os.getpid()
-log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
+
+torch.manual_seed(seed)  # the same initial model on every rank
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 4))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+torch.manual_seed(seed * 1000 + 1 + rank)  # this rank's own dropout stream
+index = -1  # the step in flight
+applied = 0  # optimizer steps applied in this process
 
 
-def note(kind: str) -> None:
-    log.write(f"{kind} {pid} {rank} {job.world_size} {job.round} {job.step} {time.time():.6f}\n")
+def on_applied(*_: object) -> None:
+    """The optimizer's step post hook: one more step applied here."""
+    global applied
+    applied += 1
+    note("applied")
 
 
-torch.manual_seed(0)
-model = nn.Linear(8, 8)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+optimizer.register_step_post_hook(on_applied)
+model[4].register_forward_pre_hook(lambda *_: die("before-commit", index))  # after the dropout drew
 job.keep(model=model, optimizer=optimizer)
 job.ddp(model)
 started = False
@@ -47,15 +123,25 @@ for step in job.steps(steps):
         restart = e["TORCHELASTIC_RESTART_COUNT"]
         print(f"start rank={rank} world={world} restart={restart} round={job.round} from={job.step}", flush=True)
     with step:
-        if hang_at == (rank, step.index, int(e["TORCHELASTIC_RESTART_COUNT"])):  # HANG_AT: blocks, silent, once
+        index = step.index
+        if hang_at == (rank, step.index):  # HANG_AT: blocks, silent, once
             time.sleep(3600)
-        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step.index * 100 + rank))
-        optimizer.zero_grad()
-        job.model(x).sum().backward()
-        optimizer.step()
         time.sleep(step_time)
+        data = torch.Generator().manual_seed(seed * 1_000_003 + step.index * 101 + rank)
+        x, y = torch.randn(16, 8, generator=data), torch.randn(16, 4, generator=data)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(job.model(x), y)
+        loss.backward()
+        optimizer.step()  # the commit point
+        die("after-commit", step.index)
+        total = loss.detach().clone()
+        dist.all_reduce(total)  # the logged loss: a collective after the commit
     if step.done:  # else a lost peer broke it: the job recovered, and the loop gives the same step again
-        note("step")
+        note("step", f"{total.item() / world:.6f}")
     launcher.progress(step=job.step)
+weights = hashlib.sha256(b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values()))
+lineage = int(max((float(s["step"]) for s in optimizer.state.values()), default=0.0))  # Adam's count, kept
+note("final", applied, lineage, weights.hexdigest())
+die("teardown")
 print(f"done rank={rank} world={world} steps={job.step}", flush=True)
 job.close()
