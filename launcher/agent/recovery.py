@@ -47,6 +47,7 @@ from .members import Member
 log = logging.getLogger(__name__)
 ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a peer's error (deaths seen at once)
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
+TOGETHER = 0.1  # seconds: failures this close to the first are one fault (a node's GPUs, the OOM killer), one charge
 
 
 class Host(Protocol):
@@ -108,6 +109,8 @@ class Joining:
     pids: set[int] = field(default_factory=set)  # the workers they replace (dropped from the members then)
     failed: str = ""  # what failed here ("" when another node's failure or loss is followed)
     leave: str = ""  # a worker here cannot go on in place (why): this node restarts its workers in the round
+    carried: tuple[int, ...] = ()  # ranks an earlier round of this recovery replaced, their replacements running
+    carried_pids: frozenset[int] = frozenset()  # ... those replacements
 
 
 @dataclass
@@ -286,8 +289,8 @@ class InPlace:
             client.close()
             return  # it could not start: the supervisor is ending the job
         sup.announce_running(new, in_place=True)
-        started = {m.proc.pid for m in sup.members if m.worker.rank in ranks}
-        self.pending = Pending(new.round, joining.began, ranks, started)
+        started = {m.proc.pid for m in sup.members if m.worker.rank in ranks} | joining.carried_pids
+        self.pending = Pending(new.round, joining.began, tuple(sorted({*ranks, *joining.carried})), started)
         threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
 
     def _settle(self, event: Recovered) -> None:
@@ -349,13 +352,15 @@ class InPlace:
     def _during(self, failed: list[Member], named: str, entered: list[int]) -> str | None:
         """Workers of this node failed while round `pending.round` recovers in place. One that left nothing of
         itself there (it had not entered the round, and is no replacement started for it) takes its seat in
-        that round too, free of charge; else the group restarts, charged (the line that says so)."""
+        that round too, free of charge. Else the recovery goes on in the round after, where every rank meets
+        again (the ranks joining `pending.round` wait for the lost one): free of charge within TOGETHER s of
+        the first failure (one fault), else charged once more; with no restart left, the group stops."""
         sup, pending = self.sup, self.pending
         assert pending is not None
         ranks = sorted(m.worker.rank for m in failed)
+        pids = {m.proc.pid for m in failed}
         started = sorted(m.worker.rank for m in failed if m.proc.pid in pending.pids)
         if not entered and not started and sup.round is not None and sup.round.round == pending.round:
-            pids = {m.proc.pid for m in failed}
             sup.members = [m for m in sup.members if m.proc.pid not in pids]
             log.info(
                 f"{named} before entering round {pending.round}, which is recovering in place: starting "
@@ -365,10 +370,28 @@ class InPlace:
                 pending.ranks = tuple(sorted((*pending.ranks, *ranks)))
                 pending.pids.update(m.proc.pid for m in sup.members if m.worker.rank in ranks)
             return None
+        detail = f"after {_ranks(entered)} entered it" if entered else f"{_ranks(started)} was started for it"
+        at = min((f.at for f in sup.failures if f.pid in pids), default=sup.clock())
+        together = at - pending.began <= TOGETHER
+        rnd = sup.round
+        if together or (rnd is not None and rnd.restart_count < self.config.max_restarts):
+            self.pending = None  # its wait ends unheard: the round after replaces it
+            cost = f"within {TOGETHER:g} s of the first failure: no restart charged" if together else "one more restart"
+            log.info(
+                f"{named} while round {pending.round} was recovering in place ({detail}): "
+                f"recovering in place in the round after it ({cost})"
+            )
+            carried = tuple(r for r in pending.ranks if r not in ranks)
+            kept = frozenset(m.proc.pid for m in sup.members if m.proc.pid in pending.pids and m.proc.pid not in pids)
+            self._ask(
+                Joining(pending.began, ranks, pids, named, carried=carried, carried_pids=kept),
+                Cause.MEMBERSHIP if together else Cause.FAILURE,
+                None if together else sup.root_verdict(),
+            )
+            return None
         for m in failed:
             m.state = WorkerState.FAILED
-        self.pending = None  # the group restarts: that recovery's wait ends unheard
-        detail = f"after {_ranks(entered)} entered it" if entered else f"{_ranks(started)} was started for it"
+        self.pending = None  # the group stops: that recovery's wait ends unheard
         self._decline(f"a worker failed while round {pending.round} was recovering in place ({detail})", say=False)
         return f"{named} while round {pending.round} was recovering in place ({detail}): {self._then()}"
 

@@ -120,8 +120,10 @@ for step in job.steps(steps):
     if not started:  # the state is in place (a newcomer received it): where this process begins
         started = True
         note("start")
-        restart = e["TORCHELASTIC_RESTART_COUNT"]
-        print(f"start rank={rank} world={world} restart={restart} round={job.round} from={job.step}", flush=True)
+        # round=: the round it was started in, whose restart count it has (it may begin in a later one:
+        # started while its round was being replaced, it joined the newest)
+        restart, spawned = e["TORCHELASTIC_RESTART_COUNT"], e.get("LAUNCHER_ROUND", "0")
+        print(f"start rank={rank} world={world} restart={restart} round={spawned} from={job.step}", flush=True)
     with step:
         index = step.index
         if hang_at == (rank, step.index):  # HANG_AT: blocks, silent, once

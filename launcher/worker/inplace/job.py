@@ -242,7 +242,7 @@ class Job:
         got, self._received = self._received, None
         if got is not None and self._batch:
             if got["sampler_epoch"] != self._sampler_epoch:
-                self._leave(
+                self.leave(
                     f"the loader resumes at epoch {self._sampler_epoch} of its sampler, the job's is at "
                     f"{got['sampler_epoch']}: put `job.steps(loader)` inside `for epoch in job.epochs(...)`"
                 )
@@ -271,7 +271,7 @@ class Job:
             self._in_pass, self._loader, self._loader_state = False, None, None
         self._batch = 0
 
-    def _committed(self, step: Step) -> None:
+    def committed(self, step: Step) -> None:
         """`step` committed (step.py): it counts as done from here on."""
         self.step = step.index + 1
         if self._in_pass:
@@ -282,8 +282,13 @@ class Job:
             self._record["buffers"] = (self.step, {k: b.detach().cpu().clone() for k, b in self._own_buffers()})
             self._slot.write(self._record)
 
-    def _torn(self, step: Step) -> str:
+    def torn(self, step: Step) -> str:
+        """The kept optimizers a broken step had stepped, if not all of them (step.py)."""
         return self._commits.torn(step)
+
+    def inflight(self) -> Step | None:
+        """The step in flight (between its start and its end)."""
+        return self._inflight
 
     def _take_pending(self, index: int, fresh: bool) -> None:
         """Take up the streams this rank must begin step `index` with (a replacement's, or received)."""
@@ -386,6 +391,8 @@ class Job:
         marks = [("joined", self._joined_at)] if marks is None else marks
         plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device)
         marks.append(("planned", time.time()))
+        if plan.source < 0 and self.in_place and self.store.check([keys.opened(self.round), keys.HELD]):
+            self.leave("every rank that held the job's state was lost: in place has nothing to go on from")
         sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
             sent = transfer.send(self._kept, self._meta(), plan.to, self.device)
@@ -526,7 +533,7 @@ class Job:
         )
         return self.in_place and (self._lost.is_set() or (looks and self.lost(error)))
 
-    def _leave(self, why: str) -> None:
+    def leave(self, why: str) -> None:
         """In place cannot go on exactly: say why in one line and exit; the agent restarts the group."""
         self._leaving = True
         sys.stderr.flush()
@@ -539,7 +546,7 @@ class Job:
         if not self._leaving and issubclass(kind, Exception) and self._peer_error(error):
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             try:
-                self._leave(f"a peer was lost outside `with step:` ({kind.__name__}: {first[:200]})")
+                self.leave(f"a peer was lost outside `with step:` ({kind.__name__}: {first[:200]})")
             except SystemExit:
                 logging.shutdown()
                 sys.stdout.flush()

@@ -11,22 +11,32 @@ ones it drew the first time). After it: the step is done, whatever the rest of t
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from . import rng
 
-if TYPE_CHECKING:
-    from .job import Job
-
 log = logging.getLogger(__name__)
+
+
+class Owner(Protocol):
+    """What a step needs of its job (`Job`)."""
+
+    rank: int
+
+    def lost(self, error: BaseException) -> bool: ...
+    def recover(self) -> Any: ...
+    def committed(self, step: Step) -> None: ...
+    def torn(self, step: Step) -> str: ...
+    def leave(self, why: str) -> None: ...
+    def inflight(self) -> Step | None: ...
 
 
 class Step:
     """One training step: `with step:` turns a lost peer inside into a recovery (see the module)."""
 
-    def __init__(self, job: Job, index: int, batch: Any = None):
+    def __init__(self, job: Owner, index: int, batch: Any = None):
         self.job, self.index, self.batch = job, index, batch
         self.entered = self.done = self.committed = False
         self.stepped: set[int] = set()  # id() of the kept optimizers that stepped in it
@@ -44,7 +54,7 @@ class Step:
         """This step's changes to the kept state are made: a lost peer from here on does not run it again."""
         if not self.committed:
             self.committed = True
-            self.job._committed(self)
+            self.job.committed(self)
 
     def __enter__(self) -> Step:
         self.entered = True
@@ -57,9 +67,9 @@ class Step:
             return False
         if not self.job.lost(error):
             return False
-        torn = self.job._torn(self)
+        torn = self.job.torn(self)
         if torn:
-            self.job._leave(f"a peer was lost in step {self.index} between {torn}: in place cannot make that exact")
+            self.job.leave(f"a peer was lost in step {self.index} between {torn}: in place cannot make that exact")
         where = "after its commit point" if self.committed else "before its commit point"
         what = type(error).__name__
         log.info(f"rank {self.job.rank}: a peer was lost in step {self.index} {where} ({what}); recovering")
@@ -70,7 +80,7 @@ class Step:
 class Commits:
     """Which kept optimizers stepped in the step in flight: the commit comes once all of them did."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Owner):
         self.job = job
         self.optimizers: dict[int, str] = {}  # id() -> the name it was kept under
 
@@ -91,7 +101,7 @@ class Commits:
             obj.step = step  # on this object only: the class and other scalers are untouched
 
     def _stepped(self, optimizer: Any) -> None:
-        step = self.job._inflight
+        step = self.job.inflight()
         if step is None or id(optimizer) not in self.optimizers or step.committed:
             return
         step.stepped.add(id(optimizer))
