@@ -5,12 +5,15 @@ process appends to $STEP_LOG/<rank>.<pid> one line per event, flushed at once:
 "start <pid> <rank> <world> <round> <step> <t>" once it holds the state, then
 "step <pid> <rank> <world> <round> <step> <t>" after each step done (`step`: the steps done; `t`:
 time.time(), the clock of the agents' events files). Stdout has the campaign's "start rank= world=
-restart= round= from=" line and a "done" line. HANG_AT="RANK STEP": that rank blocks, silent, in that
-step of the job's first round (its peers then wait on it in the step's all-reduce). JOIN_DELAY=S: a
-replacement sleeps S s before it joins (the survivors wait for it, silent).
+restart= round= from=" line and a "done" line. HANG_AT="RANK[,RANK...] STEP": those ranks block, silent,
+in that step of the job's first round (their peers then wait on them in the step's all-reduce). DEAF=1:
+the ranks HANG_AT blocks ignore SIGTERM and SIGABRT there (stuck in native code that acts on neither:
+no stacks, and their stop takes the whole --shutdown_timeout). JOIN_DELAY=S: a replacement sleeps S s
+before it joins (the survivors wait for it, silent).
 """
 
 import os
+import signal
 import time
 
 import torch
@@ -22,7 +25,7 @@ from launcher.worker.inplace import Job
 e = os.environ
 steps, step_time = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05"))
 hang = e.get("HANG_AT", "").split()
-hang_at = (int(hang[0]), int(hang[1]), 0) if hang else None
+hang_ranks, hang_step = ({int(r) for r in hang[0].split(",")}, int(hang[1])) if hang else (set(), -1)
 job = Job(notice=5.0)
 if job.joining:  # JOIN_DELAY: a replacement slow to reach the state (a big model, a busy host)
     time.sleep(float(e.get("JOIN_DELAY", "0")))
@@ -47,7 +50,9 @@ for step in job.steps(steps):
         restart = e["TORCHELASTIC_RESTART_COUNT"]
         print(f"start rank={rank} world={world} restart={restart} round={job.round} from={job.step}", flush=True)
     with step:
-        if hang_at == (rank, step.index, int(e["TORCHELASTIC_RESTART_COUNT"])):  # HANG_AT: blocks, silent, once
+        if rank in hang_ranks and step.index == hang_step and e["TORCHELASTIC_RESTART_COUNT"] == "0":  # HANG_AT
+            for sig in (signal.SIGTERM, signal.SIGABRT) if e.get("DEAF") else ():
+                signal.signal(sig, signal.SIG_IGN)
             time.sleep(3600)
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step.index * 100 + rank))
         optimizer.zero_grad()
