@@ -115,7 +115,9 @@ class Job:
         (without DDP's broadcast from rank 0 then: the state is in place already)."""
         from torch.nn.parallel import DistributedDataParallel
 
-        self.wrap(lambda first: DistributedDataParallel(module, init_sync=first, **kwargs))
+        from .compat import ddp_kwargs
+
+        self.wrap(lambda first: DistributedDataParallel(module, **ddp_kwargs(first), **kwargs))
 
     def steps(self, total: int) -> Iterator[Step]:
         """The steps from `job.step` to `total`; after a recovery the step in flight comes again.
