@@ -156,7 +156,9 @@ def kill_stopped(live: Sequence[Member], below: Sequence = ()) -> None:
     # A stopped process (SIGSTOP, SIGTSTP; a debugger's hold) acts on no signal but SIGKILL: SIGTERM stays
     # pending until a SIGCONT delivers it, so the worker would wait out the whole grace. SIGCONT is not
     # ours to send: it resumes what whoever stopped it wanted held, and a tracer's hold ignores it. Stopped,
-    # it flushes and saves nothing anyway: the grace is of no use to it.
+    # it flushes and saves nothing anyway: the grace is of no use to it. SIGKILL needs no SIGCONT: the
+    # kernel wakes a stopped or traced process to die. (A py-spy dump stops its target for milliseconds:
+    # caught in that instant, a worker loses its grace.)
     for m in live:
         if m.proc.stopped():
             log.info(f"rank {m.worker.rank} (pid {m.proc.pid}) is stopped (SIGSTOP or a debugger): killing it now")
