@@ -45,6 +45,7 @@ class Member:
     started: float = 0.0
     progress_file: str | None = None
     hung: bool = False  # declared hung by --hang_timeout: a failure, not collateral
+    stopped: bool = False  # ... and found stopped then (SIGSTOP, a debugger): killed, no stacks dumped
     expired: str = ""  # the scope of its file-timer watchdog that ran out (TORCHELASTIC_ENABLE_FILE_TIMER)
     state: WorkerState = WorkerState.RUNNING
     signalled: bool = False  # the launcher asked it to stop: its failure is collateral
@@ -102,7 +103,9 @@ class Member:
         self, ex: Exit, at: float, host: str, rnd: Round | None, hang: float | None, ooms: int | None
     ) -> Failure:
         """What its exit `ex` was, with what the launcher knows beyond it (hung, killed by the OOM killer)."""
-        if self.hung:
+        if self.hung and self.stopped:
+            reason = f"hung: no progress for {hang:g} s, stopped (SIGSTOP or a debugger); killed, no stacks"
+        elif self.hung:
             reason = f"hung: no progress for {hang:g} s; stacks in its stderr"
         elif self.expired:
             reason = f"was ended by its watchdog: timer {self.expired!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER)"
@@ -145,6 +148,25 @@ class Member:
             rate=rate,
             straggler=self.straggler,
         )
+
+
+def kill_stopped(live: Sequence[Member], below: Sequence = ()) -> None:
+    """SIGKILL at once each of the `live` workers that is stopped, and each process of `below` (psutil
+    handles: what else a stop of the group signals) that is; one line for each."""
+    # A stopped process (SIGSTOP, SIGTSTP; a debugger's hold) acts on no signal but SIGKILL: SIGTERM stays
+    # pending until a SIGCONT delivers it, so the worker would wait out the whole grace. SIGCONT is not
+    # ours to send: it resumes what whoever stopped it wanted held, and a tracer's hold ignores it. Stopped,
+    # it flushes and saves nothing anyway: the grace is of no use to it. SIGKILL needs no SIGCONT: the
+    # kernel wakes a stopped or traced process to die. (A py-spy dump stops its target for milliseconds:
+    # caught in that instant, a worker loses its grace.)
+    for m in live:
+        if m.proc.stopped():
+            log.info(f"rank {m.worker.rank} (pid {m.proc.pid}) is stopped (SIGSTOP or a debugger): killing it now")
+            m.proc.send(signal.SIGKILL)
+    ours = {m.proc.pid for m in live}
+    for p in process.stopped(p for p in below if p.pid not in ours):
+        log.info(f"pid {p.pid}, below a worker, is stopped (SIGSTOP or a debugger): killing it now")
+        process.kill_procs([p], signal.SIGKILL)
 
 
 def end_stuck_exits(members: Sequence[Member], now: float, emit) -> None:

@@ -119,6 +119,15 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def stopped(self) -> bool:
+        """Whether the worker process is stopped (`stopped`): it acts on no signal but SIGKILL."""
+        import psutil
+
+        try:
+            return bool(stopped([psutil.Process(self.pid)]))
+        except psutil.Error:  # gone
+            return False
+
     def close(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)
@@ -246,6 +255,29 @@ def descendants(exclude: Iterable[int] = ()) -> list:
     except psutil.Error:
         return []
     return [p for p in procs if p.pid not in skip]
+
+
+def stopped(procs: Iterable) -> list:
+    """Those of `procs` (psutil handles) that are stopped: by a signal (SIGSTOP, SIGTSTP...: state T) or
+    in a tracer's hold (a debugger: t)."""
+    import psutil
+
+    found = []
+    for p in procs:
+        try:
+            if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def pgid(pid: int) -> int:
+    """The process group of `pid` (-1 once it is gone)."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
 
 
 def kill_procs(procs: Iterable, sig: int) -> None:

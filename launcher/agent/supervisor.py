@@ -41,6 +41,7 @@ from .members import (
     Member,
     end_stuck_exits,
     ended_round,
+    kill_stopped,
     mark_stragglers,
     prepare,
     route,
@@ -398,14 +399,16 @@ class Supervisor:
         self.signal_workers(signum, mark=True)
 
     def signal_workers(self, signum: int, mark: bool = False) -> None:
-        """Forward `signum` to each live worker's process group and to its escaped descendants."""
-        live = [m for m in self.members if m.state is WorkerState.RUNNING]
+        """Forward `signum` to each live worker's process group and to its escaped descendants; what of
+        them is stopped gets SIGKILL at once (`members.kill_stopped`)."""
+        live, below = [m for m in self.members if m.state is WorkerState.RUNNING], process.descendants(self._not_mine())
         for m in live:
             m.signalled = m.signalled or mark
+        kill_stopped(live, below)
+        for m in live:
             m.proc.signal_group(signum)
         groups = {m.proc.pid for m in live}
-        strays = [p for p in process.descendants(self._not_mine()) if _pgid(p.pid) not in groups]
-        process.kill_procs(strays, signum)
+        process.kill_procs([p for p in below if process.pgid(p.pid) not in groups], signum)
 
     def check_stop(self) -> None:
         """Escalate to SIGKILL at the deadline; once every worker is gone, finish the stop."""
@@ -414,6 +417,8 @@ class Supervisor:
         if any(m.state is WorkerState.RUNNING for m in self.members):
             if self.clock() >= self.stop.deadline:
                 self.signal_workers(signal.SIGKILL)
+            else:  # one stopped during the grace would wait it all out
+                kill_stopped([m for m in self.members if m.state is WorkerState.RUNNING])
             return
         self.sweep(graceful=False)
         if self.held is None:  # a round joined already keeps the store the other nodes' workers are in
@@ -463,10 +468,11 @@ class Supervisor:
             if idle is not None and idle > (
                 limit if m.heard(self._steps_known) else max(limit, self.config.hang_startup_timeout)
             ):
-                m.hung = True
-                log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); dumping its stacks")
+                m.hung, m.stopped = True, m.proc.stopped()  # stopped, it cannot dump its stacks (kill_stopped)
+                then = "it is stopped (SIGSTOP or a debugger): killing it" if m.stopped else "dumping its stacks"
+                log.info(f"rank {m.worker.rank} made no progress for {idle:.0f} s (--hang_timeout); {then}")
                 self.emit("hang", rank=m.worker.rank, pid=m.proc.pid, idle=round(idle, 3))
-                m.proc.send(signal.SIGABRT)
+                m.proc.send(signal.SIGKILL if m.stopped else signal.SIGABRT)
 
     def sweep(self, graceful: bool) -> None:
         """Kill whatever the workers left behind (daemons, escaped grandchildren) and reap it."""
@@ -590,10 +596,3 @@ class Supervisor:
     def _not_mine(self) -> list[int]:
         guard = [self.launching.guard.pid] if self.launching.guard and self.launching.guard.pid else []
         return guard + list(self.launching.starter.helpers())  # the zygote is the agent's, not the workers'
-
-
-def _pgid(pid: int) -> int:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return -1

@@ -8,6 +8,7 @@ Every agent gets its own TEST_TOKEN, so one agent's processes can be told from a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -89,6 +90,30 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     assert len(dumps) == 1, list(logs.rglob("*"))  # the stacks are in the hung rank's log file too
     assert checkpoint(tmp_path)["step"] == 60
     assert time.monotonic() - t0 < 60
+    assert cluster.leftovers() == {}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("peer", ["waits", "fails"])
+def test_a_stopped_worker_is_killed_at_once_when_its_group_stops(cluster, tmp_path, peer):
+    """Rank 1 stops itself (SIGSTOP: it acts on no signal but SIGKILL) at step 5. `waits`: rank 0 waits
+    for it in a collective, both are hung after --hang_timeout 2 (a stopped worker cannot dump its stacks:
+    it is killed); `fails`: rank 0 fails at step 8, and the stop finds rank 1 stopped. Either way the
+    stopped worker is SIGKILLed at once, not after the 30 s --shutdown_timeout (SIGTERM would stay pending)."""
+    events = tmp_path / "events.jsonl"
+    fault = {"waits": {"HANG": "0:5"}, "fails": {"FAIL_AT": "0:8"}}[peer]
+    env = steps_env(tmp_path, steps=20, STOP="1:5", **fault)
+    flags = ("--max_restarts", "1", "--hang_timeout", "2", "--shutdown_timeout", "30", "--events_file", str(events))
+    a = cluster.start("--nproc_per_node", "2", *flags, STEPS, env=env)
+    assert a.wait(90) == 0, a.stderr[-3000:]
+    log = [json.loads(line) for line in events.read_text().splitlines()]
+    stop = next(e["time"] for e in log if e["event"] == "stopping")
+    again = [e["time"] for e in log if e["event"] == "running"][1]
+    assert again - stop < 10, again - stop  # the 30 s grace was not waited
+    assert re.search(r"rank 1 .*is stopped \(SIGSTOP or a debugger\): killing it", a.stderr), a.stderr[-3000:]
+    assert [e["returncode"] for e in log if e["event"] == "exit" and e["rank"] == 1][0] == -signal.SIGKILL
+    assert [s["restart"] for s in starts(a) if s["rank"] == "0"] == ["0", "1"]
+    assert checkpoint(tmp_path)["step"] == 20
     assert cluster.leftovers() == {}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.etcd import ETCD, Member
 from support.launcher_runs import Agent, Cluster, c10d
-from support.paths import ROOT
+from support.paths import ROOT, worker
 from support.ports import free_port
 from support.processes import wait_for
 
@@ -36,8 +36,9 @@ class Nodes:
     """Agents of one job (--nnodes 2, 2 workers each) on a rendezvous store no node hosts, so that any node
     may be lost: a `launcher store` (c10d) or a real etcd; each agent's events file is NAME.events."""
 
-    def __init__(self, tmp: Path, backend: str = "c10d", *extra: str, conf: str = ""):
+    def __init__(self, tmp: Path, backend: str = "c10d", *extra: str, conf: str = "", script: tuple = (), env=None):
         self.tmp, self.cluster, self.etcd, self.extra = tmp, Cluster(), None, extra
+        self.script, self.env = script or (EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05"), env
         if backend == "etcd":
             self.etcd = Member(tmp).start()
             self.etcd.wait_ready()
@@ -52,7 +53,7 @@ class Nodes:
         ev = self.tmp / f"{name}.events"
         agent = self.cluster.start(
             *self.rdzv, *self.extra, "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev),
-            "--no-live", "--shutdown_timeout", "5", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05", name=name,
+            "--no-live", "--shutdown_timeout", "5", *self.script, name=name, env=self.env,
         )  # fmt: skip
         return agent, ev
 
@@ -147,34 +148,33 @@ def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
 
 @pytest.mark.timeout(240)
 def test_a_node_that_learns_of_a_restart_restarts_in_the_round_it_joined_heartbeating_it(tmp_path):
-    """A hang across nodes: the workers of group rank 0's node frozen; the other node's ranks, waiting on them,
-    all go silent, so it restarts its group and says so in the round's store. Group rank 0's node, following
-    in place, reads that once in the round and restarts its own workers there: their stop takes the whole
-    --shutdown_timeout (frozen, SIGTERM waits), over twice the 2 s liveness timeout, and it heartbeats the
-    round meanwhile, so nobody takes it for lost and the one fault costs one restart (it asked for a round
-    more, unheard, and so cost two, chaos c10d seed 9062)."""
-    nodes = Nodes(tmp_path, "c10d", "--hang_timeout", "3", conf="keep_alive_interval=0.5,keep_alive_max_attempt=4")
-    frozen: dict[int, int] = {}
+    """A hang across nodes: the workers of group rank 0's node block, silent, and act on neither SIGABRT nor
+    SIGTERM (stuck in native code); the other node's ranks, waiting on them, all go silent, so it restarts
+    its group and says so in the round's store. Group rank 0's node, following in place, reads that once in
+    the round and restarts its own workers there: their stop takes the whole --shutdown_timeout, over twice
+    the 2 s liveness timeout, and it heartbeats the round meanwhile, so nobody takes it for lost and the one
+    fault costs one restart (it asked for a round more, unheard, and so cost two, chaos c10d seed 9062).
+    (Frozen workers, SIGSTOPped, no longer make that stop: they are SIGKILLed at once, tests/e2e/test_faults.py.)"""
+    logs = tmp_path / "steps"
+    logs.mkdir()
+    env = {"STEPS": "150", "STEP_LOG": str(logs), "HANG_AT": "0,1 40", "DEAF": "1"}  # ranks 0, 1: group rank 0's
+    conf = "keep_alive_interval=0.5,keep_alive_max_attempt=4"
+    nodes = Nodes(tmp_path, "c10d", "--hang_timeout", "3", conf=conf, script=(worker("in_place_steps.py"),), env=env)
     try:
         (head, hev), (other, oev) = members(nodes)
-        head.wait_for(r"step 50/150", timeout=120)
-        frozen = spawns(hev)
-        for pid in frozen.values():
-            os.kill(pid, signal.SIGSTOP)
-        other.wait_for(r"no in-place recovery: several ranks went silent at once", 60, "err")
+        hung = spawns(hev)
+        other.wait_for(r"no in-place recovery: several ranks went silent at once", 90, "err")
         head.wait_for(r"no in-place recovery: another node restarts the group", 60, "err")
         codes = {n.name: n.wait(150) for n in (head, other)}
         assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{other.stderr[-3000:]}"
         assert "heartbeating" not in head.stderr + other.stderr, other.stderr[-3000:]
         for ev in (hev, oev):  # round 1 is the restart, on both nodes, charged once
             assert [(e["round"], e["restarts"]) for e in events(ev, "running")] == [(0, 0), (1, 1)], events(ev)
-        fresh = [(e["rank"], e["round"]) for e in events(hev, "spawn")[len(frozen) :]]
-        assert fresh == [(rank, 1) for rank in sorted(frozen)], fresh
+        fresh = [(e["rank"], e["round"]) for e in events(hev, "spawn")[len(hung) :]]
+        assert fresh == [(rank, 1) for rank in sorted(hung)], fresh
+        stop = next(e["time"] for e in events(hev, "stopping"))
+        gone = max(e["time"] for e in events(hev, "exit") if e["pid"] in hung.values())
+        assert gone - stop > 4.5, gone - stop  # the long stop this node heartbeats through: the 5 s grace
         assert not {k: v for k, v in nodes.cluster.leftovers().items() if k != "store"}
     finally:
-        for pid in frozen.values():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         nodes.cleanup()

@@ -3,17 +3,19 @@ state transfer's pure parts (what is sent ahead of the tensors, buckets, receivi
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from launcher.config import from_flags
 from launcher.errors import ConfigError
 from launcher.parsers import parse_recovery
 from launcher.spec import RecoveryMode
 from launcher.telemetry.accounting import Accountant
-from launcher.worker.inplace import keys, transfer
+from launcher.worker.inplace import compat, keys, transfer
 
 
 def test_recovery_defaults_to_restart_and_takes_in_place():
@@ -103,3 +105,17 @@ def test_the_workers_memory_folder_falls_back_to_the_run_folder_without_dev_shm(
     slots.remove(path)
     slots.remove(path)  # gone already: nothing to do
     assert not os.path.exists(path)
+
+
+def test_ddp_is_made_with_what_this_torch_takes_in_every_round():
+    """`compat.ddp_kwargs`: init_sync where DDP takes it (2.13), none where not (2.4.1: a TypeError)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for first in (True, False):  # the job's first round, and one after a recovery
+            DistributedDataParallel(torch.nn.Linear(2, 2), **compat.ddp_kwargs(first))
+    finally:
+        dist.destroy_process_group()
+    takes = "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters
+    assert compat.ddp_kwargs(False) == ({"init_sync": False} if takes else {})

@@ -24,7 +24,8 @@ from launcher.telemetry.summary import summary_lines
 
 
 class FakeProc:
-    """A worker that never runs: it ends when the test says so, or when sent a signal it does not ignore."""
+    """A worker that never runs: it ends when the test says so, or when sent a signal it does not ignore
+    (`frozen`: stopped, as by SIGSTOP, it acts on SIGKILL alone)."""
 
     pidfd = None
     stdout = None
@@ -37,6 +38,7 @@ class FakeProc:
         self.signals: list[int] = []  # to the group
         self.sent: list[int] = []  # to the process alone
         self.closed = False
+        self.frozen = False
 
     @property
     def rank(self) -> int:
@@ -51,13 +53,18 @@ class FakeProc:
 
     def signal_group(self, sig: int) -> None:
         self.signals.append(sig)
-        if sig == signal.SIGKILL or sig not in self.ignore:
+        if sig == signal.SIGKILL or (sig not in self.ignore and not self.frozen):
             self.exit(-sig)
 
     def send(self, sig: int) -> None:
         self.sent.append(sig)
-        if sig not in self.ignore and sig not in (signal.SIGUSR1, signal.SIGUSR2):
+        if sig == signal.SIGKILL or (
+            sig not in self.ignore and not self.frozen and sig not in (signal.SIGUSR1, signal.SIGUSR2)
+        ):
             self.exit(-sig)
+
+    def stopped(self) -> bool:
+        return self.frozen and self.code is None
 
     def close(self) -> None:
         self.closed = True

@@ -23,7 +23,9 @@ Faults it inflicts on itself, in the job's first round only (a process started i
   dropout drew), `after-commit` (after optimizer.step(), before the loss all-reduce), `teardown` (after
   the last step and its "final" line, before job.close(); STEP ignored). Two entries at one point, one
   with a DELAY of 0.04-0.07, kill two ranks that far apart.
-- HANG_AT="RANK STEP": that rank blocks, silent, in that step (its peers then wait on it).
+- HANG_AT="RANK[,RANK...] STEP": those ranks block, silent, in that step (their peers then wait on them);
+  DEAF=1: they ignore SIGTERM and SIGABRT there (stuck in native code that acts on neither: no stacks,
+  and their stop takes the whole --shutdown_timeout).
 JOIN_DELAY=S: a replacement sleeps S s before it joins (the survivors wait for it, silent).
 """
 
@@ -70,7 +72,7 @@ rank, world, pid = int(e["RANK"]), int(e["WORLD_SIZE"]), os.getpid()
 first_round = all(e.get(k, "0") == "0" for k in ("LAUNCHER_ROUND", "TORCHELASTIC_RESTART_COUNT"))
 mine = [d for d in dies_of(e.get("DIE_AT", "")) if d.rank == rank] if first_round else []
 hang = e.get("HANG_AT", "").split()
-hang_at = (int(hang[0]), int(hang[1])) if hang and first_round else None
+hang_ranks, hang_step = ({int(r) for r in hang[0].split(",")}, int(hang[1])) if hang and first_round else (set(), -1)
 log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
 job: Job | None = None
 
@@ -126,7 +128,9 @@ for step in job.steps(steps):
         print(f"start rank={rank} world={world} restart={restart} round={spawned} from={job.step}", flush=True)
     with step:
         index = step.index
-        if hang_at == (rank, step.index):  # HANG_AT: blocks, silent, once
+        if rank in hang_ranks and step.index == hang_step:  # HANG_AT: blocks, silent, once
+            for sig in (signal.SIGTERM, signal.SIGABRT) if e.get("DEAF") else ():
+                signal.signal(sig, signal.SIG_IGN)
             time.sleep(3600)
         time.sleep(step_time)
         data = torch.Generator().manual_seed(seed * 1_000_003 + step.index * 101 + rank)

@@ -9,6 +9,8 @@ Faults, chosen by the environment (each only on attempt 0 unless said otherwise)
   HANG_FILE=P    a rank that finds file P holding its rank takes it (renames it P.taken, on any attempt),
                  writes the epoch time of its last progress() to P.at and stops as HANG does
   FAIL_AT=R:S    rank R exits 5 at step S
+  STOP=R:S       rank R stops itself (SIGSTOP: state T, as a debugger or an operator's kill -STOP leaves it) at
+                 step S, before its progress() call; nothing resumes it
   FAIL_EVERY=T   rank 0 exits 3 after T s, on every attempt, until the epoch time SOAK_UNTIL; after
                  that every rank exits 0 at once (the soak)
   PID_DIR=D      write D/<rank>.pid (the worker's pid) at start
@@ -17,6 +19,7 @@ Faults, chosen by the environment (each only on attempt 0 unless said otherwise)
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -69,6 +72,7 @@ start = load()
 print(f"start rank={rank} world={world} restart={restart} round={rnd} from={start}", flush=True)
 hang_rank, _, hang_step = e.get("HANG", "-1:-1").partition(":")
 fail_rank, _, fail_step = e.get("FAIL_AT", "-1:-1").partition(":")
+stop_rank, _, stop_step = e.get("STOP", "-1:-1").partition(":")
 hang_file = e.get("HANG_FILE")
 last_progress = time.time()
 
@@ -95,6 +99,8 @@ for step in range(start + 1, steps + 1):
         stuck_in_collective()
     if rank == int(fail_rank) and step == int(fail_step) and restart == "0":
         sys.exit(5)
+    if rank == int(stop_rank) and step == int(stop_step) and restart == "0":
+        os.kill(os.getpid(), signal.SIGSTOP)
     if rank == 0 and ckpt:
         save(step)
     progress()

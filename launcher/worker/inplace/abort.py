@@ -27,6 +27,8 @@ from collections.abc import Collection
 
 import torch.distributed as dist
 
+from . import compat
+
 log = logging.getLogger(__name__)
 
 Sockets = frozenset[tuple[int, str]]  # (fd, "socket:[inode]"): a descriptor and what it was when recorded
@@ -91,6 +93,6 @@ def leave(pg: dist.ProcessGroup | None, backend: str) -> None:
 
 def _abort(pg: dist.ProcessGroup) -> None:
     try:
-        pg.abort()  # idempotent: the watcher may have aborted it already
+        compat.abort_group(pg)  # idempotent: the watcher may have aborted it already
     except Exception:  # an abort that fails leaves the collective to its own timeout
         log.warning("aborting the NCCL process group failed", exc_info=True)

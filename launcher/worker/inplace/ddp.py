@@ -11,7 +11,6 @@ old one had (a survivor's, sent to a replacement), and rebuilds to the same one 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -20,18 +19,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-Layout = list[list[int]]  # per bucket, in the reducer's order: indices into DDP's own parameter list
+from . import compat
 
-SKIPS_SYNC = "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters  # torch >= 2.5
+Layout = list[list[int]]  # per bucket, in the reducer's order: indices into DDP's own parameter list
 
 
 def make(module: torch.nn.Module, first: bool, layout: Layout | None, **kwargs: Any) -> DistributedDataParallel:
     """DDP(module): with rank 0's broadcast only where no rank held the state yet (`first`; torch < 2.5
     always broadcasts: every rank holds the same state then, so it changes nothing), and `layout`'s buckets."""
-    if SKIPS_SYNC:
-        kwargs["init_sync"] = first
     with _assigned(layout):
-        return DistributedDataParallel(module, **kwargs)
+        return DistributedDataParallel(module, **compat.ddp_kwargs(first), **kwargs)
 
 
 def zeroed_layout(model: DistributedDataParallel) -> Layout:
