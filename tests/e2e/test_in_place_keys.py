@@ -85,19 +85,6 @@ def test_a_second_rank_lost_before_entering_the_pending_round_is_seated_there_fr
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_lost_after_entering_the_pending_round_restarts_the_group_said_in_one_line(tmp_path):
-    r, ev = run(tmp_path, "--max_restarts", "2", env={"VICTIM": "2", "SECOND": "1 enter-kill"})
-    assert r.returncode == 0, r.stderr
-    lines = [line.split("launcher: ", 1)[1] for line in r.stderr.splitlines() if "rank 1 killed by SIGKILL" in line]
-    assert lines == [
-        "rank 1 killed by SIGKILL while round 1 was recovering in place (after rank 1 entered it): "
-        "restarting the group (one more restart)"
-    ], r.stderr
-    assert "stopping the group" not in r.stderr and "no in-place recovery:" not in r.stderr, r.stderr
-    assert [(e["round"], e["restarts"]) for e in events(ev, "running")] == [(0, 0), (1, 1), (2, 2)]
-
-
-@pytest.mark.timeout(120)
 def test_a_worker_that_cannot_go_on_in_place_restarts_the_group_free_of_charge(tmp_path):
     """Rank 2 killed; rank 1, a survivor, exits LEAVE_EXIT at the agent's word: the group restarts, charging
     nothing more than the fault (with --max_restarts 1 the job lives)."""

@@ -5,7 +5,7 @@ sets `ready`), waits for `ready`; at its end it adds to `closing` (the last sets
 
 VICTIM=R      rank R SIGKILLs itself in round 0 once every rank is in; the others wait for the agent's word
 SECOND="R A"  survivor R, at that word (round 1 opened): A=kill SIGKILLs itself before entering round 1,
-              A=enter-kill after entering it, A=leave exits keys.LEAVE_EXIT after one line
+              A=leave exits keys.LEAVE_EXIT after one line
 AFTER_END=R   rank R SIGKILLs itself after every rank finished the job (`finished` set)
 FAIL=R        rank R exits 1 once every rank is in (round 0)
 HOLD=1        every rank waits, once in, until the agent stops it
@@ -58,8 +58,6 @@ if fresh and rnd == 0 and e.get("VICTIM"):
         if second[1] == "leave":
             print(f"rank {rank}: cannot go on in place", flush=True)
             sys.exit(keys.LEAVE_EXIT)
-        store.set(keys.entering(1, rank), b"1")
-        die()
     rnd = 1
     join(rnd)
     store.wait([keys.ready(rnd)])
