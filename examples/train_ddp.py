@@ -16,6 +16,9 @@ What it shows, in the order you meet it below:
     weights as a run that never failed. Try it:
         rm -rf /tmp/ckpt; python -m launcher --nproc_per_node 2 --max_restarts 1 examples/train_ddp.py \
             --checkpoint-dir /tmp/ckpt --crash-at-epoch 2 --crash-rank 1
+  * with --recovery in-place (the lines that use `job`, docs/in-place.md) only the lost worker starts
+    again: a survivor sends it the state, it resumes at the batch in flight, and nobody reads a
+    checkpoint; the weights are again those of a run that never failed, bit for bit.
 Checkpoints go to ./runs/ckpt by default; a second run with the same directory resumes (or
 has nothing left to do), so delete it or pass another --checkpoint-dir to start over. On
 several nodes the directory must be on storage that every node sees.
@@ -36,8 +39,9 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+from launcher.worker.inplace import Job  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 p.add_argument("--epochs", type=int, default=5, help="epochs in all, counting resumed ones")
@@ -70,7 +74,7 @@ if use_cuda:
     torch.cuda.set_device(device)
 else:
     device = torch.device("cpu")
-dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")
+job = Job()  # init_process_group from the environment; with --recovery in-place, a lost rank comes back alone
 
 
 def log(msg):
@@ -128,7 +132,8 @@ if start_epoch > args.epochs:
         f"(delete {ckpt_dir} or pass another --checkpoint-dir to train again)"
     )
 
-ddp = DDP(model, device_ids=[local_rank] if use_cuda else None)  # wrap after loading
+job.keep(model=model, optimizer=optimizer, scaler=scaler)  # what a replacement receives from a survivor
+job.ddp(model, device_ids=[local_rank] if use_cuda else None)  # job.model: DDP, made again after a recovery
 
 
 def save_atomically(obj, path):
@@ -142,30 +147,32 @@ def save_atomically(obj, path):
 
 
 # --- 5. Train. -------------------------------------------------------------------------------
-for epoch in range(start_epoch, args.epochs + 1):
+for epoch in job.epochs(range(start_epoch, args.epochs + 1)):  # a replacement resumes the epoch in flight
     sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every attempt
     torch.manual_seed(args.seed + 1000 * epoch + rank)  # dropout masks: a function of the epoch
-    ddp.train()
+    job.model.train()
     t0, seen = time.perf_counter(), 0
     loss_sum = torch.zeros((), device=device)  # kept on the device: no sync per step
     correct = torch.zeros((), device=device)
-    for step, (x, y) in enumerate(loader):
-        if epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0 and step == len(loader) // 2:
+    for i, step in enumerate(job.steps(loader)):  # a step per batch; resumed at the batch in flight
+        x, y = step.batch
+        if epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0 and i == len(loader) // 2:
             print(f"rank {rank}: test hook, killing myself halfway through epoch {epoch}", flush=True)
             with open(os.path.join(ckpt_dir, "killed_at"), "w") as f:  # the resumed rank 0 says how long it took
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
-            out = ddp(x)
-            loss = nn.functional.cross_entropy(out, y)
-        scaler.scale(loss).backward()  # DDP averages the gradients across ranks here
-        scaler.step(optimizer)
-        scaler.update()
-        loss_sum += loss.detach().float() * len(y)
-        correct += (out.argmax(1) == y).sum()
-        seen += len(y)
+        with step:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
+                out = job.model(x)
+                loss = nn.functional.cross_entropy(out, y)
+            scaler.scale(loss).backward()  # DDP averages the gradients across ranks here
+            scaler.step(optimizer)  # the step's commit point: a peer lost after it does not make it run twice
+            scaler.update()
+            loss_sum += loss.detach().float() * len(y)
+            correct += (out.argmax(1) == y).sum()
+            seen += len(y)
     # Each rank only knows its own shard: average loss and accuracy over ranks for the log.
     warned = torch.tensor(float(bool(WARNED)), device=device)
     stats = torch.stack([loss_sum / seen, correct / seen, warned])
@@ -198,4 +205,4 @@ if rank == 0 and args.out:
     save_atomically(model.state_dict(), args.out)
     log(f"final weights saved to {os.path.abspath(args.out)}")
 dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while a peer still talks
-dist.destroy_process_group()
+job.close()  # in place: the job's end, where every rank meets (a rank lost before it comes back)

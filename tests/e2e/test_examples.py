@@ -92,6 +92,25 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
         assert torch.equal(want[name], got[name]), name
 
 
+def test_in_place_the_lost_worker_alone_resumes_at_its_batch_to_identical_weights(baseline, launch, tmp_path):
+    """The same script with --recovery in-place: rank 1 killed halfway through epoch 3 comes back alone,
+    the survivor keeps its process, nobody reads a checkpoint, and the final weights are the same."""
+    torch = pytest.importorskip("torch")
+    a, a_cwd = baseline
+    out = tmp_path / "final.pt"
+    args = ["--epochs", str(EPOCHS), "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(out)]
+    r = launch.run(
+        "--nproc_per_node", "2", "--recovery", "in-place", "--max_restarts", "1", TRAIN, *args,
+        "--crash-at-epoch", "3", "--crash-rank", "1", timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "recovering in place: round 1 (1 of 1 restarts used), starting rank 1" in r.stderr, r.stderr
+    assert "resumed from" not in r.stdout and "TORCHELASTIC_RESTART_COUNT=1" not in r.stdout  # rank 0 kept going
+    assert r.stdout.count(f"[rank0]: epoch {EPOCHS}/{EPOCHS}") == 1
+    want, got = torch.load(a_cwd / "final.pt"), torch.load(out)
+    assert all(torch.equal(want[name], got[name]) for name in want), "the weights differ"
+
+
 @pytest.mark.parametrize("nproc", [3])  # an odd world: no op can pass by pairing ranks
 def test_collectives(launch, nproc):
     r = launch.run("--nproc_per_node", str(nproc), COLLECTIVES, timeout=90)
