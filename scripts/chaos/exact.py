@@ -70,8 +70,8 @@ def charged(agents: list[AgentRecord]) -> int:
 
 
 def charges(ep: Episode, agents: list[AgentRecord]) -> list[str]:
-    """The restarts charged stay within the faults' costs: a teardown death none, two ranks at once one,
-    a second fault during a recovery one more."""
+    """The restarts charged stay within the faults' costs: a teardown death one (no step again), two ranks
+    at once one, a second fault during a recovery one more."""
     n, allowed = charged(agents), sum(CHARGES[f] for f in ep.landed)
     if n <= allowed:
         return []

@@ -80,7 +80,7 @@ CHARGES = {
     Fault.AGENT_KILL: 1,
     Fault.AFTER_COMMIT: 1,
     Fault.STARTUP: 1,
-    Fault.TEARDOWN: 0,
+    Fault.TEARDOWN: 1,  # before `close()`: its replacement runs the script's tail (a step none)
     Fault.TWO_RANKS: 1,
     Fault.RECOVERY_FAULT: 2,
 }

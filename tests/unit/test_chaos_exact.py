@@ -83,7 +83,7 @@ def test_no_process_applies_a_step_twice():
 @pytest.mark.parametrize(
     "landed,n,said",
     [
-        ((Fault.TEARDOWN,), 1, "1 restart(s) charged for teardown (0): at most 0"),
+        ((Fault.TEARDOWN,), 2, "2 restart(s) charged for teardown (1): at most 1"),
         ((Fault.TWO_RANKS,), 2, "2 restart(s) charged for two-ranks (1): at most 1"),
         ((Fault.RECOVERY_FAULT,), 2, None),
         ((Fault.RECOVERY_FAULT,), 3, "3 restart(s) charged for recovery-fault (2): at most 2"),

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
-from . import abort, data, keys, rng, transfer
+from . import abort, data, keys, rng, slots, transfer
 from .slots import Slot
 from .step import Commits, Snapshot, Step
 
@@ -105,12 +105,17 @@ class Job:
         self._pending: tuple[str, int, rng.State] | None = None  # streams to take up at step N's start
         self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
         self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
-        # This rank's own streams, where its replacement finds them (the agent's folder in memory).
-        self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank)
-        self._record: dict[str, Any] = {}
-        self._own = self._slot.read()  # a replacement: what its predecessor wrote
+        self._mirror_client: StoreClient | None = None
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
         self.store = self._connect(is_master=not agent_store and self.rank == 0)
+        # This rank's own streams and buffers, where its replacement finds them: the agent's folder in memory,
+        # and a copy in the store for a replacement on another node.
+        mirror = slots.Mirror(self._put_record).send if self.in_place else None
+        self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
+        self._record: dict[str, Any] = {}
+        self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
+        if self.in_place and self._own is None and self.store.check([keys.slot(self.rank)]):
+            self._own = slots.load(self.store.get(keys.slot(self.rank)))
         if self.in_place:
             self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
             threading.Thread(target=self._watch, name="launcher-inplace-watch", daemon=True).start()
@@ -468,6 +473,12 @@ class Job:
                 for key, buf in obj.named_buffers():
                     if every or self._snapshot.moving(buf):
                         yield f"{name}.{key}", buf
+
+    def _put_record(self, data: bytes) -> None:
+        """The mirror's copy of this rank's record, on a connection of its own."""
+        if self._mirror_client is None:
+            self._mirror_client = StoreClient(self._addr, self._port, timeout=30.0)
+        self._mirror_client.set(keys.slot(self.rank), data)
 
     def _layout_now(self) -> list[list[int]] | None:
         if self._layout is None and self._recorder is not None:

@@ -57,6 +57,11 @@ def finished(rnd: int) -> str:
     return f"{NAMESPACE}/{rnd}/finished"
 
 
+def slot(rank: int) -> str:
+    """A copy of rank `rank`'s own record (slots.py), for a replacement on another node (a spare's)."""
+    return f"{NAMESPACE}/slot/{rank}"
+
+
 def group_prefix(rnd: int) -> str:
     """Where round `rnd`'s process group meets (torch's PrefixStore adds the '/')."""
     return f"{NAMESPACE}/{rnd}/pg"

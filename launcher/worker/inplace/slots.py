@@ -1,11 +1,13 @@
 """Each rank's own state in the node's memory, where its replacement finds it: its random streams at
-the start of each step and after each commit, and at the start of the epoch's loader (the agent owns
-the folder, in /dev/shm, and removes it when the job ends: keys.SLOTS_VAR).
+the start of each step and after each commit, at the start of the epoch's loader, and its own buffers
+(the agent owns the folder, in /dev/shm, and removes it when the job ends: keys.SLOTS_VAR).
 
 A rank's streams are its own (a script may seed them per rank); the survivors cannot send what only
 the lost rank drew. The record is small (~10 kB) and written twice a step, so it is a file written in
-place rather than through the store: two halves written in turn, then a header naming the newer, so
-that a rank killed mid-write leaves the previous record whole.
+place: two halves written in turn, then a header naming the newer, so that a rank killed mid-write
+leaves the previous record whole. A thread copies the newest record to the launcher's store too
+(`Mirror`), for a replacement on another node when this node is lost whole (a spare's); it sends the
+newest only, never waits for the step, and a copy that fell behind is known by its step and not used.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import os
 import pickle
 import struct
+import threading
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -26,8 +30,9 @@ HALF = 1 << 16  # bytes per half at first; a bigger record grows the file
 class Slot:
     """Rank `rank`'s record in `folder` (None: no folder, nothing kept)."""
 
-    def __init__(self, folder: str | None, rank: int):
+    def __init__(self, folder: str | None, rank: int, mirror: Callable[[bytes], None] | None = None):
         self.path = os.path.join(folder, f"rank{rank}") if folder else None
+        self.mirror = mirror
         self._fd: int | None = None
         self._seq = 0
         self._half = HALF
@@ -55,6 +60,8 @@ class Slot:
         if self.path is None:
             return
         data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.mirror is not None:
+            self.mirror(data)
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -70,3 +77,40 @@ class Slot:
         except OSError:  # the folder is gone (the agent ends the job): the record is not needed any more
             log.debug("in-place recovery: could not write %s", self.path, exc_info=True)
             self.path = None
+
+
+def load(data: bytes | None) -> dict[str, Any] | None:
+    """A record as `Mirror` copied it (None: none, or unreadable)."""
+    if not data:
+        return None
+    try:
+        return pickle.loads(data)
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
+        log.warning("in-place recovery: this rank's copied record is unreadable", exc_info=True)
+        return None
+
+
+class Mirror:
+    """Copies the newest record to the store from a thread of its own: `send(data)` never waits."""
+
+    def __init__(self, put: Callable[[bytes], None]):
+        self._put, self._data = put, None
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, name="launcher-inplace-mirror", daemon=True).start()
+
+    def send(self, data: bytes) -> None:
+        with self._ready:
+            self._data = data
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while self._data is None:
+                    self._ready.wait()
+                data, self._data = self._data, None
+            try:
+                self._put(data)
+            except Exception:  # the store went away (the job ends, or its node was lost): nothing to copy to
+                log.debug("in-place recovery: the record's copy stopped", exc_info=True)
+                return
