@@ -78,7 +78,12 @@ def _rebuild_limits(model: DistributedDataParallel) -> list[int] | None:
     config = getattr(model, "_bucket_config", None)  # torch >= 2.12; before it, the reducer's defaults
     if config is not None and getattr(config, "has_custom_per_bucket_caps", False):
         return list(config.per_bucket_bytes_caps)
-    first = getattr(config, "first_bucket_bytes_cap", None) or getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    if config is not None:
+        first = config.first_bucket_bytes_cap
+    elif getattr(model, "bucket_bytes_cap_default", True):  # torch < 2.12: a small first bucket by default
+        first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    else:  # ... and none where bucket_cap_mb was given
+        first = model.bucket_bytes_cap
     return [int(first), int(model.bucket_bytes_cap)]
 
 

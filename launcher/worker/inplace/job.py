@@ -106,6 +106,7 @@ class Job:
         self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
         self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
         self._mirror_client: StoreClient | None = None
+        self._buffers: dict[str, torch.Tensor] | None = None  # this rank's own, to take up after the sync
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
         self.store = self._connect(is_master=not agent_store and self.rank == 0)
         # This rank's own streams and buffers, where its replacement finds them: the agent's folder in memory,
@@ -412,6 +413,12 @@ class Job:
         if self._make is not None:
             self.model = self._make(plan.source < 0)
             _refuse_sharded("wrap(...)", self.model)
+        if self._buffers is not None:  # this rank's own buffers, as its predecessor left them
+            mine, self._buffers = self._buffers, None
+            with torch.no_grad():
+                for key, buf in self._own_buffers(every=True):
+                    if key in mine:
+                        buf.copy_(mine[key])
         self._holds_state, self._synced = True, True
         if self.in_place and self.store.add(keys.joined(self.round), 1) == self.world_size:
             self.store.set(keys.HELD, b"1")
@@ -452,11 +459,7 @@ class Job:
         self._layout = meta["layout"] or self._layout
         own = self._own or {}
         if "buffers" in own and own["buffers"][0] == self.step:
-            mine = own["buffers"][1]
-            with torch.no_grad():
-                for key, buf in self._own_buffers(every=True):
-                    if key in mine:
-                        buf.copy_(mine[key])
+            self._buffers = own["buffers"][1]  # taken up once the model is made (torch < 2.5's DDP broadcasts)
         for kind in ("start", "after"):  # "start": taken at the step's start, after any code between steps
             if kind in own and own[kind][0] == self.step:
                 self._pending = (kind, self.step, own[kind][1])
