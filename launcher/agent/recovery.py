@@ -178,7 +178,8 @@ class InPlace:
             self.joining.pids.update(pids)
             return None
         if pending is not None:
-            return self._during(failed, named, [r for r in ranks if keys.entering(pending.round, r) in held])
+            stuck = all(f.exit.returncode == keys.REJOIN_EXIT for f in seen)  # collateral of the loss it waited on
+            return self._during(failed, named, [r for r in ranks if keys.entering(pending.round, r) in held], stuck)
         if any(m.hung for m in failed) and sum(m.hung for m in sup.members) > 1:
             for m in failed:
                 m.state = WorkerState.FAILED
@@ -353,7 +354,7 @@ class InPlace:
         self._decline(why, say=False)
         self._restart(Then.MEMBERSHIP)
 
-    def _during(self, failed: list[Member], named: str, entered: list[int]) -> str | None:
+    def _during(self, failed: list[Member], named: str, entered: list[int], stuck: bool = False) -> str | None:
         """Workers of this node failed while round `pending.round` recovers in place. One that left nothing of
         itself there (it had not entered the round, and is no replacement started for it) takes its seat in
         that round too, free of charge. Else the recovery goes on in the round after, where every rank meets
@@ -376,11 +377,12 @@ class InPlace:
             return None
         detail = f"after {_ranks(entered)} entered it" if entered else f"{_ranks(started)} was started for it"
         at = min((f.at for f in sup.failures if f.pid in pids), default=sup.clock())
-        together = at - pending.began <= TOGETHER
+        together = stuck or at - pending.began <= TOGETHER
         rnd = sup.round
         if together or (rnd is not None and rnd.restart_count < self.config.max_restarts):
             self.pending = None  # its wait ends unheard: the round after replaces it
             cost = f"within {TOGETHER:g} s of the first failure: no restart charged" if together else "one more restart"
+            cost = "stuck joining on a rank lost since: no restart charged" if stuck else cost
             log.info(
                 f"{named} while round {pending.round} was recovering in place ({detail}): "
                 f"recovering in place in the round after it ({cost})"

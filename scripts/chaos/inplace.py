@@ -21,6 +21,7 @@ from .records import AgentRecord, Episode, Fault, StepLine
 RECOVERING = "recovering in place"  # in_place_declined's reason when a worker failed during a recovery
 HUNG = "went silent at once"  # in_place_declined's reason for a hang (its peers, waiting on it, are silent too)
 STORE_LOST = "(group rank 0) was lost or restarted"  # ... when the node serving the workers' store was lost with it
+REJOIN_EXIT = 87  # launcher.worker.inplace.keys.REJOIN_EXIT
 NOT_WHOLE = "never all joined it holding the state"  # ... when the round's workers had not all started yet
 FOLLOWED = "another node restarts the group"  # ... when another node declined (its decline is checked on its own)
 LEFT = "cannot go on in place"  # ... when a worker exited keys.LEAVE_EXIT while a recovery was under way
@@ -86,11 +87,14 @@ def pids_kept(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], res
     events files (every agent's spawns) and by the workers' own step logs."""
     v: list[str] = []
     spawns = sorted((e.at, e.rank, e.pid) for a in agents for e in a.events if e.kind == "spawn")
+    # a worker whose join was stuck on a rank lost since leaves to be started again (keys.REJOIN_EXIT)
+    rejoined = {e.pid for a in agents for e in a.events if e.kind == "exit" and e.returncode == REJOIN_EXIT}
+    struck = set(ep.struck) | rejoined
     holder: dict[int, int] = {}
     for at, rank, pid in spawns:
         old = holder.get(rank)
         holder[rank] = pid
-        if old is None or old in ep.struck or (restarted is not None and at >= restarted):
+        if old is None or old in struck or (restarted is not None and at >= restarted):
             continue
         v.append(f"rank {rank}: a new process {pid} was spawned, but its process {old} was not struck (a survivor)")
     firsts: dict[int, dict[int, float]] = {}  # rank -> pid -> its first line
@@ -100,7 +104,7 @@ def pids_kept(ep: Episode, agents: list[AgentRecord], lines: list[StepLine], res
     for rank, seen in sorted(firsts.items()):
         order = sorted(seen, key=seen.get)
         for old, new in zip(order, order[1:]):
-            if old not in ep.struck and (restarted is None or seen[new] < restarted):
+            if old not in struck and (restarted is None or seen[new] < restarted):
                 v.append(f"rank {rank}: stepped in process {new} after {old}, which was not struck (a survivor)")
     return v
 

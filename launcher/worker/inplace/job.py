@@ -105,13 +105,17 @@ class Job:
         self._pending: tuple[str, int, rng.State] | None = None  # streams to take up at step N's start
         self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
         self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
-        self._mirror_client: StoreClient | None = None
         self._buffers: dict[str, torch.Tensor] | None = None  # this rank's own, to take up after the sync
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+        # The watcher's and the mirror's own connections, made before any socket is told apart as a
+        # group's or the store client's (`abort.sockets()` before and after): a connection a thread
+        # opened meanwhile would be taken for one of theirs, and shut down with them at a recovery.
+        self._watcher = self._client(10.0) if self.in_place else None
+        self._mirror_client = self._client(30.0) if self.in_place else None
         self.store = self._connect(is_master=not agent_store and self.rank == 0)
         # This rank's own streams and buffers, where its replacement finds them: the agent's folder in memory,
         # and a copy in the store for a replacement on another node.
-        mirror = slots.Mirror(self._put_record).send if self.in_place else None
+        mirror = slots.Mirror(self._put_record).send if self._mirror_client is not None else None
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
         self._record: dict[str, Any] = {}
         self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
@@ -119,7 +123,10 @@ class Job:
             self._own = slots.load(self.store.get(keys.slot(self.rank)))
         if self.in_place:
             self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
-            threading.Thread(target=self._watch, name="launcher-inplace-watch", daemon=True).start()
+        if self._watcher is not None:
+            threading.Thread(
+                target=self._watch, args=(self._watcher,), name="launcher-inplace-watch", daemon=True
+            ).start()
         first = self.round
         if self.in_place and self.store.check([keys.NEWEST]):  # started late: its round was replaced already
             first = max(first, int(self.store.get(keys.NEWEST)))
@@ -479,9 +486,15 @@ class Job:
 
     def _put_record(self, data: bytes) -> None:
         """The mirror's copy of this rank's record, on a connection of its own."""
-        if self._mirror_client is None:
-            self._mirror_client = StoreClient(self._addr, self._port, timeout=30.0)
+        assert self._mirror_client is not None
         self._mirror_client.set(keys.slot(self.rank), data)
+
+    def _client(self, timeout: float) -> StoreClient | None:
+        try:
+            return StoreClient(self._addr, self._port, timeout=timeout)
+        except (OSError, StoreError):
+            log.warning("in-place recovery: cannot reach the launcher's store", exc_info=True)
+            return None
 
     def _layout_now(self) -> list[list[int]] | None:
         if self._layout is None and self._recorder is not None:
@@ -507,14 +520,9 @@ class Job:
             if client is not None:
                 client.close()
 
-    def _watch(self) -> None:
+    def _watch(self, client: StoreClient) -> None:
         """The wake-up: once the agent opens the next round, flag it and wake a blocked collective
         (or a join blocked on the store)."""
-        try:
-            client = StoreClient(self._addr, self._port, timeout=max(10.0, 2 * WATCH_EVERY))
-        except (OSError, StoreError):
-            log.warning("in-place recovery: cannot watch the launcher's store", exc_info=True)
-            return
         while True:
             rnd = self.round
             try:
@@ -529,11 +537,17 @@ class Job:
                 self._lost.set()
                 if self._pg is not None:
                     abort.wake(self._pg, self.backend, self._sockets)
-                if self._settling:  # a join waits on the store for a rank that will not come
+                joining = self._settling
+                if joining:  # a join waits on the store for a rank that will not come
                     self._store_shut = True
                     abort.shut(self._store_sockets)
+            deadline = time.monotonic() + self.notice
             while self.round == rnd:
-                self._moved.wait()
+                if joining and self._settling and time.monotonic() >= deadline:
+                    # Past the store, gloo connects to each peer's address until its timeout, and a peer
+                    # lost since it published one refuses every try: nothing this thread can wake.
+                    self._stuck(rnd)
+                self._moved.wait(max(0.1, deadline - time.monotonic()) if joining else None)
                 self._moved.clear()
 
     # ------------------------------------------------------------------ leaving
@@ -554,6 +568,13 @@ class Job:
         # To the descriptor: torch's excepthook (init_process_group's) catches what the hooks it wraps print.
         os.write(2, f"rank {self.rank}: {why}; leaving, the group restarts (docs/in-place.md)\n".encode())
         raise SystemExit(keys.LEAVE_EXIT)
+
+    def _stuck(self, rnd: int) -> None:
+        """From the watcher: the main thread cannot leave a join of round `rnd`: this process is replaced."""
+        self._leaving = True
+        why = f"its join of round {rnd} waits on a rank lost since (a peer refusing every connection)"
+        os.write(2, f"rank {self.rank}: {why}; starting again in the next round (docs/in-place.md)\n".encode())
+        os._exit(keys.REJOIN_EXIT)
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
         """A lost peer outside `with step:` (an eval, a barrier): one line and LEAVE_EXIT, not a traceback."""

@@ -17,6 +17,10 @@ SLOTS_VAR = "LAUNCHER_INPLACE_SLOTS"  # a folder in memory (/dev/shm), the agent
 # optimizers) exits with this code after one line: the agent restarts the group, charging nothing more
 # when a recovery is under way (the fault was charged already).
 LEAVE_EXIT = 86
+# A worker whose join of a round is stuck on a rank lost since (gloo retries a peer's refused address until
+# its timeout) exits with this code after one line: the agent starts it again in the round after, in place,
+# charging nothing more (the loss it waits on was charged).
+REJOIN_EXIT = 87
 
 
 def opened(rnd: int) -> str:
