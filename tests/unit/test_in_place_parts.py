@@ -119,3 +119,18 @@ def test_ddp_is_made_with_what_this_torch_takes_in_every_round():
         dist.destroy_process_group()
     takes = "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters
     assert compat.ddp_kwargs(False) == ({"init_sync": False} if takes else {})
+
+
+def test_state_sharded_across_ranks_is_refused_in_one_line():
+    """A replacement is rebuilt from a replica of the whole state: FSDP, DTensor parameters and ZeRO cannot be."""
+    from launcher.worker.inplace import ddp
+
+    class FullyShardedDataParallel(torch.nn.Module):  # what FSDP (1) is named, as the check reads it
+        pass
+
+    ddp.refuse_sharded("keep(model=...)", torch.nn.Linear(2, 2))  # a replicated module: fine
+    with pytest.raises(SystemExit) as e:
+        ddp.refuse_sharded("keep(model=...)", FullyShardedDataParallel())
+    said = str(e.value)
+    assert "\n" not in said and said.startswith("launcher: keep(model=...): FullyShardedDataParallel shards")
+    assert said.endswith("use --recovery restart")

@@ -105,3 +105,17 @@ def _assigned(layout: Layout | None) -> Iterator[None]:
         yield
     finally:
         dist._compute_bucket_assignment_by_size = original
+
+
+def refuse_sharded(where: str, obj: Any) -> None:
+    """A replacement gets a survivor's whole state: state sharded across ranks cannot come back so."""
+    name = type(obj).__name__
+    sharded = name in ("FullyShardedDataParallel", "ZeroRedundancyOptimizer", "FSDPModule")
+    if isinstance(obj, torch.nn.Module) and not sharded:
+        sharded = any(type(p).__name__ == "DTensor" for p in obj.parameters())
+        name = f"{name} with DTensor parameters (FSDP2, tensor parallel)" if sharded else name
+    if sharded:
+        raise SystemExit(
+            f"launcher: {where}: {name} shards its state across ranks, and --recovery in-place rebuilds a lost "
+            "rank from a replica of the whole state (DDP); use --recovery restart"
+        )

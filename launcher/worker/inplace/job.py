@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
-from . import abort, data, keys, rng, slots, transfer
+from . import abort, data, ddp, keys, rng, slots, transfer
 from .slots import Slot
 from .step import Commits, Snapshot, Step
 
@@ -144,7 +144,7 @@ class Job:
         for name, obj in state.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"keep({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
-            _refuse_sharded(f"keep({name}=...)", obj)
+            ddp.refuse_sharded(f"keep({name}=...)", obj)
             self._commits.watch(name, obj)
         self._kept.update(state)
 
@@ -156,7 +156,6 @@ class Job:
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> None:
         """`job.model` is DistributedDataParallel(module, **kwargs), made again after each recovery
         (without DDP's broadcast from rank 0 then, where torch can skip it: the state is in place)."""
-        from . import ddp
 
         def make(first: bool) -> Any:
             model = ddp.make(module, first, self._layout, **kwargs)
@@ -419,7 +418,7 @@ class Job:
                 obj.zero_grad(set_to_none=True)  # the step in flight left partial gradients
         if self._make is not None:
             self.model = self._make(plan.source < 0)
-            _refuse_sharded("wrap(...)", self.model)
+            ddp.refuse_sharded("wrap(...)", self.model)
         if self._buffers is not None:  # this rank's own buffers, as its predecessor left them
             mine, self._buffers = self._buffers, None
             with torch.no_grad():
@@ -588,17 +587,3 @@ class Job:
                 os._exit(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
         self._leaving = True  # failing: no wait at the job's end
         self._previous_hook(kind, error, tb)
-
-
-def _refuse_sharded(where: str, obj: Any) -> None:
-    """A replacement gets a survivor's whole state: state sharded across ranks cannot come back so."""
-    name = type(obj).__name__
-    sharded = name in ("FullyShardedDataParallel", "ZeroRedundancyOptimizer", "FSDPModule")
-    if isinstance(obj, torch.nn.Module) and not sharded:
-        sharded = any(type(p).__name__ == "DTensor" for p in obj.parameters())
-        name = f"{name} with DTensor parameters (FSDP2, tensor parallel)" if sharded else name
-    if sharded:
-        raise SystemExit(
-            f"launcher: {where}: {name} shards its state across ranks, and --recovery in-place rebuilds a lost "
-            "rank from a replica of the whole state (DDP); use --recovery restart"
-        )
