@@ -115,7 +115,7 @@ class Job:
         self.store = self._connect(is_master=not agent_store and self.rank == 0)
         # This rank's own streams and buffers, where its replacement finds them: the agent's folder in memory,
         # and a copy in the store for a replacement on another node.
-        mirror = slots.Mirror(self._put_record).send if self._mirror_client is not None else None
+        mirror = slots.Mirror(self._mirror_client, keys.slot(self.rank)).send if self._mirror_client else None
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
         self._record: dict[str, Any] = {}
         self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
@@ -203,9 +203,18 @@ class Job:
         self.model = None  # the old wrapper holds the old group
         abort.leave(pg, self.backend)
         marks.append(("left", time.time()))
-        if self._inflight is not None and not self._inflight.committed:
+        step, drawn = self._inflight, None
+        if step is not None and not step.committed:
+            drawn = self._snapshot.now()  # this rank's own draws and buffers of the step, should it stand
             self._snapshot.restore()  # the step runs again from where it began
-        return self._enter(self._next_round(self.round), sync=True, began=began, marks=marks)
+        done = self._enter(self._next_round(self.round), sync=True, began=began, marks=marks)
+        if drawn is not None and step is not None and self.step > step.index:
+            # Others committed the step (an all-reduce that completed on some ranks only) and sent their
+            # state: the step stands, and what this rank drew and updated in it is its own, not theirs.
+            self._pending = None
+            self._snapshot.put(drawn)
+            self._keep_record()  # as at a commit of its own
+        return done
 
     def close(self) -> None:
         """The job's end: in place, every rank waits here for the others (a rank lost before it is
@@ -288,6 +297,10 @@ class Job:
         self.step = step.index + 1
         if self._in_pass:
             self._batch += 1
+        self._keep_record()
+
+    def _keep_record(self) -> None:
+        """This rank's own streams and buffers as the steps done leave them, for its replacement (slots.py)."""
         if self.in_place:
             self._record["after"] = (self.step, rng.get())
             # A rank's own buffers (batch-norm statistics of its own batches): nobody else holds them.
@@ -482,11 +495,6 @@ class Job:
                 for key, buf in obj.named_buffers():
                     if every or self._snapshot.moving(buf):
                         yield f"{name}.{key}", buf
-
-    def _put_record(self, data: bytes) -> None:
-        """The mirror's copy of this rank's record, on a connection of its own."""
-        assert self._mirror_client is not None
-        self._mirror_client.set(keys.slot(self.rank), data)
 
     def _client(self, timeout: float) -> StoreClient | None:
         try:

@@ -91,10 +91,12 @@ def load(data: bytes | None) -> dict[str, Any] | None:
 
 
 class Mirror:
-    """Copies the newest record to the store from a thread of its own: `send(data)` never waits."""
+    """Copies the newest record to the store (at `key`, over `client`, a connection of its own) from a
+    thread of its own: `send(data)` never waits."""
 
-    def __init__(self, put: Callable[[bytes], None]):
-        self._put, self._data = put, None
+    def __init__(self, client: Any, key: str):
+        self._put: Callable[[bytes], None] = lambda data: client.set(key, data)
+        self._data: bytes | None = None
         self._ready = threading.Condition()
         threading.Thread(target=self._run, name="launcher-inplace-mirror", daemon=True).start()
 

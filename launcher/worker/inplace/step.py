@@ -140,6 +140,18 @@ class Snapshot:
         """`buffer` changes in a step (before the first step is done: assumed to)."""
         return self._moving is None or id(buffer) in self._moving
 
+    def now(self) -> tuple[rng.State, list[torch.Tensor]]:
+        """The streams and the changing buffers as they are now (in a step that broke)."""
+        return rng.get(), [buf.detach().clone() for buf, _ in self.buffers]
+
+    def put(self, state: tuple[rng.State, list[torch.Tensor]]) -> None:
+        """Back to what `now` returned."""
+        streams, copies = state
+        rng.put(streams)
+        with torch.no_grad():
+            for (buf, _), copy in zip(self.buffers, copies):
+                buf.copy_(copy)
+
     def restore(self) -> None:
         """Back to the start of the step, to run it again."""
         if self.rng is not None:
