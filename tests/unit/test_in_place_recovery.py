@@ -240,7 +240,7 @@ def test_a_rank_lost_within_a_tenth_of_a_second_after_entering_the_pending_round
 def test_a_fault_during_a_recovery_costs_one_more_restart_or_ends_the_job_when_none_is_left(sup, store):
     pending_round_one(sup)
     client(store).set(keys.entering(1, 1), b"1")
-    sup.clock.advance(1.0)
+    sup.clock.advance(2.0)
     said = sup.fail(1)
     assert said == (
         "rank 1 killed by SIGKILL while round 1 was recovering in place (after rank 1 entered it): "
@@ -256,7 +256,7 @@ def test_a_replacement_lost_in_its_own_round_is_replaced_in_the_round_after_for_
     sup.config = dataclasses.replace(sup.config, max_restarts=2)
     sup.in_place.config = sup.config
     pending_round_one(sup)
-    sup.clock.advance(1.0)
+    sup.clock.advance(2.0)
     assert sup.fail(2) is None  # the replacement itself
     sup.joined()
     assert sup.rendezvous.causes == [Cause.FAILURE, Cause.FAILURE]
