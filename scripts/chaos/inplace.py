@@ -180,7 +180,8 @@ def budget(ep: Episode, agents: list[AgentRecord], cap: int) -> list[str]:
                     v.append(f"{a.name}: round {e.round} charged {e.restarts} restart(s) after {charged}")
                 charged, ran = e.restarts, True
             elif e.kind == "recovered":  # with a spare, a lost node's ranks failed on no survivor's file
-                if (failed_ranks or not ep.spare) and sorted(e.ranks) != sorted(failed_ranks):
+                # a rank lost twice in one recovery (its replacement too) is one rank recovered
+                if (failed_ranks or not ep.spare) and sorted(e.ranks) != sorted(set(failed_ranks)):
                     v.append(f"{a.name}: round {e.round} recovered ranks {list(e.ranks)}, but {failed_ranks} failed")
                 failed_ranks = []
             elif e.kind == "finished" and e.restarts is not None and e.restarts != charged:

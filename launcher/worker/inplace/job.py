@@ -13,33 +13,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
-from . import abort, data, ddp, keys, rng, slots, transfer
+from . import abort, data, ddp, keys, leaving, rng, slots, transfer
 from .slots import Slot
-from .step import Commits, Snapshot, Step
+from .step import Commits, Recovery, Snapshot, Step
 
 log = logging.getLogger(__name__)
 
 WATCH_EVERY = 1.0  # seconds each wait of the watcher lasts before it looks at the round again
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """One recovery as this rank saw it."""
-
-    round: int
-    seconds: float  # from the call to `recover` (a newcomer: from its first step) to holding the state
-    sent: int  # bytes of state this rank sent (the source), else 0
-    received: bool  # this rank received the state (a newcomer, or a survivor that was behind)
-    moving: float = 0.0  # seconds of `seconds` spent sending or receiving the state
-    # (phase, wall-clock time) as this rank went: seen, left, joined, planned, moved, made (docs/in-place.md)
-    marks: tuple[tuple[str, float], ...] = ()
 
 
 class Job:
@@ -146,6 +132,9 @@ class Job:
                 raise TypeError(f"keep({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
             ddp.refuse_sharded(f"keep({name}=...)", obj)
             self._commits.watch(name, obj)
+            last = list(obj.parameters())[-1:] if isinstance(obj, torch.nn.Module) and self.in_place else []
+            for param in last:  # its gradient is about the first of a backward's (the output layer's)
+                param.register_post_accumulate_grad_hook(lambda _: self._drawn())
         self._kept.update(state)
 
     def wrap(self, make: Callable[[bool], Any]) -> None:
@@ -252,7 +241,7 @@ class Job:
                 step.commit()
             if self.step > step.index:  # committed, here or by the rank this one received from
                 return
-            step.entered = step.committed = False
+            step.entered = step.committed = step.drawn = False
             step.stepped.clear()
 
     def _pass(self, loader: Iterable) -> Iterator[Step]:
@@ -299,12 +288,25 @@ class Job:
             self._batch += 1
         self._keep_record()
 
-    def _keep_record(self) -> None:
+    def _drawn(self) -> None:
+        """A backward began: the step drew what it draws and moved its buffers (in the forward). Recorded
+        as this rank's state after the step, for its replacement should the others commit the step and
+        this rank be lost before its own commit (its draws then stand, and only it had them)."""
+        step = self._inflight
+        if step is not None and not step.committed and not step.drawn:
+            step.drawn = True
+            self._keep_record(step.index + 1)
+
+    def _keep_record(self, after: int | None = None) -> None:
         """This rank's own streams and buffers as the steps done leave them, for its replacement (slots.py)."""
         if self.in_place:
-            self._record["after"] = (self.step, rng.get())
+            at = self.step if after is None else after
+            self._record["after"] = (at, rng.get())
             # A rank's own buffers (batch-norm statistics of its own batches): nobody else holds them.
-            self._record["buffers"] = (self.step, {k: b.detach().cpu().clone() for k, b in self._own_buffers()})
+            kept = self._record.setdefault("buffers", {})  # by step: the newest two (a step's start and end)
+            kept[at] = {k: b.detach().cpu().clone() for k, b in self._own_buffers()}
+            for old in sorted(kept)[:-2]:
+                del kept[old]
             self._slot.write(self._record)
 
     def torn(self, step: Step) -> str:
@@ -477,8 +479,7 @@ class Job:
         self._batch, self._received = meta["batch"], meta
         self._layout = meta["layout"] or self._layout
         own = self._own or {}
-        if "buffers" in own and own["buffers"][0] == self.step:
-            self._buffers = own["buffers"][1]  # taken up once the model is made (torch < 2.5's DDP broadcasts)
+        self._buffers = own.get("buffers", {}).get(self.step)  # taken up once the model is made (2.4's DDP)
         for kind in ("start", "after"):  # "start": taken at the step's start, after any code between steps
             if kind in own and own[kind][0] == self.step:
                 self._pending = (kind, self.step, own[kind][1])
@@ -559,39 +560,31 @@ class Job:
 
     # ------------------------------------------------------------------ leaving
 
-    def _peer_error(self, error: BaseException) -> bool:
-        """`lost`, waiting for the agent's word only on an error that may come from a peer (a script's
-        own bug outside `with step:` is reported at once)."""
-        text = str(error).lower()
-        looks = isinstance(error, getattr(dist, "DistError", ())) or any(
-            word in text for word in ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout")
-        )
-        return self.in_place and (self._lost.is_set() or (looks and self.lost(error)))
-
     def leave(self, why: str) -> None:
         """In place cannot go on exactly: say why in one line and exit; the agent restarts the group."""
         self._leaving = True
-        sys.stderr.flush()
-        # To the descriptor: torch's excepthook (init_process_group's) catches what the hooks it wraps print.
-        os.write(2, f"rank {self.rank}: {why}; leaving, the group restarts (docs/in-place.md)\n".encode())
+        leaving.say(self.rank, f"{why}; leaving, the group restarts")
         raise SystemExit(keys.LEAVE_EXIT)
 
     def _stuck(self, rnd: int) -> None:
         """From the watcher: the main thread cannot leave a join of round `rnd`: this process is replaced."""
         self._leaving = True
-        why = f"its join of round {rnd} waits on a rank lost since (a peer refusing every connection)"
-        os.write(2, f"rank {self.rank}: {why}; starting again in the next round (docs/in-place.md)\n".encode())
+        leaving.say(
+            self.rank,
+            f"its join of round {rnd} waits on a rank lost since (a peer refusing every "
+            "connection); starting again in the next round",
+        )
         os._exit(keys.REJOIN_EXIT)
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
         """A lost peer outside `with step:` (an eval, a barrier): one line and LEAVE_EXIT, not a traceback."""
-        if not self._leaving and issubclass(kind, Exception) and self._peer_error(error):
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            try:
-                self.leave(f"a peer was lost outside `with step:` ({kind.__name__}: {first[:200]})")
-            except SystemExit:
-                logging.shutdown()
-                sys.stdout.flush()
-                os._exit(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
+        if not self._leaving and issubclass(kind, Exception) and self.in_place:
+            if self._lost.is_set() or (leaving.from_peer(error) and self.lost(error)):
+                self._leaving = True
+                leaving.say(
+                    self.rank,
+                    f"a peer was lost outside `with step:` ({leaving.first_line(error)}); leaving, the group restarts",
+                )
+                leaving.exit_now(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
         self._leaving = True  # failing: no wait at the job's end
         self._previous_hook(kind, error, tb)

@@ -33,6 +33,7 @@ class Slot:
     def __init__(self, folder: str | None, rank: int, mirror: Callable[[bytes], None] | None = None):
         self.path = os.path.join(folder, f"rank{rank}") if folder else None
         self.mirror = mirror
+        self._lock = threading.Lock()  # written from the main thread and from autograd's (at a backward's start)
         self._fd: int | None = None
         self._seq = 0
         self._half = HALF
@@ -59,7 +60,10 @@ class Slot:
         """Replace the record (the other half first, then the header)."""
         if self.path is None:
             return
-        data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._write(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _write(self, data: bytes) -> None:
         if self.mirror is not None:
             self.mirror(data)
         try:

@@ -11,6 +11,7 @@ ones it drew the first time). After it: the step is done, whatever the rest of t
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +40,7 @@ class Step:
     def __init__(self, job: Owner, index: int, batch: Any = None):
         self.job, self.index, self.batch = job, index, batch
         self.entered = self.done = self.committed = False
+        self.drawn = False  # its backward began: its draws and buffer updates are made (job.py `_drawn`)
         self.stepped: set[int] = set()  # id() of the kept optimizers that stepped in it
 
     def __index__(self) -> int:
@@ -167,3 +169,16 @@ class Snapshot:
                 self._moving = {id(b) for b, copy in self.buffers if not torch.equal(b, copy)}
             return
         self._moving |= {id(b) for b, v in self._versions if b._version != v}
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One recovery as this rank saw it."""
+
+    round: int
+    seconds: float  # from the call to `recover` (a newcomer: from its first step) to holding the state
+    sent: int  # bytes of state this rank sent (the source), else 0
+    received: bool  # this rank received the state (a newcomer, or a survivor that was behind)
+    moving: float = 0.0  # seconds of `seconds` spent sending or receiving the state
+    # (phase, wall-clock time) as this rank went: seen, left, joined, planned, moved, made (docs/in-place.md)
+    marks: tuple[tuple[str, float], ...] = ()
