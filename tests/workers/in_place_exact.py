@@ -10,6 +10,7 @@ DIE_AT="RANK STEP PHASE" (first round only): that rank SIGKILLs itself in that s
 STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": another rank dies DELAY s
 after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`;
 DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's).
+JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
 """
 
@@ -42,6 +43,9 @@ if first_round and die_phase == "start" and rank_now == die_rank:
     kill()
 if first_round and too and int(too[0]) == rank_now and die_phase == "start":
     kill(float(too[1]))
+
+if not first_round:  # JOIN_DELAY: a replacement slow to start (a big import, a busy host)
+    time.sleep(float(e.get("JOIN_DELAY", "0")))
 
 import logging  # noqa: E402
 
