@@ -202,17 +202,18 @@ class InPlace:
             return False
         if self.joining is not None:
             return True  # the round this recovery leaves ended: heard already
-        began, carried = self.sup.clock(), ()
+        joining = Joining(self.sup.clock())
         if self.pending is not None:  # the round under recovery ended too (another node's second fault):
             # its recovery goes on in the round after, this node's replacements running on into it
-            began, carried, self.pending = self.pending.began, self.pending.ranks, None
-        why = self._declined(self.sup.round) or _not_whole(self.sup.round)
+            p, self.pending = self.pending, None
+            joining = Joining(p.began, carried=p.ranks, carried_pids=frozenset(p.pids))
+        why = self._declined(self.sup.round) or _unreachable(self.sup.round)
         if why:
             return self._decline(why)
         what = "a worker failed on another node: " if event.failed else "membership changed: "
         log.info(f"{what}{event.reason}; recovering in place: the workers of this node keep running")
         self.sup.emit("membership", reason=event.reason, in_place=True)
-        self._ask(Joining(began, carried=carried), Cause.MEMBERSHIP, None)
+        self._ask(joining, Cause.MEMBERSHIP, None)
         return True
 
     def on(self, event: Joined | Recovered) -> None:
@@ -468,7 +469,7 @@ class InPlace:
         self.sup.post(Recovered(rnd, ok, lost))
 
 
-def _not_whole(rnd: Round) -> str:
+def _unreachable(rnd: Round) -> str:
     """Why round `rnd`'s workers cannot follow another node in place ("" if they can): its store must answer.
     (Workers still starting follow too: one that reaches `Job()` after the next round opened joins that one.)"""
     try:

@@ -5,9 +5,10 @@
     job = Job()                                  # joins the round's process group
     job.keep(model=model, optimizer=optimizer)   # what a newcomer receives from a survivor
     job.ddp(model)                               # job.model: DDP, made again after each recovery
-    for step in job.steps(args.steps):           # the step in flight comes again after a recovery
+    for step in job.steps(args.steps):           # or job.steps(loader) in `for epoch in job.epochs(...)`
         with step:
-            ...                                  # forward, backward, optimizer step on job.model
+            ...                                  # forward, backward, optimizer step (the commit) on job.model
+    job.close()                                  # the job's end, where every rank meets
 
 Importing this package imports no torch; `Job` does (`keys` is what the agent shares with it).
 """
