@@ -191,16 +191,22 @@ def test_metrics_while_the_job_runs_and_after_its_restart(cluster, tmp_path):
             text = r.read().decode()
         return {k: float(v) for k, v in re.findall(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
 
-    first = scrape()
-    assert first["launcher_restarts_budget"] == 1 and first['launcher_nodes{state="member"}'] == 1
+    def scrape_until(done, bound: float = 60) -> dict[str, float]:
+        deadline, seen = time.monotonic() + bound, {}
+        while time.monotonic() < deadline:
+            seen = scrape()
+            if done(seen):
+                break
+            time.sleep(0.2)  # the pace of the polling, not a synchronisation: `done` decides
+        return seen
+
+    # the server answers from start-up on; the node is a member once the rendezvous is done
+    first = scrape_until(lambda m: m.get('launcher_nodes{state="member"}') == 1)
+    assert first["launcher_restarts_budget"] == 1 and first['launcher_nodes{state="member"}'] == 1, first
     assert 'launcher_goodput_seconds{component="training"}' in first
     agent.wait_for(r"round 1 \(restart", stream="err")
-    deadline, after = time.monotonic() + 30, {}
-    while time.monotonic() < deadline:  # until the restarted workers' steps are on the board (every 2 s)
-        after = scrape()
-        if after["launcher_restarts"] == 1 and after.get('launcher_worker_step{rank="1"}', 0) > 8:
-            break
-        time.sleep(0.2)  # the pace of the polling, not a synchronisation: the condition above decides
+    # until the restarted workers' steps are on the board (every 2 s)
+    after = scrape_until(lambda m: m["launcher_restarts"] == 1 and m.get('launcher_worker_step{rank="1"}', 0) > 8)
     assert after["launcher_restarts"] == 1, after
     assert after['launcher_failures_total{cause="exit"}'] == 1, after
     # the restarted workers run, or (on a slow machine, by this scrape) have just finished their steps

@@ -258,9 +258,10 @@ def handler_plugin(tmp_path: Path) -> Path:
 
 
 ENV_DUMP = """\
-import os
+import os, pathlib
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-print("env", " ".join(f"{k}={os.environ[k]}" for k in keys), flush=True)
+line = "env " + " ".join(f"{k}={os.environ[k]}" for k in keys)
+pathlib.Path(os.environ["DUMP_DIR"], os.environ["RANK"]).write_text(line)
 """
 
 
@@ -276,6 +277,10 @@ def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
         env["PYTHONPATH"] = os.pathsep.join([str(handler_plugin), str(ROOT)])
         env.update(extra)
+        # each worker writes its own file: what the tools print around a worker's line is not compared
+        dump = here / f"dump-{tool}-{len(list(here.glob('dump-*')))}"
+        dump.mkdir()
+        env["DUMP_DIR"] = str(dump)
         nodes = [
             subprocess.Popen(
                 [
@@ -303,8 +308,7 @@ def test_torchrun_handlers_plugin_drives_the_job(here, handler_plugin):
                 p.kill()
                 p.wait()
         assert all(p.returncode == 0 for p in nodes), [err for _, err in outs]
-        # ours prefixes each worker line with its host and rank on a multi-node job; torchrun does not
-        return {line[line.index("env RANK") :] for out, _ in outs for line in out.splitlines() if "env RANK" in line}
+        return {f.read_text() for f in dump.iterdir()}
 
     ours, theirs = job("launcher"), job("torchrun")
     assert len(ours) == 4 and ours == theirs, (ours, theirs)
