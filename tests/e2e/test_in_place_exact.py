@@ -142,3 +142,12 @@ def test_a_fault_during_a_recovery_costs_one_more_restart_said_in_one_line_and_s
     assert_exact(got, undisturbed["loader"], restarts=2)
     lines = [line for line in got.err.splitlines() if "rank 2 killed by SIGKILL while round 1" in line]
     assert len(lines) == 1 and "recovering in place in the round after it (one more restart)" in lines[0], got.err
+
+
+@pytest.mark.timeout(300)
+def test_a_step_a_replacement_runs_twice_begins_both_times_from_its_predecessors_streams(tmp_path, undisturbed):
+    """Rank 1 is lost before its commit; in the step run again, rank 2 is lost too: rank 1's replacement
+    runs the step a second time from the streams its predecessor began it with (it took them from its
+    own record), not from its own start-up's."""
+    got = run(tmp_path, restarts=3, DIE_AT="1 5 before", DIE_REDO="2")
+    assert_exact(got, undisturbed["loader"], restarts=2)

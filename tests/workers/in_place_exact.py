@@ -10,6 +10,8 @@ DIE_AT="RANK STEP PHASE" (first round only): that rank SIGKILLs itself in that s
 STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": another rank dies DELAY s
 after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`;
 DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's).
+DIE_REDO=RANK: that rank (a first-round process) dies again at DIE_AT's step when it runs it again after
+the recovery (after the forward): the replacement then runs that step a second time.
 JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
 """
@@ -97,6 +99,9 @@ for step in flat() if e.get("FLAT") else passes():
         out = job.model(x)
         here = first_round and rank == die_rank and step.index == die_step
         if here and die_phase == "before":
+            kill()
+        redo = e.get("DIE_REDO") == str(rank) and first_round and step.index == die_step and job.round > 0
+        if redo:
             kill()
         loss = nn.functional.cross_entropy(out, y)
         optimizer.zero_grad(set_to_none=True)

@@ -229,6 +229,8 @@ class Job:
     def _attempts(self, step: Step) -> Iterator[Step]:
         """Yield `step` until it is done: again after a recovery that left it uncommitted."""
         if self.in_place:
+            # A replacement's own streams first: the step's start, should it run again, is where they are.
+            self._take_pending(step.index, fresh=False)
             self._snapshot.take([m for m in self._kept.values() if isinstance(m, torch.nn.Module)])
             self._record["start"] = (step.index, self._snapshot.rng)
             self._slot.write(self._record)
