@@ -28,6 +28,7 @@ every rank finished the job (`keys.finished`) costs nothing: nothing runs again.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -137,6 +138,7 @@ class InPlace:
         self.joining: Joining | None = None
         self.pending: Pending | None = None
         self.ended: float | None = None  # when the last recovery ended, on the supervisor's clock
+        self.folder = environ.get(keys.SLOTS_VAR, "")  # the workers' memory folder (agent/slots.py)
         environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads them
         # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
         # c10d) or its lease: the survivors' error must wait that long, and the round's forming, for the word.
@@ -166,7 +168,7 @@ class InPlace:
         elif left and not under and rnd is not None:  # another node's recovery opened the next round
             asked.append(keys.opened(rnd.round + 1))
         held = _holds(rnd, asked)
-        if rnd is not None and keys.finished(rnd.round) in held:
+        if rnd is not None and (keys.finished(rnd.round) in held or self._finished_here(rnd.round)):
             return self._after_end(failed, seen)
         if left and (under or (rnd is not None and keys.opened(rnd.round + 1) in held)):
             return self._leave(failed, left)
@@ -321,6 +323,11 @@ class InPlace:
         sup.emit("in_place_failed", round=pending.round, seconds=round(took, 3))
         # Its restart is charged already: the new round is asked for as a membership change.
         self._restart(Then.MEMBERSHIP)
+
+    def _finished_here(self, rnd: int) -> bool:
+        """A worker of this node saw every rank finish the job in round `rnd` (the store may be gone since:
+        group rank 0's node exits once its own workers are done)."""
+        return bool(self.folder) and os.path.exists(keys.finished_file(self.folder, rnd))
 
     def _after_end(self, failed: list[Member], seen: list[Failure]) -> None:
         """Workers lost after every rank finished the job (the round's `finished` key): done, not failed."""

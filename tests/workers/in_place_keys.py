@@ -6,7 +6,8 @@ sets `ready`), waits for `ready`; at its end it adds to `closing` (the last sets
 VICTIM=R      rank R SIGKILLs itself in round 0 once every rank is in; the others wait for the agent's word
 SECOND="R A"  survivor R, at that word (round 1 opened): A=kill SIGKILLs itself before entering round 1,
               A=leave exits keys.LEAVE_EXIT after one line
-AFTER_END=R   rank R SIGKILLs itself after every rank finished the job (`finished` set)
+AFTER_END=R   rank R SIGKILLs itself after every rank finished the job (`finished` set); "R gone": once the
+              store is gone too (its node, group rank 0's, exited: R must be on another node), within 60 s
 FAIL=R        rank R exits 1 once every rank is in (round 0)
 HOLD=1        every rank waits, once in, until the agent stops it
 $LAUNCHER_INPLACE_SLOTS (set by the agent): each rank writes its pid to a file of its own there first.
@@ -15,7 +16,9 @@ Prints "in rank=R round=N slots=PATH" once in, "done rank=R round=N" at a clean 
 
 import os
 import signal
+import socket
 import sys
+import time
 
 from launcher.tcpstore.client import StoreClient
 from launcher.worker.inplace import keys
@@ -64,6 +67,17 @@ if fresh and rnd == 0 and e.get("VICTIM"):
 if store.add(keys.closing(rnd), 1) == world:
     store.set(keys.finished(rnd), b"1")
 store.wait([keys.finished(rnd)])
-if e.get("AFTER_END") == str(rank):
+if slots:  # as Job.close() does: the word for this node's agent, should the store's node exit first
+    open(keys.finished_file(slots, rnd), "wb").close()
+after_end = e.get("AFTER_END", "").split()
+if after_end and after_end[0] == str(rank):
+    store.close()
+    deadline = time.monotonic() + 60
+    while after_end[1:] == ["gone"] and time.monotonic() < deadline:
+        try:
+            socket.create_connection((e["MASTER_ADDR"], int(e["MASTER_PORT"])), timeout=1).close()
+        except OSError:
+            break  # refused: the store's node exited
+        time.sleep(0.05)  # the pace of the polling; the refused connection decides
     die()
 print(f"done rank={rank} round={rnd}", flush=True)

@@ -524,6 +524,7 @@ class Job:
                 client = client or StoreClient(self._addr, self._port, timeout=max(10.0, 2 * WATCH_EVERY))
                 while not self._lost.is_set():
                     if client.wait([keys.finished(rnd)], timeout=WATCH_EVERY):
+                        self._slot.finished(rnd)  # for its agent, should the store's node exit first
                         return
                 self.recover()  # a peer was lost before the end: it comes back, and every rank counts again
         finally:

@@ -6,6 +6,8 @@ open across in-place rounds; each round's process group lives under its own pref
 
 from __future__ import annotations
 
+import os
+
 RECOVERY_VAR = "LAUNCHER_RECOVERY"  # "in-place" in every worker's environment when the agent recovers in place
 IN_PLACE = "in-place"
 NOTICE_VAR = "LAUNCHER_INPLACE_NOTICE"  # seconds a worker waits for the agent's word after a peer's error
@@ -59,6 +61,12 @@ def finished(rnd: int) -> str:
     """Set by the last worker to reach the job's end in round `rnd`: the training is over; a worker lost
     after it costs nothing and runs nothing again."""
     return f"{NAMESPACE}/{rnd}/finished"
+
+
+def finished_file(folder: str, rnd: int) -> str:
+    """The same word in the node's memory folder (`SLOTS_VAR`), from a worker that saw `finished(rnd)`: its
+    agent knows the job is over when the store is gone (group rank 0's node may exit first)."""
+    return os.path.join(folder, f"finished.{rnd}")
 
 
 def slot(rank: int) -> str:

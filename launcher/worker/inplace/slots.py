@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import keys
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<QQ32s")  # sequence number, length, sha256 of the record the sequence names
@@ -31,6 +33,7 @@ class Slot:
     """Rank `rank`'s record in `folder` (None: no folder, nothing kept)."""
 
     def __init__(self, folder: str | None, rank: int, mirror: Callable[[bytes], None] | None = None):
+        self.folder = folder
         self.path = os.path.join(folder, f"rank{rank}") if folder else None
         self.mirror = mirror
         self._lock = threading.Lock()  # written from the main thread and from autograd's (at a backward's start)
@@ -55,6 +58,14 @@ class Slot:
         except (OSError, struct.error, pickle.UnpicklingError, EOFError, ValueError):
             log.warning("in-place recovery: this rank's record in %s is unreadable", self.path, exc_info=True)
             return None
+
+    def finished(self, rnd: int) -> None:
+        """Say in the node's folder that every rank finished the job in round `rnd` (keys.finished_file)."""
+        if self.folder:
+            try:
+                open(keys.finished_file(self.folder, rnd), "wb").close()
+            except OSError:  # the agent ended the job and removed its folder: nobody is left to tell
+                log.debug("in-place recovery: could not mark the job finished in %s", self.folder, exc_info=True)
 
     def write(self, record: dict[str, Any]) -> None:
         """Replace the record (the other half first, then the header)."""
