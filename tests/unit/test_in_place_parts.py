@@ -107,6 +107,28 @@ def test_the_workers_memory_folder_falls_back_to_the_run_folder_without_dev_shm(
     assert not os.path.exists(path)
 
 
+def test_a_ranks_record_reads_back_whole_and_a_torn_write_leaves_the_one_before(tmp_path):
+    from launcher.worker.inplace import rng, slots
+
+    sent: list[bytes] = []
+    slot = slots.Slot(str(tmp_path), 3, mirror=sent.append)
+    first = {"after": (4, rng.get()), "buffers": {4: {"bn.mean": torch.arange(3.0), "bn.n": torch.tensor(7)}}}
+    slot.write(first)
+    got = slots.Slot(str(tmp_path), 3).read()
+    assert got["after"][0] == 4 and torch.equal(got["after"][1]["torch"], first["after"][1]["torch"])
+    mean, n = got["buffers"][4]["bn.mean"], got["buffers"][4]["bn.n"]
+    assert torch.equal(mean, torch.arange(3.0)) and (n.dtype, n.item()) == (torch.int64, 7)
+    assert slots.load(sent[-1])["buffers"][4]["bn.n"].item() == 7  # the store's copy reads back the same
+    # a rank killed between the record's half and the header: the header still names the whole one
+    header = (tmp_path / "rank3").read_bytes()[: slots.HEADER.size]
+    slot.write({"after": (5, rng.get()), "buffers": {}})
+    with open(tmp_path / "rank3", "r+b") as f:
+        f.write(header)
+    assert slots.Slot(str(tmp_path), 3).read()["after"][0] == 4
+    slot.finished(2)
+    assert os.path.exists(keys.finished_file(str(tmp_path), 2))
+
+
 def test_ddp_is_made_with_what_this_torch_takes_in_every_round():
     """`compat.ddp_kwargs`: init_sync where DDP takes it (2.13), none where not (2.4.1: a TypeError)."""
     from torch.nn.parallel import DistributedDataParallel

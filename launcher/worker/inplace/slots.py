@@ -13,6 +13,7 @@ newest only, never waits for the step, and a copy that fell behind is known by i
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import pickle
@@ -20,6 +21,8 @@ import struct
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from . import keys
 
@@ -72,7 +75,7 @@ class Slot:
         if self.path is None:
             return
         with self._lock:
-            self._write(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+            self._write(dumps(record))
 
     def _write(self, data: bytes) -> None:
         if self.mirror is not None:
@@ -92,6 +95,34 @@ class Slot:
         except OSError:  # the folder is gone (the agent ends the job): the record is not needed any more
             log.debug("in-place recovery: could not write %s", self.path, exc_info=True)
             self.path = None
+
+
+class _Pickler(pickle.Pickler):
+    """Plain CPU tensors as NumPy arrays: a record is written up to three times a step, and torch's own
+    reduction of a small tensor costs about 3x more (a 14 kB record: ~1 ms against ~3)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.dtype in _NUMPY and not obj.requires_grad:
+            try:
+                return _tensor, (obj.numpy(),)
+            except RuntimeError:  # a tensor NumPy cannot view (conjugate or negative bit): torch's own way
+                pass
+        return NotImplemented
+
+
+_NUMPY = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+          torch.bool}  # fmt: skip
+
+
+def _tensor(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+def dumps(record: dict[str, Any]) -> bytes:
+    """A record as bytes (`pickle.loads` reads them back)."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(record)
+    return out.getvalue()
 
 
 def load(data: bytes | None) -> dict[str, Any] | None:
