@@ -3,7 +3,9 @@
 # torch is pinned first (the CPU build, 2.13.0) so pip never pulls the CUDA wheels.
 # With --test, also the test extras and, when root on Debian, the system packages the tests
 # drive for real: etcd, Slurm + munge, OpenSSH (a private sshd), tmux, iproute2, chromium (draws
-# `launcher report`'s page headless). A test whose package is missing is skipped with the reason.
+# `launcher report`'s page headless), saying so in one line first. A test whose package is missing
+# is skipped with the reason; TEST_NO_SYSTEM=1 installs none of them and skips every test that
+# needs one (tests/support/system.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -40,6 +42,10 @@ if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; th
 fi
 [ "${1:-}" = "--test" ] || exit 0
 
+if [ -n "${TEST_NO_SYSTEM:-}" ] && [ "${TEST_NO_SYSTEM}" != 0 ]; then
+    echo "setup: TEST_NO_SYSTEM=1: no system packages installed; the tests that need etcd, Slurm, sshd, tmux, iproute2 or chromium are skipped" >&2
+    exit 0
+fi
 missing=""
 for p in etcd:etcd-server slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge \
          /usr/sbin/sshd:openssh-server ssh:openssh-client tmux:tmux ip:iproute2 chromium:chromium; do
@@ -48,6 +54,7 @@ done
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # The tests start their own etcd, slurmd and sshd on free ports: a temporary policy-rc.d keeps
     # the packages from starting system daemons (no etcd on 2379, no sshd on 22).
+    echo "setup: installing as root (apt-get) for the tests that drive them for real:$missing (TEST_NO_SYSTEM=1 skips this and those tests)" >&2
     rcd=""; [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; rcd=1; }
     { [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -60 2>/dev/null)" ] || apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing; } >/dev/null 2>&1 \

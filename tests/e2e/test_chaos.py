@@ -7,11 +7,11 @@ the same seeds draw from the faults that need neither."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
+from support import system
 from support.paths import ROOT
 
 # As root: c10d 164, a node's link cut for 4.6 s (the others re-form without it), then 165, a worker
@@ -39,8 +39,8 @@ SEEDS, EPISODES = (
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("backend,shape", sorted(SEEDS))
 def test_a_short_fault_campaign_breaks_no_invariant(backend, shape):
-    if backend == "etcd" and shutil.which("etcd") is None:
-        pytest.skip("no etcd binary on PATH")
+    if backend == "etcd" and system.which("etcd") is None:
+        pytest.skip(system.missing("etcd", "etcd-server"))
     cmd = [
         sys.executable,
         str(ROOT / "scripts" / "chaos.py"),

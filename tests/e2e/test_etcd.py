@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import system
 from support.etcd import ETCD, Member, client, keys_of, needs_etcd
 from support.etcd import job_flags as args
 from support.launcher_runs import Cluster, assert_one_story, finish, infos, wait_line
@@ -260,7 +260,8 @@ def test_three_member_cluster_survives_losing_its_leader(launch, etcd_factory):
 @needs_etcd
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 for network namespaces"
+    os.geteuid() != 0 or not system.which("ip"),
+    reason=system.SKIPPED if system.NO_SYSTEM else "needs root and iproute2 for network namespaces",
 )
 def test_a_host_cut_off_from_etcd_stops_cleanly_and_the_rest_goes_on(tmp_path):
     """A watch on a cut connection stays silent and the lease cannot be refreshed: after read_timeout

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import struct
 import subprocess
 import time
@@ -23,6 +22,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from support import system
 from support.launcher_runs import c10d
 from support.paths import LAUNCHER, worker
 from support.ports import free_port
@@ -110,10 +110,10 @@ def test_goodput_of_two_c10d_nodes_is_the_same_on_both(two_nodes):
     assert job_part[0] == job_part[1] and "(job-wide, 2 nodes" in lines[0]
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM = system.which("chromium") or system.which("chromium-browser") or system.which("google-chrome")
 
 
-@pytest.mark.skipif(not CHROMIUM, reason="no chromium (scripts/setup.sh --test installs it: apt-get install chromium)")
+@pytest.mark.skipif(not CHROMIUM, reason=system.missing("chromium", "chromium"))
 def test_the_report_of_a_two_node_job_draws_in_chromium(two_nodes, tmp_path):
     _, folder, _ = two_nodes
     page, png = tmp_path / "report.html", tmp_path / "report.png"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import system
 from support.paths import LAUNCHER, worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -167,11 +167,11 @@ def lose_to_the_spare(job, a, b, spare) -> None:
     assert {x.name: x.wait() for x in (a, spare)} == {"a": 0, "spare": 0}
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM = system.which("chromium") or system.which("chromium-browser") or system.which("google-chrome")
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(not CHROMIUM, reason="no chromium (scripts/setup.sh --test installs it: apt-get install chromium)")
+@pytest.mark.skipif(not CHROMIUM, reason=system.missing("chromium", "chromium"))
 def test_the_report_of_a_spare_replacing_a_killed_node(tmp_path):
     job = C10dJob(tmp_path)
     try:

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support import system
 from support.etcd import ETCD, Member
 from support.launcher_runs import Agent, Cluster, c10d
 from support.paths import ROOT, worker
@@ -85,7 +86,10 @@ def nodes(tmp_path):
     n.cleanup()
 
 
-@pytest.fixture(params=["c10d", pytest.param("etcd", marks=pytest.mark.skipif(ETCD is None, reason="no etcd"))])
+NO_ETCD = pytest.mark.skipif(ETCD is None, reason=system.missing("etcd", "etcd-server"))
+
+
+@pytest.fixture(params=["c10d", pytest.param("etcd", marks=NO_ETCD)])
 def backend_nodes(request, tmp_path):
     n = Nodes(tmp_path, request.param)
     yield n

@@ -19,12 +19,17 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support import system
 from support.paths import ROOT, worker
 from support.ports import free_port
 from support.processes import kill_leftovers, procs_with_token, wait_gone
 
 SCRIPT = ROOT / "scripts" / "launch_hosts.sh"
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+SSHD = (
+    None
+    if system.NO_SYSTEM
+    else shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+)
 
 
 @pytest.fixture(scope="module")

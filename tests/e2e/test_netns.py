@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+from support import system
 from support.netns import network_hosts
 from support.paths import ROOT, worker
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 to create network namespaces"
+    os.geteuid() != 0 or not system.which("ip"),
+    reason=system.SKIPPED if system.NO_SYSTEM else "needs root and iproute2 to create network namespaces",
 )
 
 

@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from support import system
 from support.paths import ROOT, worker
 
 
@@ -120,7 +121,7 @@ def test_quiet_and_timestamped_notes(launch):
     assert quiet.returncode == 0 and "launcher:" not in quiet.stderr
 
 
-@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+@pytest.mark.skipif(not system.which("tmux"), reason=system.missing("tmux", "tmux"))
 def test_live_view_in_a_real_terminal(tmp_path):
     session = f"lv{uuid.uuid4().hex[:8]}"
     script = tmp_path / "chatty.py"

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import system
 from support.paths import LAUNCHER, ROOT, worker
 from support.processes import procs_with_token, wait_gone
 from support.slurm import CLUSTER, Jobs, cluster_skip_reason, step_env
@@ -237,9 +237,9 @@ def test_single_node_script(jobs, tmp_path):
 
 
 def test_etcd_script(jobs, tmp_path):
-    etcd = shutil.which("etcd")
+    etcd = system.which("etcd")
     if etcd is None:
-        pytest.skip("no etcd binary on PATH (Debian: etcd-server)")
+        pytest.skip(system.missing("etcd", "etcd-server"))
     import socket
 
     ports = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support import system
 from test_spares_c10d import (
     ROOT,
     STEPS,
@@ -29,8 +29,8 @@ from test_spares_c10d import (
     spares_share_the_verdict,
 )
 
-ETCD = shutil.which("etcd")
-pytestmark = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
+ETCD = system.which("etcd")
+pytestmark = pytest.mark.skipif(ETCD is None, reason=system.missing("etcd", "etcd-server"))
 
 
 @pytest.fixture

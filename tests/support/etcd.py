@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from support import system
 from support.ports import free_port
 
-ETCD = shutil.which("etcd")
-needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary on PATH (Debian: apt-get install etcd-server)")
+ETCD = system.which("etcd")
+needs_etcd = pytest.mark.skipif(ETCD is None, reason=system.missing("etcd", "etcd-server"))
 
 
 class Member:

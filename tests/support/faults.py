@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from support import system
 from support.launcher_runs import Agent
 from support.launcher_runs import c10d as shared_c10d
 from support.paths import worker
 
-ROOTED = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("mount") is not None
+ROOTED = os.geteuid() == 0 and system.which("ip") is not None and shutil.which("mount") is not None
 
 
 c10d = functools.partial(shared_c10d, run_id="faults")
