@@ -18,11 +18,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with
-# workers forked from the --preload zygote; nothing they check may differ.
-BOTH_STARTS = {"test_supervise", "test_faults"}
+# workers forked from the --preload zygote; nothing they check may differ (signals and exits, where a
+# forked worker's differ).
+BOTH_STARTS = {"test_supervise"}
 # These run each such test once, forked and spawned in turn down the module, the first forked (the fast
-# path the faults strain most): both starts are covered at half the cost (each start imports torch).
-ONE_START = {"test_faults_nodes", "test_faults_store", "test_examples"}
+# path the faults strain most): both starts are covered at half the cost (each zygote imports torch).
+ONE_START = {"test_faults", "test_faults_nodes", "test_faults_store", "test_examples"}
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 

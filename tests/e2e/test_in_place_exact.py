@@ -5,6 +5,8 @@ run's bit for bit, every step is applied once per rank, and every sample of an e
 tests/workers/in_place_exact.py trains 3 ranks of DDP with Dropout and BatchNorm (per-rank random
 streams, re-seeded per epoch) over a DataLoader with a DistributedSampler, with a logged loss
 all_reduce after the optimizer step; each process logs the steps it applied and their sample ids.
+The workers are forked from the --preload zygote (torch imported once, not once per process: the
+suite's time), the undisturbed runs' too; the lost rank before the first step is tried spawned as well.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Outcome:
     err: str
 
 
-def run(tmp: Path, preload: bool = False, restarts: int = 2, **env: str) -> Outcome:
+def run(tmp: Path, preload: bool = True, restarts: int = 2, **env: str) -> Outcome:
     logs = tmp / "steps"
     logs.mkdir(parents=True)
     launch = Launch(preload=preload)
