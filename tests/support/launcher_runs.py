@@ -87,8 +87,9 @@ class Agent:
     def stderr(self) -> str:
         return "\n".join(self.err)
 
-    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "out", count: int = 1) -> re.Match:
-        """Block until `count` lines of stdout (or stderr) match `pattern`; fail with the output so far."""
+    def wait_for(self, pattern: str, timeout: float = 90, stream: str = "out", count: int = 1) -> re.Match:
+        """Block until `count` lines of stdout (or stderr) match `pattern`; fail with the output so far.
+        The bound holds on a busy host: a --preload node imports torch first, 20 s and more at a load of 10."""
         lines, rx = (self.out if stream == "out" else self.err), re.compile(pattern)
         deadline, seen = time.monotonic() + timeout, 0
         while time.monotonic() < deadline:
