@@ -11,8 +11,8 @@ bash scripts/setup.sh --test
 LINTED=(launcher tests scripts examples)
 .venv/bin/ruff check "${LINTED[@]}"
 .venv/bin/ruff format --check "${LINTED[@]}"
-# The tests' bytecode too (setup.sh wrote the launcher's): where PYTHONDONTWRITEBYTECODE=1 no process
-# writes it, and each of the suite's launcher, zygote and worker processes compiled what it imports.
-.venv/bin/python -m compileall -q -j 0 tests >/dev/null
+# Bytecode, fresh: where PYTHONDONTWRITEBYTECODE=1 no process writes it, and each of the suite's
+# launcher, zygote and worker processes compiled what it imports again (setup.sh writes it at install).
+.venv/bin/python -m compileall -q -j 0 launcher tests >/dev/null
 cores=$(nproc 2>/dev/null || echo 2)
 exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores > 2 ? cores + 1 : 3))}" --dist loadfile "$@"
