@@ -25,11 +25,7 @@ from support.ports import free_port
 from support.processes import kill_leftovers, procs_with_token, wait_gone
 
 SCRIPT = ROOT / "scripts" / "launch_hosts.sh"
-SSHD = (
-    None
-    if system.NO_SYSTEM
-    else shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-)
+SSHD = system.which("sshd") or (None if system.NO_SYSTEM or not os.path.exists("/usr/sbin/sshd") else "/usr/sbin/sshd")
 
 
 @pytest.fixture(scope="module")

@@ -97,6 +97,10 @@ class Slot:
             self.path = None
 
 
+_NUMPY = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+          torch.bool}  # fmt: skip
+
+
 class _Pickler(pickle.Pickler):
     """Plain CPU tensors as NumPy arrays: a record is written up to three times a step, and torch's own
     reduction of a small tensor costs about 3x more (a 14 kB record: ~1 ms against ~3)."""
@@ -108,10 +112,6 @@ class _Pickler(pickle.Pickler):
             except RuntimeError:  # a tensor NumPy cannot view (conjugate or negative bit): torch's own way
                 pass
         return NotImplemented
-
-
-_NUMPY = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-          torch.bool}  # fmt: skip
 
 
 def _tensor(array: Any) -> torch.Tensor:
