@@ -23,7 +23,7 @@ from .env import WorkerSpec, worker_env, workers_of
 from .logs import Console, LogRouter, Routing, Stream
 from .logs_specs import Placement, PluginLogs, RankLogs, default_placement
 from .oom import oom_reason
-from .zygote.messages import RETURNED_SUFFIX
+from .worker_exit import RETURNED_SUFFIX  # not zygote.messages: a launch without --preload never loads it
 
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 # Seconds a forked worker whose code returned 0 may stay silent in its exit once every other rank of

@@ -1,5 +1,7 @@
 """The command line, run in the user's shell: flags and subcommands, and the composition root.
 
+- `start`: the entry (`python -m launcher`, the `launcher` script): a plain launch line is read by
+  `flags` (the launch options as data) without click, and runs; any other goes to `commands`.
 - `commands`: click turns flags into one frozen `LaunchConfig`; the subcommands (`status`, `report`,
   `check`, `bench`) and `python -m launcher.launch` start here. `deps`: the interpreter has what the
   launcher needs, checked before anything is imported.

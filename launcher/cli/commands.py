@@ -13,8 +13,9 @@ import click
 
 from .. import __version__, slurm
 from .. import config as cfg
-from ..errors import EXIT_USAGE, ConfigError
-from . import deps
+from ..errors import ConfigError
+from .flags import LAUNCH, RDZV
+from .start import launch, usage_error
 
 EXAMPLES = """\b
 Examples:
@@ -86,7 +87,26 @@ def flag(name: str, *names: str, group: str, env: bool = True, **kwargs):
     return click.option(*spellings, dest, cls=GroupedOption, group=group, envvar=envvar, show_envvar=False, **kwargs)
 
 
-NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", "Logs", "Signals and restarts"
+def launch_options(command):
+    """Declare every option of `flags.LAUNCH` on `command`, in the table's order (the order of --help)."""
+    for f in reversed(LAUNCH):
+        if f.switch:  # `--preload/--no-preload`, and `--no_preload` too
+            option = click.option(
+                f"--{f.name}/--no-{f.name}",
+                f" /--no_{f.dest}",
+                f.dest,
+                cls=GroupedOption,
+                group=f.group,
+                default=cfg.DEFAULTS[f.dest],
+                envvar=f.envvar,
+                show_envvar=False,
+                help=f.help,
+            )
+        else:
+            extra = {"is_flag": True} if f.is_flag else {"metavar": f.metavar}
+            option = flag(f.name, *f.short, group=f.group, envvar=f.envvar, help=f.help, **extra)
+        command = option(command)
+    return command
 
 
 @click.command(
@@ -98,231 +118,7 @@ NODES, RDZV, RUN, LOGS, SIG = "Workers and nodes", "Rendezvous", "What to run", 
     },
     epilog=EXAMPLES,
 )
-@flag("nproc-per-node", group=NODES, metavar="N|cpu|gpu|xpu|auto", help="Workers on this node.")
-@flag("nnodes", group=NODES, metavar="N|MIN:MAX", help="Nodes in the job.")
-@flag("node-rank", group=NODES, metavar="R", help="This node's rank (static rendezvous).")
-@flag("master-addr", group=NODES, metavar="HOST", help="Address of node rank 0 (static).")
-@flag(
-    "master-port",
-    group=NODES,
-    metavar="PORT",
-    help="Port on node rank 0 (static; default 29500, free port on one node).",
-)
-@flag("local-addr", group=NODES, metavar="HOST", help="This node's address as the others reach it.")
-@flag(
-    "gpus",
-    group=NODES,
-    metavar="IDS",
-    help="Physical GPUs for this node's workers, e.g. 2,3 (local rank 0 gets GPU 2).",
-)
-@flag(
-    "virtual-local-rank",
-    group=NODES,
-    is_flag=True,
-    help="LOCAL_RANK=0 and one GPU per worker via CUDA_VISIBLE_DEVICES.",
-)
-@flag(
-    "rdzv-backend",
-    group=RDZV,
-    metavar="NAME",
-    help="static (default), c10d, etcd (etcd-v2: the same), or a torchrun.handlers entry point.",
-)
-@flag("rdzv-endpoint", group=RDZV, metavar="HOST:PORT", help="Where the rendezvous store is.")
-@flag("rdzv-id", group=RDZV, metavar="ID", help="Job id shared by all nodes (TORCHELASTIC_RUN_ID).")
-@flag("rdzv-conf", group=RDZV, metavar="K=V,...", help="Backend settings, e.g. join_timeout=600.")
-@flag("standalone", group=RDZV, is_flag=True, help="One node, no store to set up (the default for one node).")
-@flag("module", "-m", group=RUN, is_flag=True, help="Run the script as `python -m MODULE`.")
-@flag("no-python", group=RUN, is_flag=True, help="Run the script as a command, without python.")
-@flag(
-    "run-path",
-    group=RUN,
-    is_flag=True,
-    help="As torchrun: a fresh interpreter runs the script (wins over --no_python and -m).",
-)
-@click.option(
-    "--preload/--no-preload",
-    " /--no_preload",
-    "preload",
-    cls=GroupedOption,
-    group=RUN,
-    default=cfg.DEFAULTS["preload"],
-    envvar="PET_PRELOAD",
-    show_envvar=False,
-    help="Fork workers from an interpreter that imported torch once (warm start and restarts).",
-)
-@flag(
-    "preload-modules",
-    group=RUN,
-    metavar="MODS",
-    help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).",
-)
-@flag(
-    "worker-exit",
-    group=RUN,
-    metavar="MODE",
-    help="quick (default): a spawned Python worker runs python's exit steps, then skips the interpreter's "
-    "finalisation (torch's teardown race); finalize: exit as plain `python -u SCRIPT` (docs/preload.md).",
-)
-@flag("role", group=RUN, metavar="NAME", help="Role name (ROLE_NAME).")
-@flag(
-    "append-local-rank",
-    group=RUN,
-    is_flag=True,
-    help="Pass --local-rank=N to the script, as torch.distributed.launch did.",
-)
-@flag(
-    "append-local-rank-as",
-    group=RUN,
-    metavar="FLAG",
-    help="Same, with another spelling, e.g. --local_rank.",
-)
-@flag("use-env", group=RUN, is_flag=True, help="With `python -m launcher.launch`: do not append --local-rank.")
-@flag("start-method", group=RUN, metavar="NAME", help="Accepted for torchrun; moot for scripts.")
-@flag("max-restarts", group=SIG, metavar="N", help="Restarts of the worker group before giving up.")
-@flag(
-    "monitor-interval",
-    group=SIG,
-    metavar="SEC",
-    help="Upper bound between periodic checks (exits are seen at once).",
-)
-@flag("shutdown-timeout", group=SIG, metavar="SEC", help="Grace between SIGTERM and SIGKILL (default 30).")
-@flag(
-    "hang-timeout",
-    group=SIG,
-    metavar="SEC",
-    help="A worker with no output and no launcher.progress() call for SEC is hung: "
-    "its stacks are dumped, the group restarts.",
-)
-@flag(
-    "hang-startup-timeout",
-    group=SIG,
-    metavar="SEC",
-    help="With --hang_timeout: how long a worker may be silent before its first line or progress() call "
-    "(imports, data set-up, init_process_group); default 300, or --hang_timeout if longer.",
-)
-@flag(
-    "straggler-threshold",
-    group=SIG,
-    metavar="FRACTION",
-    help="Flag a rank whose launcher.progress(step=) rate stays below this fraction of the job's median (0: off).",
-)
-@flag("straggler-period", group=SIG, metavar="SEC", help="How long a rank must stay below it to be flagged.")
-@flag(
-    "restart-policy",
-    group=SIG,
-    metavar="K=V,...",
-    help="Restart backoff and when restarting stops: quick, backoff, backoff_max, no_progress (docs/policy.md).",
-)
-@flag(
-    "recovery",
-    group=SIG,
-    metavar="MODE",
-    help="restart (default): a failed worker restarts the group; in-place: it is replaced alone, the others "
-    "keep running (the script uses launcher.worker.inplace; docs/in-place.md).",
-)
-@flag("in-place-timeout", group=SIG, metavar="SEC", help="An in-place recovery not done in SEC restarts the group.")
-@flag(
-    "quarantine",
-    group=SIG,
-    metavar="K=V,...",
-    help="Keep a node out whose workers failed in AFTER of its last WINDOW rounds: after=3,window=5,cooldown=3600.",
-)
-@flag(
-    "health-check",
-    group=SIG,
-    metavar="CMD",
-    help="Run before this node joins each round; non-zero keeps it out (exit 69). GPU checks too, with NVML.",
-)
-@flag("health-check-timeout", group=SIG, metavar="SEC", help="How long --health_check may run (default 60).")
-@flag(
-    "signals-to-handle",
-    group=SIG,
-    metavar="SIGS",
-    help="Signals that stop the job (forwarded first).",
-)
-@flag(
-    "passthrough-signals",
-    group=SIG,
-    metavar="SIGS",
-    help="Signals forwarded to workers that go on, e.g. SIGUSR1.",
-)
-@flag("log-dir", group=LOGS, metavar="DIR", help="Per-attempt, per-rank stdout/stderr/error files.")
-@flag(
-    "redirects",
-    "-r",
-    group=LOGS,
-    metavar="0-3|MAP",
-    help="Streams sent to files only: 1 out, 2 err, 3 both; or 0:1,1:3.",
-)
-@flag("tee", "-t", group=LOGS, metavar="0-3|MAP", help="Streams sent to files and the console.")
-@flag(
-    "local-ranks-filter",
-    group=LOGS,
-    metavar="RANKS",
-    help="Local ranks shown on the console (all still go to files).",
-)
-@flag(
-    "events-file",
-    group=LOGS,
-    metavar="PATH",
-    help="JSON-lines log of rounds, spawns, exits, restarts, signals.",
-)
-@flag(
-    "metrics-port",
-    group=LOGS,
-    metavar="PORT",
-    help="Serve Prometheus metrics (round, restarts, workers, steps, goodput) on PORT.",
-)
-@flag(
-    "metrics-host",
-    group=LOGS,
-    metavar="HOST",
-    help="Address for --metrics_port (default loopback only; 0.0.0.0 for a scraper on another host).",
-)
-@click.option(
-    "--live/--no-live",
-    " /--no_live",
-    "live",
-    cls=GroupedOption,
-    group=LOGS,
-    default=cfg.DEFAULTS["live"],
-    envvar="PET_LIVE",
-    show_envvar=False,
-    help="The live worker table (default: on when stderr is a terminal).",
-)
-@flag("quiet", "-q", group=LOGS, is_flag=True, help="Only worker output, errors and the failure summary.")
-@flag(
-    "log-level",
-    group=LOGS,
-    envvar="LAUNCHER_LOG_LEVEL",
-    metavar="LEVEL",
-    help="The launcher's own messages: debug (also what it recovers from), info, warning or error.",
-)
-@flag(
-    "duplicate-stdout-filters",
-    group=LOGS,
-    metavar="TEXT,...",
-    help="Tee'd stdout lines holding one of these also go to attempt_N/filtered_stdout.log (,, for a comma).",
-)
-@flag("duplicate-stderr-filters", group=LOGS, metavar="TEXT,...", help="The same for stderr.")
-@flag(
-    "logs-specs",
-    group=LOGS,
-    metavar="NAME",
-    help="A torchrun.logs_specs entry point that places the log files (default: ours, torch's layout).",
-)
-@flag(
-    "event-log-handler",
-    group=LOGS,
-    metavar="NAME",
-    help="null (default), or console: each launcher event also as a line (--events_file for JSON).",
-)
-@flag(
-    "numa-binding",
-    group=NODES,
-    metavar="MODE",
-    help="Run each worker on the CPUs near its GPU: node, socket, exclusive or core-complex.",
-)
+@launch_options
 @click.version_option(__version__, "--version", prog_name="launcher", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False, default="")
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
@@ -332,39 +128,7 @@ def command(**flags) -> None:
     A drop-in for torchrun: replace `torchrun` with `python -m launcher`. Every option
     also takes its dashed spelling (--nproc-per-node) and a PET_<NAME> environment default.
     """
-    config = cfg.from_flags(**flags)
-    if flags.get("no_python") and not flags.get("run_path"):
-        check_command(flags["training_script"])
-    needed = deps.NEEDED + (() if flags.get("no_python") else deps.WORKERS_NEED)
-    absent = deps.missing(needed + (deps.METRICS_NEED if config.metrics else ()))
-    if absent:  # every one at once
-        raise ConfigError(deps.problem(absent))
-    try:
-        from .run import run  # the machinery loads only once the flags are good
-
-        code = run(config)
-    except KeyboardInterrupt:
-        # Ctrl-C before the supervisor takes the signals over (it says what it stopped after that): one
-        # line, not click's empty one. Nothing is left behind: the guard process stops marked workers.
-        sys.stderr.write("launcher: got SIGINT; stopped\n")
-        code = 130
-    sys.exit(code)
-
-
-def check_command(command: str) -> None:
-    """--no_python: the command must exist and be executable, found the way the workers' exec finds it."""
-    import shutil
-
-    if shutil.which(command, path=os.environ.get("PATH", os.defpath)):
-        return
-    if "/" not in command:
-        hint = f"; for a file here, write ./{command}" if os.path.isfile(command) else ""
-        raise ConfigError(f"--no_python command {command!r} is not on PATH{hint}")
-    if not os.path.exists(command):
-        raise ConfigError(f"--no_python command {command!r} does not exist")
-    if os.path.isdir(command):
-        raise ConfigError(f"--no_python command {command!r} is a folder, not a program")
-    raise ConfigError(f"--no_python command {command!r} is not executable (chmod +x {command})")
+    sys.exit(launch(**flags))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -563,9 +327,7 @@ def main(argv: list[str] | None = None, prog_name: str = "launcher") -> None:
         if isinstance(e, click.NoSuchOption) and e.possibilities:
             best, *others = closest_first(e.option_name, e.possibilities)
             text = f"{e.message.rstrip('.')}. Did you mean {best}?" + (f" (or {', '.join(others)})" if others else "")
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())  # one line, whatever a flag held
-        sys.stderr.write(f"{prog_name}: error: {text}\n")
-        sys.exit(EXIT_USAGE)
+        usage_error(prog_name, text)
     except click.exceptions.Abort:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)  # --help and --version land here

@@ -311,7 +311,9 @@ def _has_logs(run_dir: str) -> bool:
     return False
 
 
-PREWARM_AFTER = 0.25  # seconds
+# seconds: after the workers' start-up, not during it. psutil's import costs ~50 ms of CPU (more on a
+# busy host), which eight workers starting on two cores feel; at 0.25 s it landed in their start-up.
+PREWARM_AFTER = 1.0
 
 
 def _prewarm() -> None:
