@@ -298,7 +298,7 @@ if wanted nvml_health; then
         say SKIP nvml_health "--health_check has not landed in this checkout (issue 22)"
     elif ! gpu_skip nvml_health; then
         if ! "$PYTHON" -c "import pynvml" 2>/dev/null; then
-            say SKIP nvml_health "nvidia-ml-py is not installed (pip install 'torch-launcher[gpu]')"
+            say SKIP nvml_health "nvidia-ml-py is not installed (pip install -e '.[gpu]' from the checkout)"
         else
             # the gate's built-in NVML checks run with any --health_check; `true` adds nothing of its own
             run nvml_health "${LAUNCHER[@]}" --nproc_per_node "$NP" --health_check true "$LOGS/trivial.py"

@@ -11,8 +11,10 @@ import importlib.util
 import os
 import sys
 
-# The name on the package index (setup.cfg's; `launcher` there is another project)
-DISTRIBUTION = "torch-launcher"
+from ..install import DISTRIBUTION, command
+
+__all__ = ["DISTRIBUTION", "before_cli", "fix_hint", "missing", "problem"]
+
 # What every launch needs in the launcher's own interpreter (the workers run in it too, unless
 # --no_python): psutil stops worker trees, rich draws the live table and the summary.
 NEEDED = ("click", "psutil", "rich")
@@ -34,7 +36,7 @@ def fix_hint() -> str:
         return f"activate the venv: source {here}/bin/activate (or run {here}/bin/python -m launcher)"
     if os.path.isfile(os.path.join(root, "scripts", "setup.sh")):
         return f"set up the venv: bash {os.path.relpath(root)}/scripts/setup.sh, then source {here}/bin/activate"
-    return f"install the launcher into it: {sys.executable} -m pip install {DISTRIBUTION}"
+    return f"install the launcher into it: {command()}"
 
 
 def problem(names: list[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
+from ..agent.logs import Console, configure_console
 from ..config import StatusConfig
 from ..errors import ConfigError, RendezvousConnectionError, RendezvousError
 from ..policy.quarantine import QuarantineBook
@@ -132,6 +133,9 @@ def _node(g: int, report: NodeReport) -> dict:
 
 def status_main(config: StatusConfig, show) -> int:
     """Read (and with --watch, re-read) the job; `show(job)` prints it. Exit 0, 1 (store unreachable), 2 (refused)."""
+    # The store clients' notes on stderr: a store that does not answer yet is retried for 5 s, said
+    # after a moment (`launcher: cannot reach the store ... yet`), never waited on silently.
+    configure_console(Console(), "info")
     try:
         store = open_store(config)
     except RendezvousConnectionError as e:

@@ -1,8 +1,8 @@
 """The health gate: may this node join the next round? Run before each round it joins.
 
 Two parts, either optional: `--health_check CMD` (a shell command, bounded in time; non-zero
-keeps the node out), and built-in GPU checks when NVML is importable (`pip install
-torch-launcher[gpu]`, module `pynvml`): the GPUs this node should have are visible, none has
+keeps the node out), and built-in GPU checks when NVML is importable (the `gpu` extra:
+`pip install -e '.[gpu]'` from a checkout, module `pynvml`): the GPUs this node should have are visible, none has
 uncorrected ECC errors or retired pages / remapped rows pending, and the last round's workers no
 longer hold GPU memory (waited for up to `memory_wait` s). NVML is reached through a seam (`nvml=`)
 so that tests fake it; the real one cannot run on a machine without an NVIDIA driver.

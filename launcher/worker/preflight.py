@@ -19,8 +19,9 @@ NCCL versions and GPU name; then, over the job's process group (NCCL on CUDA, gl
   2 ranks there is one pair, which cannot say which end is slow: not judged. On one host with gloo
   the pairs share cores and loopback, so the figures agree up to scheduling noise, which the best of
   --iters and the 0.5x margin absorb; the slow-rank hook shows the probe at work.
-Rank 0 prints one row per rank and a verdict. When anything is wrong every rank exits 1, the ranks
-to blame first (so the launcher's summary names one of them).
+Rank 0 says on stderr what it checks as each step begins (one line each: importing torch, joining,
+the correctness checks, the bandwidth probes), then prints one row per rank and a verdict. When
+anything is wrong every rank exits 1, the ranks to blame first (so the launcher's summary names one).
 
 Test hooks: LAUNCHER_PREFLIGHT_CORRUPT_RANK=R makes rank R add 1 to its all_reduce input;
 LAUNCHER_PREFLIGHT_SLOW_RANK=R makes rank R sleep 20 ms before every probe all_reduce.
@@ -65,10 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if "RANK" not in os.environ:
         sys.exit("preflight: run me under the launcher: python -m launcher check --nproc_per_node N")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    def say(text: str) -> None:
+        """Rank 0's note on what starts now: every step can take seconds, none of them silently."""
+        if rank == 0:
+            print(f"check: {text}", file=sys.stderr, flush=True)
+
+    say(f"{world} ranks: importing torch, then joining the process group")
     import torch  # only here: the agent imports this module for --help and must stay light
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     timeout = timedelta(seconds=args.timeout)
     info = {
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     info.update(device=str(device), backend=dist.get_backend())
     sizes = args.sizes or ([4 << 20, 64 << 20] if device.type == "cuda" else [256 << 10, 4 << 20])
+    at = ", ".join(human(s) for s in sizes)
+    say(f"joined ({info['backend']} on {device.type}); all_reduce and all_gather of each rank's own data")
 
     def pattern(r):
         return torch.arange(N, dtype=torch.float32, device=device) % 251 + 1000 * (r + 1)
@@ -143,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             each.append(buf.numel() * 4 / 1e9 / best * factor)
         return total_b / 1e9 / total_t * factor, each
 
+    say(f"bandwidth: all_reduce over {world} ranks at {at} (best of {args.iters} each)")
     info["job_busbw"] = probe(None, world)[1]
-    pair_bw = []
-    for k in range(1, min(3, world) + 1):
+    pair_bw, rounds = [], min(3, world)
+    for k in range(1, rounds + 1):
+        say(f"pair probe {k} of {rounds}: the ranks in pairs, all_reduce at {at}")
         dist.barrier()  # the pairs of one round run together
         partner = (k - rank) % world
         # every rank makes one group a round, alone when it sits out: torch names a locally made

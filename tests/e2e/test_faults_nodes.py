@@ -8,8 +8,9 @@ import signal
 import time
 
 import pytest
+from support import system
 from support.faults import (
-    ROOTED,
+    NETNS,
     STEPS,
     assert_rounds_consistent,
     c10d,
@@ -115,8 +116,8 @@ def test_frozen_node_is_dropped_within_liveness_then_rejoins_or_dies_cleanly(clu
 @pytest.fixture
 def two_hosts():
     """Hosts a (10.78.0.1) and b (10.78.0.2); yields (a, b, b's link) so a test can cut b off."""
-    if not ROOTED:
-        pytest.skip("needs root and iproute2 for network namespaces")
+    if not NETNS:
+        pytest.skip(system.unless_skipped("needs root and iproute2 for network namespaces"))
     with network_hosts("10.78.0") as hosts:
         yield hosts
 

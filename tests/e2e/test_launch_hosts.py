@@ -32,7 +32,7 @@ SSHD = system.which("sshd") or (None if system.NO_SYSTEM or not os.path.exists("
 def sshd(tmp_path_factory):
     """An sshd on 127.0.0.1:<free port> that lets this user in with a key made here; yields SSH."""
     if SSHD is None or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
-        pytest.skip("no OpenSSH server/client (Debian: apt-get install openssh-server openssh-client)")
+        pytest.skip(system.missing("OpenSSH server/client", "openssh-server openssh-client"))
     d = tmp_path_factory.mktemp("sshd")
     for key in ("host_key", "client_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True, timeout=30)

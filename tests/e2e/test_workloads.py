@@ -115,6 +115,13 @@ def test_check_passes(launch, nproc):
     assert f"[rank0]: PASS: {nproc} ranks on 1 host(s)" in r.stdout
     assert ("cannot tell which is slow" in r.stdout) == (nproc == 2)
     assert "goodput" not in r.stderr, r.stderr  # a check trains nothing: no goodput line (issue 34)
+    # no step of it is silent: rank 0 says each as it starts (importing torch alone takes seconds)
+    said = re.findall(r"^\[rank0\]: check: (.*)$", r.stderr, re.M)
+    assert said[0] == f"{nproc} ranks: importing torch, then joining the process group", r.stderr
+    assert said[1].startswith("joined (gloo on cpu); all_reduce and all_gather"), r.stderr
+    assert said[2] == f"bandwidth: all_reduce over {nproc} ranks at 256K, 4M (best of 5 each)", r.stderr
+    pairs = [f"pair probe {k} of {nproc}: the ranks in pairs, all_reduce at 256K, 4M" for k in range(1, nproc + 1)]
+    assert said[3:] == pairs, r.stderr
     assert not wait_gone(launch.token)
 
 

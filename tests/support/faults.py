@@ -18,7 +18,8 @@ from support.launcher_runs import Agent
 from support.launcher_runs import c10d as shared_c10d
 from support.paths import worker
 
-ROOTED = os.geteuid() == 0 and system.which("ip") is not None and shutil.which("mount") is not None
+ROOTED = os.geteuid() == 0 and shutil.which("mount") is not None  # a tmpfs: util-linux, always there
+NETNS = ROOTED and system.which("ip") is not None  # network namespaces: iproute2, a system package
 
 
 c10d = functools.partial(shared_c10d, run_id="faults")

@@ -16,6 +16,11 @@ def which(name: str) -> str | None:
     return None if NO_SYSTEM else shutil.which(name)
 
 
+def unless_skipped(reason: str) -> str:
+    """`reason` for a skip that needs a system package, or the TEST_NO_SYSTEM one where it is set."""
+    return SKIPPED if NO_SYSTEM else reason
+
+
 def missing(name: str, package: str) -> str:
     """A skip reason for `name`, which `package` provides."""
     return (

@@ -13,13 +13,14 @@ import pytest
 from support.paths import ROOT
 
 from launcher import config as cfg
+from launcher import install
 from launcher.cli import commands as cli
 from launcher.cli import deps
 
 SETUP = configparser.ConfigParser()
 SETUP.read(ROOT / "setup.cfg")
-# `pip install 'NAME[extra]'` as the hints and pages write it
-HINT = re.compile(r"pip install\s+'?([A-Za-z0-9_.-]+)\[([a-z0-9,-]+)\]")
+# `pip install 'NAME[extra]'` or `pip install -e '.[extra]'` as the hints and pages write it
+HINT = re.compile(r"pip install\s+(?:-e\s+)?'?([A-Za-z0-9_.-]+)\[([a-z0-9,-]+)\]")
 
 
 def hint_files() -> list:
@@ -41,6 +42,17 @@ def test_the_distribution_has_a_name_of_its_own_and_every_hint_uses_it():
             assert set(wanted.split(",")) <= extras, where
     assert seen >= 5
     assert deps.DISTRIBUTION in deps.fix_hint() or ".venv" in deps.fix_hint() or "setup.sh" in deps.fix_hint()
+
+
+def test_an_install_hint_works_where_the_launcher_runs_from(monkeypatch, tmp_path):
+    """From a checkout the extra comes from it (the name is not on the index until it is published);
+    installed from the index, the index's name."""
+    pip = f"{sys.executable} -m pip install"
+    monkeypatch.chdir(ROOT)
+    assert install.command("gpu") == f"{pip} -e '.[gpu]'" and install.command() == f"{pip} -e ."
+    monkeypatch.setattr(install, "CHECKOUT", str(tmp_path))  # no setup.cfg beside the package: not a checkout
+    assert install.command("etcd-grpc") == f"{pip} 'torch-launcher[etcd-grpc]'"
+    assert install.command() == f"{pip} torch-launcher"
 
 
 def test_prometheus_client_is_a_plain_dependency():

@@ -17,8 +17,10 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import select
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 
 from ...spec import Exit
@@ -44,6 +46,9 @@ STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO_", "KMP_", "GOM
 APPLIED_AT_FORK = frozenset({"PYTHONFAULTHANDLER", "PYTHONUNBUFFERED"})  # the forked worker applies these itself
 READY_TIMEOUT = 120.0  # seconds for the preload imports; past that, workers are spawned (a Ctrl-C waits for it)
 REPLY_TIMEOUT = 30.0  # seconds for one fork
+# A wait for the imports is said (INFO) once they have taken TELL_AFTER s, then every TELL_EVERY s:
+# torch alone takes 2-20 s on a busy host, and the workers start only after it.
+TELL_AFTER, TELL_EVERY = 1.0, 10.0
 
 
 class ZygoteState(enum.Enum):
@@ -83,6 +88,7 @@ class Preloaded:
         self.state = ZygoteState.STARTING
         self.import_seconds: float | None = None
         self._startup = startup_settings(self.env)
+        self._started = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         args = ZygoteArgs(sock_fd=theirs.fileno(), agent=os.getpid(), modules=self.modules)
@@ -142,7 +148,7 @@ class Preloaded:
     def _wait_ready(self) -> bool:
         if self.state is ZygoteState.STARTING:
             try:
-                reply = self._recv(self.ready_timeout, "finish its imports")
+                reply = self._recv_ready()
             except ZygoteLost as e:
                 self._give_up(str(e))
                 return False
@@ -156,6 +162,23 @@ class Preloaded:
                 self.import_seconds or 0,
             )
         return self.state is ZygoteState.READY
+
+    def _recv_ready(self) -> Reply:
+        """The zygote's reply once its imports are done, within `ready_timeout`; a long wait is said."""
+        deadline = time.monotonic() + self.ready_timeout
+        tell = self._started + TELL_AFTER
+        while not select.select([self._sock], [], [], max(0.0, min(tell, deadline) - time.monotonic()))[0]:
+            now = time.monotonic()
+            if now >= deadline:
+                raise ZygoteLost(f"it did not finish its imports within {self.ready_timeout:g} s")
+            if now >= tell:
+                tell = now + TELL_EVERY
+                log.info(
+                    "importing torch once for the workers to fork from (--preload), %.0f s so far;"
+                    " they start when it is done",
+                    now - self._started,
+                )
+        return self._recv(max(0.001, deadline - time.monotonic()), "finish its imports")
 
     def _fork(self, args: tuple[str, ...], env: dict[str, str], cpus: frozenset[int]) -> WorkerProcess:
         request = ForkRequest(program=self.target, args=args, env=env, cwd=os.getcwd(), cpus=tuple(sorted(cpus)))

@@ -340,11 +340,13 @@ class Gateway:
 
     def _error(self, status: int, data: bytes) -> EtcdError:
         if status == 400 and data.startswith(COMMON_NAME_REFUSED):
+            from ...install import command
+
             return EtcdError(
                 ErrorKind.FATAL,
                 f"etcd at {self.opts.where} refuses JSON gateway requests from a client certificate "
-                f"with a Common Name (--client-cert-auth with auth enabled): pip install "
-                f"'torch-launcher[etcd-grpc]' and pass --rdzv_conf engine=grpc, or use a certificate "
+                f"with a Common Name (--client-cert-auth with auth enabled): {command('etcd-grpc')} "
+                f"and pass --rdzv_conf engine=grpc, or use a certificate "
                 f"without a Common Name",
             )
         try:

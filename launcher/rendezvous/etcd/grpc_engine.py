@@ -2,8 +2,8 @@
 
 For where the JSON gateway refuses the client: etcd with --client-cert-auth and auth enabled
 turns away every gateway request whose client certificate has a Common Name, while its gRPC API
-serves it. Chosen with `--rdzv_conf engine=grpc`, installed with `pip install
-'torch-launcher[etcd-grpc]'`; this module is imported only then, so grpc and protobuf stay out of every
+serves it. Chosen with `--rdzv_conf engine=grpc`, installed with the `etcd-grpc`
+extra (`launcher.install.command`); this module is imported only then, so grpc and protobuf stay out of every
 other agent.
 """
 

@@ -29,7 +29,7 @@ class EtcdOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout: float = 10.0  # one request
-    engine: str = "gateway"  # or "grpc" (--rdzv_conf engine=grpc; pip install 'torch-launcher[etcd-grpc]')
+    engine: str = "gateway"  # or "grpc" (--rdzv_conf engine=grpc; the etcd-grpc extra)
 
     @property
     def where(self) -> str:
@@ -69,9 +69,9 @@ def parse_etcd(flags: Flags) -> EtcdSettings:
         import importlib.util  # finds, does not import: grpc stays out of the config step
 
         if importlib.util.find_spec("pyetcd") is None:
-            raise ConfigError(
-                "--rdzv_conf engine=grpc needs etcd's gRPC client: pip install 'torch-launcher[etcd-grpc]'"
-            )
+            from ...install import command
+
+            raise ConfigError(f"--rdzv_conf engine=grpc needs etcd's gRPC client: {command('etcd-grpc')}")
     user = conf.get("user") or environ.get(ETCD_USER_ENV) or None
     has_password = bool(environ.get(ETCD_PASSWORD_ENV)) or "password_file" in conf
     if has_password and not user:

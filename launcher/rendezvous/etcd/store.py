@@ -68,9 +68,9 @@ class _Client:
             try:
                 from .grpc_engine import Grpc
             except ImportError as e:  # checked at config time; an install changed under a running agent
-                raise RendezvousError(
-                    f"--rdzv_conf engine=grpc: {e}; pip install 'torch-launcher[etcd-grpc]'"
-                ) from None
+                from ...install import command
+
+                raise RendezvousError(f"--rdzv_conf engine=grpc: {e}; {command('etcd-grpc')}") from None
 
             return Grpc(self.opts, self.timeout)
         from .gateway import Gateway, Session
