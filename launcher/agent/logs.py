@@ -101,6 +101,7 @@ class Stream:
     console: IO[bytes] | None
     file: IO[bytes] | None
     path: str | None = None
+    name: str = ""  # "stdout" or "stderr" (a worker's), "" otherwise
     last_line: str = ""
     last_at: float = 0.0
     partial: bytes = b""
@@ -137,6 +138,7 @@ class LogRouter:
         rank: int | None = None,
         filtered: str | None = None,
         needles: tuple[str, ...] = (),
+        name: str = "",
     ) -> Stream:
         """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional;
         `rank`'s own "[rankN]: " prefix (torch's, on a traceback) is replaced by ours, not doubled.
@@ -150,7 +152,9 @@ class LogRouter:
                 if shared is None:
                     shared = self._shared[filtered] = self._open(filtered)  # type: ignore[assignment]
         torch_prefix = b"" if rank is None else b"[rank%d]: " % rank
-        stream = Stream(pipe.fileno(), prefix.encode(), console, file, path, pipe=pipe, torch_prefix=torch_prefix)
+        stream = Stream(
+            pipe.fileno(), prefix.encode(), console, file, path, name=name, pipe=pipe, torch_prefix=torch_prefix
+        )
         stream.filtered, stream.needles = shared, tuple(n.encode() for n in needles)
         with self._lock:
             self._pending.append(stream)

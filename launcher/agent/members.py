@@ -25,6 +25,7 @@ from .logs_specs import Placement, PluginLogs, RankLogs, default_placement
 from .oom import oom_reason
 from .worker_exit import RETURNED_SUFFIX  # not zygote.messages: a launch without --preload never loads it
 
+LAST_LINE_WAIT = 1.0  # seconds a failed round's root cause's stderr is given to reach its end
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over
 # Seconds a forked worker whose code returned 0 may stay silent in its exit once every other rank of
 # its node exited 0; then it is ended and counted a success (see `end_stuck_exits`).
@@ -67,6 +68,16 @@ class Member:
     def last_line(self) -> str:
         """The last line it printed, on either stream."""
         return max(self.streams, key=lambda s: s.last_at).last_line if self.streams else ""
+
+    def last_error_line(self, wait: float = 0.0) -> str:
+        """The last line it printed on stderr (its error, as a rule): what the restart policy compares.
+        `wait`: up to so many seconds for the pump to reach the pipe's end (the process is gone, its last
+        lines may not be read yet); a descendant that holds the pipe open only makes it wait that long."""
+        err = next((s for s in self.streams if s.name == "stderr"), None)
+        if err is None:
+            return ""
+        err.done.wait(wait)
+        return err.last_line
 
     def stepped(self) -> bool:
         """Whether the worker called launcher.progress() yet."""
@@ -240,7 +251,7 @@ def route(
         path = dest.stdout if name == "stdout" else dest.stderr
         filtered, needles = (duplicate or {}).get(name, (None, ()))
         out = console.stream(name) if to_console else None
-        streams.append(logs.add(pipe, prefix, out, path, rank=rank, filtered=filtered, needles=needles))
+        streams.append(logs.add(pipe, prefix, out, path, rank=rank, filtered=filtered, needles=needles, name=name))
         files += [path] if path else []
     return streams, tuple(files)
 
@@ -282,7 +293,7 @@ def ended_round(
         failed=failed,
         steps=[last_step(m.progress_file) for m in members],
         cause=cause,
-        last_line=member.last_line if member else "",
+        last_line=member.last_error_line(wait=LAST_LINE_WAIT) if member else "",
     )
 
 

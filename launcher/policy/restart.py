@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError, RestartBudgetExhausted
 from ..exitcodes import ExitCode
@@ -52,9 +52,11 @@ class Stop(enum.Enum):
 
 @dataclass(frozen=True)
 class Signature:
-    """A root cause as the deterministic rule compares them: rank, code, first error line, step."""
+    """A root cause as the deterministic rule compares them: exit code, first error line, step. Not the
+    rank: when every rank hits the same error, which of them fails first is chance, and the same
+    failure must end the job the same way whichever it was (`rank` is for the message)."""
 
-    rank: int
+    rank: int = field(compare=False)
     returncode: int
     error: str
     step: int | None
@@ -83,7 +85,7 @@ class History:
         self.quick_streak = 0  # failed rounds in a row that failed quickly
         self.best: int | None = None  # the job's best step so far (this node's workers' highest progress)
         self.stalled = 0  # failed rounds in a row that did not pass `best`
-        self.seen: set[Signature] = set()
+        self.seen: dict[Signature, Signature] = {}  # each failure seen -> its first occurrence
         self.mine: collections.deque[bool] = collections.deque(maxlen=max(policy.quarantine_window, 1))
 
     def round_ended(self, ran: float, failed: bool, step: int | None, cause: Signature | None = None) -> Decision:
@@ -102,12 +104,11 @@ class History:
         if cause is not None and p.deterministic and cause.telling and cause in self.seen:
             at = f"at step {cause.step}" if cause.step is not None else "before any step"
             what = cause.error or f"exit code {cause.returncode}"
-            return Decision(
-                stop=Stop.DETERMINISTIC,
-                why=f"rank {cause.rank} failed twice with the same error {at}: {what}",
-            )
+            first = self.seen[cause].rank
+            who = f"rank {cause.rank} failed twice" if first == cause.rank else f"ranks {first} and {cause.rank} failed"
+            return Decision(stop=Stop.DETERMINISTIC, why=f"{who} with the same error {at}: {what}")
         if cause is not None:
-            self.seen.add(cause)
+            self.seen.setdefault(cause, cause)
         if cause is not None and self.multi_node and p.quarantine_window and sum(self.mine) >= p.quarantine_after:
             return Decision(
                 stop=Stop.QUARANTINE,

@@ -117,3 +117,16 @@ def test_a_signal_during_a_long_health_check_leaves_nothing_behind(launch):
     p.send_signal(signal.SIGTERM)
     assert p.wait(30) == 143, p.stderr.read()
     assert wait_gone(launch.token) == []  # the check was killed with its agent
+
+
+def test_the_same_error_from_whichever_rank_fails_first_stops_with_exit_70(launch):
+    # rank 0 fails first on attempt 0, rank 1 on attempt 1: the same failure (the same stderr line, the
+    # same code), whatever rank it came from and whatever each printed on stdout after it
+    r = launch.run(
+        "--standalone", "--nproc_per_node", "2", "--monitor_interval", "0.05", "--max_restarts", "3",
+        worker("same_error.py"), timeout=90,
+    )  # fmt: skip
+    assert r.returncode == 70, r.stderr
+    why = "ranks 0 and 1 failed with the same error before any step: ValueError: the batch has no labels"
+    assert f"not restarting: {why}" in r.stderr, r.stderr
+    assert "after 1 restart(s)" in r.stderr

@@ -59,10 +59,19 @@ def test_the_same_rank_failing_with_the_same_error_at_the_same_step_twice_is_det
     h = History(RestartPolicy(quarantine_window=0))
     assert fail(h, step=700, cause=NAN).stop is None
     assert fail(h, step=700, cause=Signature(1, 1, "RuntimeError: loss is NaN", 650)).stop is None  # another step
-    assert fail(h, step=700, cause=Signature(2, 1, "RuntimeError: loss is NaN", 700)).stop is None  # another rank
+    assert fail(h, step=700, cause=Signature(1, 2, "RuntimeError: loss is NaN", 700)).stop is None  # another code
     decision = fail(h, step=700, cause=NAN)
     assert decision.stop is Stop.DETERMINISTIC and decision.stop.exit_code == 70
     assert decision.why == "rank 1 failed twice with the same error at step 700: RuntimeError: loss is NaN"
+
+
+def test_the_same_error_from_another_rank_is_the_same_failure():
+    # every rank hits it; which fails first is chance, and the job must end the same way either way
+    h = History(RestartPolicy(quarantine_window=0))
+    assert fail(h, step=700, cause=NAN).stop is None
+    decision = fail(h, step=700, cause=Signature(0, 1, "RuntimeError: loss is NaN", 700))
+    assert decision.stop is Stop.DETERMINISTIC
+    assert decision.why == "ranks 1 and 0 failed with the same error at step 700: RuntimeError: loss is NaN"
 
 
 def test_bare_exit_codes_never_count_as_the_same_error():
