@@ -7,26 +7,49 @@ the launcher's pure-Python `StoreServer` (no torch in the agent): 1,024 ranks bo
 in 0.4 s with 0.1 s of CPU (scripts/bench/bootstrap_store.py). `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`,
 torchrun's own switch, makes worker rank 0 host it instead (torch's C++ server; for big gloo jobs,
 whose full-mesh start-up is N² store reads).
+
+It also tells every node when the workers' process group formed: torch's default group names its
+keys `default_pg/...` in this store (gloo's addresses at `init_process_group`, NCCL's id at the
+first collective), and `inplace.Job`'s `launcher/inplace/<round>/pg/...`; once every worker's
+connection has named one, the server stores FORMED_KEY,
+and each node's agent, waiting for that key on a connection of its own (`GroupWatch`), notes the
+time: the end of the workers' start-up (or of a restart) when the script reports no steps
+(telemetry.goodput). A script that forms its group elsewhere (`init_method=`, its own store) is
+never seen forming: its figures stay measured to the workers' start.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
+import re
 import socket
+import threading
+import time
+from collections.abc import Callable
 
 from ..spec import Round
 from ..tcpstore.server import StoreServer
+from ..tcpstore.wire import KEY_PREFIX
+from ..worker.inplace import keys
 
+log = logging.getLogger(__name__)
 DISABLE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# In every key of torch's default process group (PrefixStore("default_pg"), the env:// init), or of
+# the group `inplace.Job` forms on its own prefix store
+GROUP_KEYS = re.compile(rb"default_pg/|" + re.escape(keys.NAMESPACE.encode()) + rb"/\d+/pg/")
+FORMED_KEY = "launcher/group_formed"  # stored by the server once every worker named a GROUP_KEYS key
 
 
 class BootstrapStore:
     """One round's store at a time; `open()` closes the last round's first."""
 
-    def __init__(self, environ: dict[str, str]):
+    def __init__(self, environ: dict[str, str], clock: Callable[[], float] = time.time):
         self.enabled = environ.get(DISABLE_VAR, "0") != "1"
         self.server: StoreServer | None = None
+        self.watch: GroupWatch | None = None
+        self.clock = clock
 
     def open(self, rnd: Round) -> tuple[Round, str]:
         """The round as the workers should see it, and a problem to report ("" if none).
@@ -48,12 +71,56 @@ class BootstrapStore:
                     f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
                     f"({e.strerror or e}); worker rank 0 hosts it this round"
                 )
+            formed = KEY_PREFIX + FORMED_KEY.encode()  # as a client names it on the wire
+            self.server.announce_when_named(GROUP_KEYS, rnd.world_size, formed, lambda: b"1")
+        self.watch = GroupWatch(rnd.master_addr, rnd.master_port, self.clock)
         return dataclasses.replace(rnd, use_agent_store=True), ""
 
+    def formed_at(self) -> float | None:
+        """When this round's workers' process group formed (on `clock`), once it has; else None."""
+        return self.watch.at if self.watch is not None else None
+
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+class GroupWatch:
+    """A thread that waits, on its own connection to the round's bootstrap store, for FORMED_KEY, and
+    notes the time it came (`at`). It ends then, at `close()`, or when the store goes (the round ends)."""
+
+    POLL = 0.5  # seconds: each wait, so that `close()` is heard within it
+
+    def __init__(self, addr: str, port: int, clock: Callable[[], float]):
+        self.at: float | None = None
+        self._addr, self._port, self._clock = addr, port, clock
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launcher-group-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _run(self) -> None:
+        from ..tcpstore.client import StoreClient, StoreError
+
+        client = None
+        try:
+            # the server is up before any worker starts (group rank 0); another node's may be a moment later
+            client = StoreClient(self._addr, self._port, timeout=10.0, connect_timeout=30.0)
+            while not self._closed.is_set():
+                if client.wait([FORMED_KEY], timeout=self.POLL):
+                    self.at = self._clock()
+                    return
+        except (StoreError, OSError, EOFError) as e:  # the round ended (its store closed) first
+            log.debug("watching the workers' group form on %s:%s ended: %s", self._addr, self._port, e)
+        finally:
+            if client is not None:
+                client.close()
 
 
 def _serve(addr: str, port: int, world_size: int) -> StoreServer:

@@ -151,6 +151,18 @@ class InPlace:
             return None
         return idle if self.ended is None else min(idle, now - self.ended)
 
+    def _waiting_with(self, failed: list[Member]) -> bool:
+        """Another running rank of this node has been silent for half --hang_timeout or more: blocked, as a
+        rule, in the collective the hung one never joined. On a busy host the last words of the ranks that
+        wait on a hung one differ by a step or more, and the judge may see one of them past the timeout
+        a look before the others (a waiting rank replaced, the hung one left in the group)."""
+        sup, now = self.sup, self.sup.clock()
+        half = self.config.hang_timeout / 2
+        return any(
+            m.state is WorkerState.RUNNING and m not in failed and sup.awake.silence(m.idle(now), now) >= half
+            for m in sup.members
+        )
+
     def recover(self, failed: list[Member]) -> str | None:
         """What the `failed` workers of this node cost. None: the group runs on (they are replaced in place,
         or were lost after the job's end) or this node restarts it free of charge (a worker could not go on
@@ -183,7 +195,7 @@ class InPlace:
         if pending is not None:
             stuck = all(f.exit.returncode == keys.REJOIN_EXIT for f in seen)  # collateral of the loss it waited on
             return self._during(failed, named, [r for r in ranks if keys.entering(pending.round, r) in held], stuck)
-        if any(m.hung for m in failed) and sum(m.hung for m in sup.members) > 1:
+        if any(m.hung for m in failed) and (sum(m.hung for m in sup.members) > 1 or self._waiting_with(failed)):
             for m in failed:
                 m.state = WorkerState.FAILED
             # The ranks blocked in a collective on a hung one are as silent as it, and the hang clock

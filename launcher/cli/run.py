@@ -102,7 +102,10 @@ def run(config: LaunchConfig) -> int:
                 cleanup.callback(events.close)
                 sinks.append(events)
         logs = LogRouter()
-        accountant = Accountant(lambda: [(m.worker.rank, m.progress_file) for m in supervisor.members])
+        accountant = Accountant(
+            lambda: [(m.worker.rank, m.progress_file) for m in supervisor.members],
+            formed=lambda: supervisor.bootstrap.formed_at(),
+        )
         sinks.append(accountant)
         published: list = [None]  # the board's last report of this node (the metrics' steps and rates)
 

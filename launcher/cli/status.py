@@ -84,6 +84,11 @@ def read_status(store: Store, config: StatusConfig) -> dict:
     reports = [(g, report) for g, report in enumerate(board.reports(shown, members or 0)) if report is not None]
     job["nodes"] = [_node(g, report) for g, report in reports]
     job["max_restarts"] = max((report.max_restarts for _, report in reports), default=None)
+    # The counter charges each failure, the one that spent the budget included (it closed the job, no
+    # restart followed): the restarts done are what the agents' verdict line says, never over the budget.
+    job["failures"] = job["restarts"]
+    if job["restarts"] is not None and job["max_restarts"] is not None:
+        job["restarts"] = min(job["restarts"], job["max_restarts"])
     job["stragglers"] = [w.rank for _, report in reports for w in report.workers if w.straggler]
     job["goodput"] = job_goodput(store, keys, shown, [report for _, report in reports])
     book = QuarantineBook(store, keys.quarantined, keys.quarantine)  # reads only: get and multi_get

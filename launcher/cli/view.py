@@ -175,7 +175,8 @@ def render_status(job: dict) -> Table:
         caption.append("stragglers: " + ", ".join(f"rank {r}" for r in job["stragglers"]))
     gp = job.get("goodput")
     if gp:
-        caption.append(f"goodput {100 * gp['goodput']:.1f} % of the machine time ({gp['nodes']} node(s))")
+        how = "; provisional: a first step is awaited" if gp.get("provisional") else ""
+        caption.append(f"goodput {100 * gp['goodput']:.1f} % of the machine time ({gp['nodes']} node(s){how})")
     for q in job.get("quarantined", ()):
         caption.append(f"quarantined: {q['host']} ({q['why']})")
     table = Table(

@@ -458,6 +458,40 @@ class StoreOps:
             c.gone = alive
             self._gone_waiters.setdefault(alive, {})[c] = None
 
+    def announce_when_named(self, names: re.Pattern, size: int, key: bytes, value: Callable[[], bytes]) -> None:
+        """Once `size` connections have each named a key in which `names` is found (in any op that names
+        keys), store `key` as `value()`, waking whoever waits for it, and stop looking. Call it before
+        those clients connect; it runs on the server's thread after that. The agent learns from it when
+        its workers' process group formed (`agent.bootstrap`)."""
+        named: set[Conn] = set()
+        plain = {op: self.handlers[op] for op in _NAMING}
+
+        def looked(op: int) -> Callable:
+            inner = plain[op]
+
+            def handler(c: Conn, *fields) -> None:
+                if c not in named and any(names.search(k) for k in _named_keys(op, fields)):
+                    named.add(c)
+                    if len(named) >= size:
+                        self.handlers.update(plain)  # counted: every op runs as before, at no cost
+                        self._put(key, value())
+                inner(c, *fields)
+
+            return handler
+
+        self.handlers.update({op: looked(op) for op in _NAMING})
+
+
+_NAMING = (SET, COMPARE_SET, GET, ADD, CHECK, WAIT, APPEND, MULTI_GET, MULTI_SET)  # the ops that name keys
+
+
+def _named_keys(op: int, fields: tuple) -> list[bytes]:
+    """The keys a request of `op` names, from its fields as the parser hands them."""
+    first = fields[0]
+    if op == MULTI_SET:
+        return [k for k, _ in first]
+    return first if isinstance(first, list) else [first]
+
 
 def _wait_cost(keys: list[bytes]) -> int:
     return WAITER + len(keys) * KEY_SLOT + sum(map(len, keys))

@@ -53,8 +53,12 @@ def read_steps(files: Iterable[tuple[int, str | None]]) -> dict[int, tuple[int, 
 class Accountant:
     """A supervisor sink and periodic check; `breakdown()` is safe from any thread."""
 
-    def __init__(self, files: Steps, clock: Callable[[], float] = time.time):
-        self.files, self.clock = files, clock
+    def __init__(
+        self, files: Steps, clock: Callable[[], float] = time.time, formed: Callable[[], float | None] = lambda: None
+    ):
+        """`files`: this node's workers' progress files; `formed`: when the running round's workers'
+        process group formed (on `clock`), None until it has or where it is not seen (agent.bootstrap)."""
+        self.files, self.clock, self.formed = files, clock, formed
         self.ledger = Ledger(clock())
         self._lock = threading.Lock()
         self._spawned: set[int] = set()  # the ranks of the round running
@@ -79,8 +83,10 @@ class Accountant:
             elif kind == "spawn":
                 self._spawned.add(int(fields["rank"]))
                 self._new.add(int(fields["rank"]))
-            elif kind == "running":  # the failure window closes once the new ranks step
-                ledger.running(now, self._new, int(fields.get("restarts", 0)))
+            elif kind == "running":  # the failure window closes once the new ranks step (in place, with
+                # none new on this node: once its survivors step again, the recovery over)
+                went_on = not self._new
+                ledger.running(now, self._new or self._spawned, int(fields.get("restarts", 0)), went_on)
                 self.round = (int(fields["round"]), int(fields["group_rank"]), int(fields["group_world_size"]))
             elif kind == "exit":
                 self._exit(now, fields)
@@ -128,6 +134,11 @@ class Accountant:
         """Read the progress files every STEPS_EVERY s (called once per supervisor loop turn); every
         turn while a round's first steps are awaited: the step a round resumed from is its first."""
         now = self.clock()
+        if self.ledger.awaiting_first_steps and not self.ledger.steps_known:
+            at = self.formed()
+            if at is not None:
+                with self._lock:
+                    self.ledger.group_formed(at)
         if now < self._next_read and not self.ledger.awaiting_first_steps:
             return
         self._next_read = now + STEPS_EVERY

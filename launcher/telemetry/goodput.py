@@ -26,9 +26,12 @@ reserve, not time the job lost: it is kept apart (`standby`), outside the wall t
 component. Once the spare is called (its wait turns into a round forming), its time is the job's:
 its joining is the recovery from the member lost (restarts, or rendezvous).
 
-Without any `progress(step=)` call in the job the lost time is measured up to each round's workers'
-start, and their time from there counts as training: an estimate, since it holds the workers' own
-start-up and any re-done steps (the line says so).
+Without any `progress(step=)` call in the job the lost time is measured up to the moment each
+round's workers' process group formed on the bootstrap store (`group_formed`: their imports and
+`init_process_group` are start-up, or restart), or, where the launcher cannot see it form (a group
+formed elsewhere, no torch.distributed at all), up to their start. Their time from there counts as
+training: an estimate, since it holds what they do before their first step (a checkpoint's load) and
+any re-done steps (the line says which).
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ ESTIMATED = (
     "lost time measured to the workers' start; training estimated: it includes their own start-up"
     " and any re-done steps (no launcher.progress(step=))"
 )
+ESTIMATED_FORMED = (
+    "lost time measured to the workers' process group forming; training estimated: it includes what"
+    " they do before their first step and any re-done steps (no launcher.progress(step=))"
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ class Breakdown:
     redone_steps: int = 0
     straggler_steps: float = 0.0
     steps_known: bool = False  # some worker reported steps (else redone is unknown, not 0)
+    formed_known: bool = False  # without steps: the workers' group was seen forming (the lost time ends there)
+    # A live figure (the job runs) whose open span may still move: a round's workers run and their first
+    # step (or their group forming) is awaited, which turns the time booked as training meanwhile into
+    # start-up or restart. Never so for a node's final figure.
+    provisional: bool = False
     nodes: int = 1
     standby: float = 0.0  # seconds a spare stood by, apart: outside `wall` (a job's: summed over its nodes)
 
@@ -130,8 +142,13 @@ class Breakdown:
         return cls(**out)
 
     def line(self, scope: str = "") -> str:
-        """`goodput 97.1 % of 3 h 12 m: restarts 4 m (2), ...` (the lost components, largest first)."""
-        shown = [c for c in LOST if self.seconds(c) >= 0.05 or (c is Component.RESTART and self.restarts)]
+        """`goodput 97.1 % of 3 h 12 m: restarts 4 m (2), ...` (the lost components, largest first).
+
+        A component is named once it is 0.05 s or 0.5 % of the wall time: those left out sum to under
+        3 % of it, so the figure and the parts named account for the wall time (a job of 0.1 s, whose
+        parts are all under 0.05 s, names them). "nothing lost" only when nothing was."""
+        least = min(0.05, 0.005 * self.wall)
+        shown = [c for c in LOST if self.seconds(c) >= least or (c is Component.RESTART and self.restarts)]
         lost = sorted(shown, key=self.seconds, reverse=True)  # the restart count always, as the verdict says it
         parts = []
         for c in lost:
@@ -144,10 +161,12 @@ class Breakdown:
         if self.straggler_steps >= 1:
             parts.append(f"stragglers {self.straggler_steps:.0f} steps behind the median")
         where = f" {scope}" if scope else ""
-        how = "" if self.steps_known else f"; {ESTIMATED}"
+        how = "" if self.steps_known else f"; {ESTIMATED_FORMED if self.formed_known else ESTIMATED}"
+        lost = sum(self.seconds(c) for c in LOST)
+        rest = "nothing lost" if lost <= 0 else f"{duration(lost)} lost in all"
         return (
             f"goodput{where} {100 * self.goodput:.1f} % of {duration(self.wall)}: "
-            + (", ".join(parts) or "nothing lost")
+            + (", ".join(parts) or rest)
             + (f"; {standing_by(self.standby)}" if self.standby >= 0.05 else "")
             + how
         )
@@ -172,14 +191,18 @@ def total(parts: Iterable[Breakdown]) -> Breakdown:
         redone_steps=max(p.redone_steps for p in parts),
         straggler_steps=sum(p.straggler_steps for p in parts),
         steps_known=any(p.steps_known for p in parts),
+        formed_known=any(p.formed_known for p in parts),
+        provisional=any(p.provisional for p in parts),
         nodes=n,
         standby=sum(p.standby for p in parts),
     )
 
 
 def duration(seconds: float) -> str:
-    """3 h 12 m, 4 m 5 s, 12.3 s."""
+    """3 h 12 m, 4 m 5 s, 12.3 s, 27 ms."""
     s = max(0.0, seconds)
+    if s < 0.1:
+        return f"{1000 * s:.0f} ms"
     if s < 60:
         return f"{s:.1f} s"
     m = int(s // 60)
@@ -211,6 +234,9 @@ class _Round:
     started: float
     first: dict  # rank -> (step, at) of its first report this round
     last: dict  # rank -> (step, at) of its latest report this round
+    # Its ranks ran before it (in place, the survivors of a node where nothing started): a report counts
+    # only once written after the round began, not within the second before it that a new worker's may be.
+    went_on: bool = False
 
 
 class Ledger:
@@ -234,6 +260,7 @@ class Ledger:
         self.resume_from: int | None = None  # the step reached before the last failure
         self.rate_before = 0.0  # steps/s before the last failure
         self.steps_known = False
+        self.formed_known = False  # a round's workers' group was seen forming (without steps: where the window ends)
         self.straggler_steps = 0.0
         self._last_restart_count = 0
         self._in_window = dict.fromkeys(Component, 0.0)  # seconds booked since the open window opened
@@ -287,8 +314,9 @@ class Ledger:
         self._close_span(now)
         self.phase = _Phase.STARTING
 
-    def running(self, now: float, ranks: Iterable[int], restart_count: int) -> None:
-        """This node's workers of a new round started."""
+    def running(self, now: float, ranks: Iterable[int], restart_count: int, went_on: bool = False) -> None:
+        """This node's workers of a new round started (`ranks`); `went_on`: none started here (in place),
+        and `ranks` are its survivors, whose first step after the recovery ends the window."""
         self._close_span(now)
         if self.window is _Window.MEMBERSHIP and restart_count > self._last_restart_count:
             self.window = _Window.FAILURE  # a worker failed on another node: charged as a restart
@@ -301,7 +329,11 @@ class Ledger:
         self.restarts = max(self.restarts, restart_count)
         self.phase = _Phase.RUNNING
         self._ran = True
-        self.round = _Round(frozenset(ranks), now, {}, {})
+        self.round = _Round(frozenset(ranks), now, {}, {}, went_on)
+        if not self.round.ranks and self.window is not None:
+            # In place, on a node that started no worker (its survivors went on; the replacement is on
+            # another node): no first step to wait for here, and the recovery ended with its round.
+            self.resume_from, self.window = None, None
 
     def steps(self, now: float, samples: Mapping[int, tuple[int, float]]) -> None:
         """Each rank's latest `progress(step=)` and when it wrote it (the progress file's mtime)."""
@@ -309,7 +341,7 @@ class Ledger:
         if rnd is None or self.ended is not None:
             return
         for rank, (step, at) in samples.items():
-            if rank not in rnd.ranks or at < rnd.started - 1.0:
+            if rank not in rnd.ranks or at < rnd.started - (0.0 if rnd.went_on else 1.0):
                 continue
             self.steps_known = True
             at = min(max(at, rnd.started), now)
@@ -317,6 +349,26 @@ class Ledger:
             rnd.last[rank] = (step, at)
         if self.awaiting_first_steps and rnd.ranks and set(rnd.first) >= rnd.ranks:
             self._training_begins(max(at for _, at in rnd.first.values()))
+
+    def group_formed(self, at: float) -> None:
+        """The running round's workers' process group formed at `at` (all of them, job-wide). Without
+        steps in the job, the open window (start-up, a restart, a membership change) ends there: the
+        time since the workers' start, booked as training meanwhile, was the window's. With steps, the
+        first step ends it (a later, finer point): this is not needed."""
+        rnd = self.round
+        if self.steps_known or not self.awaiting_first_steps or rnd is None or at < rnd.started:
+            return
+        self._close_span(max(at, self.since))
+        moved = self._in_window[Component.TRAINING]
+        to = {_Window.FIRST: Component.STARTUP, _Window.FAILURE: Component.RESTART}.get(
+            self.window,  # type: ignore[arg-type]
+            Component.RENDEZVOUS,
+        )
+        self.acc[Component.TRAINING] -= moved
+        self.acc[to] += moved
+        self.formed_known = True
+        self.resume_from = None
+        self.window = None
 
     def finished_rank(self, now: float, rank: int) -> None:
         """A rank of the round exited 0: one that made no step this round (nothing left for it to do) is
@@ -417,6 +469,8 @@ class Ledger:
             redone_steps=self.redone_steps,
             straggler_steps=self.straggler_steps,
             steps_known=self.steps_known,
+            formed_known=self.formed_known,
+            provisional=self.ended is None and self.awaiting_first_steps,
         )
 
     # ------------------------------------------------------------------ spans

@@ -108,6 +108,12 @@ class AgentCollector:
         yield seconds
         yield _gauge("launcher_goodput_wall_seconds", "This node's wall time so far.", b.wall)
         yield _gauge("launcher_goodput_ratio", "Training time / wall time on this node.", b.goodput)
+        yield _gauge(
+            "launcher_goodput_provisional",
+            "1 while the figures may still move: the time since the workers started counts as training until"
+            " their first step (or their process group forming) says how much of it was start-up or restart.",
+            float(b.provisional),
+        )
         yield _gauge("launcher_goodput_standby_seconds", "Seconds stood by as a spare (apart from wall).", b.standby)
         yield CounterMetricFamily("launcher_redone_steps", "Steps repeated after restarts.", value=b.redone_steps)
         yield _gauge("launcher_straggler_steps", "Steps flagged ranks fell behind the median.", b.straggler_steps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -481,7 +482,7 @@ def test_tls_client_certs_rbac_and_a_restart(launch, etcd_factory, tmp_path):
     refused = [line for line in r.stderr.splitlines() if REFUSED in line]
     assert (
         len(refused) == 1
-        and "pip install 'torch-launcher[etcd-grpc]'" in refused[0]
+        and re.search(r"pip install (-e )?'\S*\[etcd-grpc\]'", refused[0])  # the checkout's, or the index's
         and "--rdzv_conf engine=grpc" in refused[0]
     ), r.stderr
     secure_run(launch, member, certs, tmp_path, "client", conf="engine=grpc")

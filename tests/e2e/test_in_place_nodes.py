@@ -151,6 +151,29 @@ def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
 
 
 @pytest.mark.timeout(240)
+def test_a_worker_replaced_in_place_costs_each_node_its_recovery_not_more(nodes):
+    """Goodput across nodes in place: a worker of the node without the store is killed. Each node books as
+    lost what the recovery cost its ranks (the survivors' wait, said by the script), not the time to the
+    end (the survivors' node awaited a first step of workers it never started: 6.5 % goodput)."""
+    (head, hev), (lost, lev) = members(nodes)
+    head.wait_for(r"step 50/150", timeout=120)
+    before = spawns(lev)
+    os.kill(before[max(before)], signal.SIGKILL)
+    codes = {n.name: n.wait(150) for n in (head, lost)}
+    assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{lost.stderr[-3000:]}"
+    took = [float(x) for x in re.findall(r"recovered in place in round 1 in (\S+) s", head.stdout + lost.stdout)]
+    assert took, head.stdout[-2000:]
+    for ev in (hev, lev):
+        node = events(ev, "goodput")[0]["node"]
+        lost_s = node["restart"] + node["redone"] + node["stall"]
+        # what the ranks said the recovery took, up to a step and a read of the progress files either way
+        assert min(took) - 0.6 < lost_s < max(took) + 0.6, (ev.name, node, took)
+        assert node["restarts"] == 1 and node["steps_known"], node
+    job = events(hev, "goodput")[0]["job"]
+    assert job == events(lev, "goodput")[0]["job"] and job["goodput"] > 0.5, job
+
+
+@pytest.mark.timeout(240)
 def test_a_node_that_learns_of_a_restart_restarts_in_the_round_it_joined_heartbeating_it(tmp_path):
     """A hang across nodes: the workers of group rank 0's node block, silent, and act on neither SIGABRT nor
     SIGTERM (stuck in native code); the other node's ranks, waiting on them, all go silent, so it restarts

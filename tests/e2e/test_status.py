@@ -95,8 +95,12 @@ def test_status_of_a_failed_job_names_the_root_cause(cluster):
     assert seen["state"] == "closed" and "restart budget spent" in seen["closed"]
     assert seen["verdict"]["rank"] == 2 and seen["verdict"]["error"] == "RuntimeError: loss is NaN at step 7 on rank 2"
     assert {n["state"] for n in seen["nodes"]} == {"failed"}  # each node's last word
+    # the restarts done, as the agents' verdict says them: the failure that spent the budget restarted nothing
+    assert all("job failed (exit code 1) after 0 restart(s)" in a.stderr for a in agents), agents[0].stderr
+    assert (seen["restarts"], seen["max_restarts"], seen["failures"]) == (0, 0, 1)
     table = status(port)
     assert "root cause: rank 2" in table.stdout, table.stdout
+    assert "restarts 0 of 0" in table.stdout, table.stdout
 
 
 @pytest.mark.timeout(60)

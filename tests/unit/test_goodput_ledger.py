@@ -124,7 +124,9 @@ def test_the_preload_import_is_start_up_and_a_restart_without_steps_ends_when_it
     assert b.restart == approx(0.05) and b.restarts == 1 and b.shutdown == 0.0
     assert b.training == approx((2.55 - 2.2) + (3.85 - 2.6)) and summed(b) == approx(b.wall)
     line = b.line()
-    assert line.startswith("goodput 41.3 % of 3.9 s: start-up 2.2 s, restarts 0.1 s (1);"), line
+    assert line.startswith(
+        "goodput 41.3 % of 3.9 s: start-up 2.2 s, restarts 50 ms (1), rendezvous and waiting 30 ms;"
+    ), line
     assert "measured to the workers' start; training estimated" in line and "unknown" not in line
 
 
@@ -282,3 +284,61 @@ def test_a_member_that_waits_as_a_spare_after_a_round_stands_by_from_then():
 def test_the_standby_goes_through_a_dict():
     b = Breakdown(wall=3.0, training=3.0, standby=12.3456)
     assert Breakdown.from_dict(b.to_dict()) == b.rounded() and b.rounded().standby == 12.346
+
+
+def test_a_short_jobs_line_names_what_it_lost():
+    # an empty script on 2 workers: 0.1 s, every part under 0.05 s (it said "73.1 % of 0.1 s: nothing lost")
+    b = Breakdown(wall=0.1, training=0.0731, startup=0.0199, rendezvous=0.007, steps_known=True)
+    assert b.line() == "goodput 73.1 % of 0.1 s: start-up 20 ms, rendezvous and waiting 7 ms"
+    assert Breakdown(wall=8.0, training=8.0, steps_known=True).line() == "goodput 100.0 % of 8.0 s: nothing lost"
+
+
+def test_what_a_line_leaves_out_is_under_3_percent_of_the_wall():
+    b = Breakdown(
+        wall=8.0, training=7.85, startup=0.049, rendezvous=0.048, stall=0.047, shutdown=0.003, steps_known=True
+    )
+    assert b.line() == "goodput 98.1 % of 8.0 s: start-up 49 ms, rendezvous and waiting 48 ms, stalls 47 ms"
+    tiny = Breakdown(wall=100.0, training=99.99, shutdown=0.01, steps_known=True)
+    assert tiny.line() == "goodput 100.0 % of 1 m 40 s: 10 ms lost in all"
+
+
+def test_in_place_a_node_that_started_no_worker_lost_the_time_to_its_survivors_next_step():
+    # node 0's survivors wait in the recovery while the replacement starts on node 1; they step again at 5.8
+    g = Ledger(0.0)
+    g.running(0.0, {0, 1}, 0)
+    steps(g, 1.0, 1)
+    g.rendezvous(5.0)  # the in-place round is asked for (no stop on this node)
+    g.formed(5.1)
+    g.running(5.3, {0, 1}, 1, went_on=True)  # nothing started here: its survivors are the round's ranks
+    g.steps(5.3, {0: (1, 4.9), 1: (1, 4.95)})  # their reports from before the recovery: not a first step
+    steps(g, 5.8, 2)
+    b = g.breakdown(20.0)
+    assert b.restart == approx(0.8) and b.training == approx(20.0 - 1.0 - 0.8), b  # open to the end before
+
+
+def test_without_steps_the_window_ends_where_the_workers_group_formed():
+    g = Ledger(0.0)
+    g.formed(1.0)  # 1 s forming the round
+    g.running(1.5, {0, 1}, 0)
+    g.group_formed(4.0)  # their imports and init_process_group: start-up
+    g.failure(10.0)
+    g.rendezvous(10.2)
+    g.formed(10.3)
+    g.running(10.4, {0, 1}, 1)
+    g.group_formed(13.0)
+    g.done(20.0)
+    g.finish(20.0)
+    b = g.breakdown(20.0)
+    assert (b.rendezvous, b.startup, b.restart) == (approx(1.0), approx(3.0), approx(3.0)), b
+    assert b.training == approx(6.0 + 7.0) and b.formed_known and not b.steps_known
+    assert "lost time measured to the workers' process group forming" in b.line()
+
+
+def test_a_group_formed_before_the_round_ran_or_with_steps_known_changes_nothing():
+    g = Ledger(0.0)
+    g.running(0.0, {0}, 0)
+    g.group_formed(-1.0)  # a round before this one's (in place keeps the store and its word)
+    steps(g, 2.0, 1, (0,))
+    g.group_formed(1.0)  # the first step ended the window: a finer point
+    b = g.breakdown(3.0)
+    assert b.startup == approx(2.0) and not b.formed_known, b

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
+from types import SimpleNamespace
 
 from test_health_gate import FakeGpu, FakeNvml
 from test_supervisor_loop import Rig
@@ -139,11 +141,14 @@ def test_one_node_alone_is_never_quarantined_for_failures(tmp_path):
 
 
 def test_the_same_error_on_its_last_stderr_line_counts_too(tmp_path):
-    """No error file: the worker's last line (its exception) is the error compared."""
+    """No error file: the worker's last stderr line (its exception) is the error compared."""
     rig = Rig(tmp_path, nproc=1, max_restarts=5)
     rig.start()
     for n in (1, 2):
-        rig.sup.members[0].streams = [type("S", (), {"last_line": "ValueError: bad shard 3", "last_at": 1.0})()]
+        out = SimpleNamespace(name="stdout", last_line=f"epoch {n} began", last_at=2.0, done=threading.Event())
+        err = SimpleNamespace(name="stderr", last_line="ValueError: bad shard 3", last_at=1.0, done=threading.Event())
+        err.done.set()  # its pipe read to the end
+        rig.sup.members[0].streams = [out, err]  # stdout's last line is newer: never the one compared
         fail(rig.spawn.procs[n - 1])
         rig.turn(lambda n=n: len(rig.spawn.procs) > n or rig.sup.state is GroupState.FAILED, "a restart or a stop")
     assert rig.sup.result().exit_code == 70

@@ -432,7 +432,7 @@ def test_once_the_workers_report_steps_a_line_does_not_end_a_restarted_workers_s
     rig.watch(1)
     rig.spawn.procs[0].exit(1)
     rig.running(2)
-    line = type("S", (), {"last_line": "start rank=0", "last_at": rig.clock.now})()
+    line = type("S", (), {"name": "stdout", "last_line": "start rank=0", "last_at": rig.clock.now})()
     rig.sup.members[0].streams = [line]
     rig.watch(60)
     assert rig.spawn.procs[1].sent == []  # past --hang_timeout, before its first step: starting
