@@ -292,7 +292,10 @@ class LogRouter:
         s.done.set()
 
     def _emit(self, s: Stream, lines: list[bytes]) -> None:
-        s.last_line = lines[-1].decode(errors="replace").rstrip("\r")[-200:]
+        last = lines[-1]
+        if s.torch_prefix and last.startswith(s.torch_prefix):  # torch's "[rankN]: " on its own errors
+            last = last[len(s.torch_prefix) :]
+        s.last_line = last.decode(errors="replace").rstrip("\r")[-200:]
         s.last_at = time.monotonic()
         if s.console is None:
             return

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
+from .. import progress
 from . import abort, data, ddp, keys, leaving, rng, slots, transfer
 from .slots import Slot
 from .step import Commits, Recovery, Snapshot, Step
@@ -61,6 +62,7 @@ class Job:
         # torchrun sets no LAUNCHER_ROUND: its restarts meet on their own prefix all the same
         self.round = int(env.get("LAUNCHER_ROUND", env.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.step = 0  # steps done (committed)
+        self._committed_here = 0  # steps committed in this process
         self.epoch: int | None = None  # the epoch in flight, under `epochs()`
         # How long a peer's error waits for the agent's word: the agent says (longer across nodes, where a
         # node lost whole is known only once the rendezvous store ends its session); 5 s without it.
@@ -289,6 +291,8 @@ class Job:
         if self._in_pass:
             self._batch += 1
         self._keep_record()
+        self._committed_here += 1
+        progress.job_step(self.step, self._committed_here)  # the agent's goodput, its hang clock
 
     def _drawn(self) -> None:
         """A backward began: the step drew what it draws and moved its buffers (in the forward). Recorded
