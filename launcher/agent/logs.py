@@ -110,10 +110,27 @@ class Stream:
     filtered: IO[bytes] | None = None  # --duplicate_std*_filters: lines holding a needle also go here
     needles: tuple[bytes, ...] = ()
     torch_prefix: bytes = b""  # "[rankN]: ", what torch's excepthook puts on this worker's traceback lines
+    rank: int | None = None  # the worker's global rank
+    held: list[bytes] | None = None  # a traceback kept from the console until it is judged (see `_hold`)
+    held_at: float = 0.0  # when its last line came (or, once the pipe ended, when it ended)
+    ended: bool = False  # the pipe reached its end
+    keep: str | None = None  # where a collateral traceback goes when the stream has no file of its own
+
+
+# A worker's traceback on stderr is kept from the console until it is known whether it is the failure
+# the group stops for or the collateral of it (a peer lost: gloo's "Connection reset by peer", thirteen
+# lines as loud as the root cause, printed before it). Collateral, once the worker has exited: one line,
+# its exception, after the launcher's line about the root cause; the whole traceback is in its log file
+# (or, where its stderr has none, in `keep`). Anything else is printed whole, as it came.
+TRACEBACK = b"Traceback (most recent call last):"
+QUIET = 0.5  # s without a line that end the traceback of a worker still running: printed whole then
+AFTER_EXIT = 1.0  # s an exited worker's traceback waits for the launcher to name the failure it stops for
+MAX_HELD = 2000  # lines: more is no traceback, printed as it comes
 
 
 class LogRouter:
-    """Owns the pump thread; `add` a pipe, `drain` before reporting, `close` at the end."""
+    """Owns the pump thread; `add` a pipe, `drain` before reporting, `close` at the end. `failed_first`
+    names the failure the group stops for (the supervisor's), `new_round` forgets it."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
@@ -126,6 +143,8 @@ class LogRouter:
         self._closing = False
         self._disk_errors: set[int] = set()  # errnos already reported: one line each, not one per write
         self._shared: dict[str, IO[bytes]] = {}  # files several streams write (filtered_stdout.log), by path
+        self.root: tuple[int, str] | None = None  # (rank, what) the group stops for; rank -1: on another node
+        self._holding: list[Stream] = []  # streams with a traceback held (their pipes may have ended): the pump's
         self._thread = threading.Thread(target=self._pump, name="launcher-logs", daemon=True)
         self._thread.start()
 
@@ -139,6 +158,7 @@ class LogRouter:
         filtered: str | None = None,
         needles: tuple[str, ...] = (),
         name: str = "",
+        keep: str | None = None,
     ) -> Stream:
         """Route `pipe` to `console` (with `prefix`) and to the file at `path`, either optional;
         `rank`'s own "[rankN]: " prefix (torch's, on a traceback) is replaced by ours, not doubled.
@@ -153,13 +173,32 @@ class LogRouter:
                     shared = self._shared[filtered] = self._open(filtered)  # type: ignore[assignment]
         torch_prefix = b"" if rank is None else b"[rank%d]: " % rank
         stream = Stream(
-            pipe.fileno(), prefix.encode(), console, file, path, name=name, pipe=pipe, torch_prefix=torch_prefix
+            pipe.fileno(),
+            prefix.encode(),
+            console,
+            file,
+            path,
+            name=name,
+            pipe=pipe,
+            torch_prefix=torch_prefix,
+            rank=rank,
+            keep=keep,
         )
         stream.filtered, stream.needles = shared, tuple(n.encode() for n in needles)
         with self._lock:
             self._pending.append(stream)
         self._wake()
         return stream
+
+    def failed_first(self, rank: int, what: str) -> None:
+        """The group stops for rank `rank`'s failure (`what`: "killed by SIGKILL"; -1: another node's)."""
+        if self.root is None:
+            self.root = (rank, what)
+        self._wake()
+
+    def new_round(self) -> None:
+        """A new round's workers start: no failure is the one their group stops for."""
+        self.root = None
 
     def _open(self, path: str) -> IO[bytes] | None:
         try:
@@ -220,8 +259,12 @@ class LogRouter:
                 for s in list(streams.values()):
                     self._read(s)  # whatever is already in the pipe
                     self._finish(s)
+                for s in list(self._holding):
+                    self._release(s, whole=True)
                 return
-            for key, _ in self._selector.select():
+            self._judge_held()
+            wait = min((AFTER_EXIT if s.ended else QUIET) for s in self._holding) if self._holding else None
+            for key, _ in self._selector.select(wait / 4 if wait else None):
                 if key.data is None:
                     try:
                         os.read(self._wake_r, 4096)
@@ -289,7 +332,74 @@ class LogRouter:
         if s.pipe is not None:  # one pipe per worker stream and round: keeping them leaks fds (the soak)
             s.pipe.close()
             s.pipe = None
+        if s.held is not None and not self._closing:  # `done` once its traceback is judged
+            s.ended, s.held_at = True, self._clock()
+            return
         s.done.set()
+
+    # ------------------------------------------------------------------ tracebacks held
+
+    def _hold(self, s: Stream, lines: list[bytes]) -> list[bytes]:
+        """The lines to print now; a traceback and what follows it are kept back (`s.held`)."""
+        if s.name != "stderr" or s.console is None or s.rank is None or (s.file is None and not s.keep):
+            return lines  # no file would keep it: never held
+        out = []
+        for line in lines:
+            if s.held is None:
+                bare = line[len(s.torch_prefix) :] if s.torch_prefix and line.startswith(s.torch_prefix) else line
+                if not bare.startswith(TRACEBACK):
+                    out.append(line)
+                    continue
+                s.held = []
+                self._holding.append(s)
+            s.held.append(line)
+            s.held_at = self._clock()
+            if len(s.held) > MAX_HELD:
+                out += s.held
+                s.held = None
+                self._holding.remove(s)
+        return out
+
+    def _judge_held(self) -> None:
+        """Release the tracebacks that can be judged now (see TRACEBACK)."""
+        now = self._clock()
+        for s in list(self._holding):
+            root = self.root
+            if not s.ended:
+                if now - s.held_at >= QUIET:  # a worker still running printed it: whole
+                    self._release(s, whole=True)
+            elif root is not None or now - s.held_at >= AFTER_EXIT:
+                self._release(s, whole=root is None or root[0] == s.rank)
+
+    def _keep(self, s: Stream, held: list[bytes]) -> str | None:
+        """Write a held traceback to `s.keep` (the stream has no file of its own); its path, None if it cannot."""
+        if not s.keep:
+            return None
+        try:
+            os.makedirs(os.path.dirname(s.keep), exist_ok=True)
+            with open(s.keep, "ab") as f:
+                f.write(b"".join(line + b"\n" for line in held))
+        except OSError as e:
+            self.disk_error(s.keep, e)
+            return None
+        return s.keep
+
+    def _release(self, s: Stream, whole: bool) -> None:
+        held, s.held = s.held or [], None
+        if s in self._holding:
+            self._holding.remove(s)
+        where = None if whole else (s.path if s.path and s.file is not None else self._keep(s, held))
+        if where is None:
+            self._write(s, held)
+        else:
+            error = next((line for line in reversed(held) if line.strip()), b"")
+            error = error[len(s.torch_prefix) :] if s.torch_prefix and error.startswith(s.torch_prefix) else error
+            rank, what = self.root  # type: ignore[misc]
+            after = f"rank {rank} {what}" if rank >= 0 else what
+            note = f"  (after {after}; the whole traceback is in {where})".encode()
+            self._write(s, [error[:300] + (b"..." if len(error) > 300 else b"") + note])
+        if s.ended:
+            s.done.set()
 
     def _emit(self, s: Stream, lines: list[bytes]) -> None:
         last = lines[-1]
@@ -298,6 +408,11 @@ class LogRouter:
         s.last_line = last.decode(errors="replace").rstrip("\r")[-200:]
         s.last_at = time.monotonic()
         if s.console is None:
+            return
+        self._write(s, self._hold(s, lines))
+
+    def _write(self, s: Stream, lines: list[bytes]) -> None:
+        if not lines or s.console is None:
             return
         out = b"".join(_prefixed(s, line) + b"\n" for line in lines)
         with CONSOLE_LOCK:

@@ -212,6 +212,7 @@ class Supervisor:
             if event.closed:
                 log.info(f"the job was closed ({event.reason}); stopping the workers")
             elif event.failed:
+                self.launching.logs.failed_first(-1, f"a worker failed on another node ({event.reason})")
                 log.info(f"a worker failed on another node: {event.reason}; restarting the group")
             else:
                 log.info(f"membership changed ({event.reason}); re-forming the job")
@@ -284,6 +285,7 @@ class Supervisor:
         if self.observers.watchdog:
             self.observers.watchdog.forget(m.proc.pid for m in self.members)
         self.members = []
+        self.launching.logs.new_round()
         if not self.start_ranks(rnd):
             return
         self._set_state(GroupState.RUNNING)
@@ -334,7 +336,11 @@ class Supervisor:
         # torch duplicates the tee'd streams' matching lines only
         pairs = {"stdout": (plan.filtered_stdout, c.stdout_filters), "stderr": (plan.filtered_stderr, c.stderr_filters)}
         duplicate = {n: (f if c.tee.has(worker.local_rank, n) else None, needles) for n, (f, needles) in pairs.items()}
-        streams, files = route(proc, self.launching.logs, self.launching.console, prefix, dest, worker.rank, duplicate)
+        # where a collateral traceback goes when its stderr has no file of its own (logs.TRACEBACK)
+        keep = os.path.join(self.launching.run_dir, f"attempt_{rnd}", str(worker.local_rank), "traceback.log")
+        streams, files = route(
+            proc, self.launching.logs, self.launching.console, prefix, dest, worker.rank, duplicate, keep
+        )
         self.members.append(Member(worker, proc, streams, dest.error_file, files, self.clock(), env[PROGRESS_VAR]))
         self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd, forked=proc.forked)
         return True
@@ -380,7 +386,9 @@ class Supervisor:
                 return
             ours = [f for f in self.failures if not f.collateral and f.round == self.round.round]
             cause = min(ours, key=lambda f: f.at)
-            log.info(said or f"rank {cause.worker.rank} {cause.reason or cause.exit.describe()}; stopping the group")
+            what = cause.reason or cause.exit.describe()
+            self.launching.logs.failed_first(cause.worker.rank, what)  # the others' tracebacks: collateral
+            log.info(said or f"rank {cause.worker.rank} {what}; stopping the group")
             # The rendezvous still hears of the failure (it closes the job with its root cause), but
             # with the budget spent the events file says the stop ends the job, not that it restarts.
             spent = self.round is not None and self.round.restart_count >= self.config.max_restarts
