@@ -30,6 +30,7 @@ class RankLogs:
     stdout_console: bool
     stderr_console: bool
     error_file: str
+    traceback: str | None = None  # where a collateral traceback goes when stderr has no file (logs.TRACEBACK)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def default_placement(routing, attempt: str, envs: Mapping[int, dict[str, str]])
             stdout_console=out_console,
             stderr_console=err_console,
             error_file=env.get("TORCHELASTIC_ERROR_FILE") or os.path.join(folder, "error.json"),
+            traceback=os.path.join(folder, "traceback.log"),
         )
     return Placement(ranks, os.path.join(attempt, "filtered_stdout.log"), os.path.join(attempt, "filtered_stderr.log"))
 

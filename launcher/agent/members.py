@@ -239,12 +239,10 @@ def route(
     dest: RankLogs,
     rank: int,
     duplicate: Mapping[str, tuple[str | None, tuple[str, ...]]] | None = None,
-    keep: str | None = None,
 ) -> tuple[list[Stream], tuple[str, ...]]:
     """Hand the worker's pipes (global `rank`) to the log pump: to the console and/or the files `dest`
     names (logs_specs: ours or a --logs_specs plugin's); `duplicate[stream]` is (filtered file, needles)
-    for --duplicate_std*_filters; `keep`, where stderr's collateral traceback goes if stderr has no file.
-    Returns the streams and the log files."""
+    for --duplicate_std*_filters. Returns the streams and the log files."""
     streams, files = [], []
     for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
         if pipe is None:
@@ -253,7 +251,7 @@ def route(
         path = dest.stdout if name == "stdout" else dest.stderr
         filtered, needles = (duplicate or {}).get(name, (None, ()))
         out = console.stream(name) if to_console else None
-        kept = keep if name == "stderr" else None
+        kept = dest.traceback if name == "stderr" else None
         streams.append(
             logs.add(pipe, prefix, out, path, rank=rank, filtered=filtered, needles=needles, name=name, keep=kept)
         )

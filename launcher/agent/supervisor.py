@@ -127,11 +127,8 @@ class Supervisor:
         return capture_signals(handled, self.post, self._wake_w)
 
     def run(self) -> RunResult:
-        """Rendezvous, spawn, supervise, restart; return when the group is done for good.
-
-        Call it inside `capture_signals()`; keep that open until the launcher is about to exit,
-        so that a signal arriving while the last lines are flushed is a no-op, not a crash.
-        """
+        """Rendezvous, spawn, supervise, restart; return when the group is done for good. Call it inside
+        `capture_signals()`, kept open until the launcher exits: a signal during the last lines is a no-op."""
         self.begin_round(Cause.START)
         try:
             while self.state not in (GroupState.SUCCEEDED, GroupState.FAILED):
@@ -336,11 +333,7 @@ class Supervisor:
         # torch duplicates the tee'd streams' matching lines only
         pairs = {"stdout": (plan.filtered_stdout, c.stdout_filters), "stderr": (plan.filtered_stderr, c.stderr_filters)}
         duplicate = {n: (f if c.tee.has(worker.local_rank, n) else None, needles) for n, (f, needles) in pairs.items()}
-        # where a collateral traceback goes when its stderr has no file of its own (logs.TRACEBACK)
-        keep = os.path.join(self.launching.run_dir, f"attempt_{rnd}", str(worker.local_rank), "traceback.log")
-        streams, files = route(
-            proc, self.launching.logs, self.launching.console, prefix, dest, worker.rank, duplicate, keep
-        )
+        streams, files = route(proc, self.launching.logs, self.launching.console, prefix, dest, worker.rank, duplicate)
         self.members.append(Member(worker, proc, streams, dest.error_file, files, self.clock(), env[PROGRESS_VAR]))
         self.emit("spawn", rank=worker.rank, local_rank=worker.local_rank, pid=proc.pid, round=rnd, forked=proc.forked)
         return True

@@ -125,6 +125,12 @@ class NoLogs:
     def disk_error(self, path, error) -> None:
         raise AssertionError(f"disk error {path}: {error}")
 
+    def failed_first(self, rank: int, what: str) -> None:
+        pass
+
+    def new_round(self) -> None:
+        pass
+
 
 @pytest.fixture(autouse=True)
 def no_process_sweep(monkeypatch):
