@@ -59,3 +59,24 @@ def test_causes():
         "signal",
         "hang",
     ]
+
+
+def test_a_figure_a_first_step_will_reclassify_is_published_as_provisional():
+    # it read 0.99 during start-up and 0.42 three seconds later, once the first step moved the time
+    sup = SimpleNamespace(
+        snapshot=lambda: Snapshot(GroupState.RUNNING, 0, 0, []),
+        round=SimpleNamespace(group_world_size=1, group_rank=0, world_size=2),
+        config=SimpleNamespace(max_restarts=0),
+        failures=[],
+    )
+    now = [0.0]
+    acc = Accountant(lambda: [], clock=lambda: now[0])
+    acc("starting", {})
+    acc("spawn", {"rank": 0})
+    acc("running", {"round": 0, "group_rank": 0, "group_world_size": 1, "restarts": 0})
+    now[0] = 3.0
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(sup, acc, lambda: None, {"run_id": "j", "host": "h", "backend": "c10d"}))
+    text = prometheus_client.generate_latest(registry).decode()
+    assert "launcher_goodput_provisional 1.0" in text, text
+    assert acc.breakdown().provisional and not acc.finish().provisional  # a final figure never is
