@@ -65,7 +65,8 @@ class BootstrapStore:
             return rnd, ""
         if rnd.group_rank == 0:
             try:
-                self.server = _serve(rnd.master_addr, rnd.master_port, rnd.world_size)
+                # every worker connects, and every node's agent once (its GroupWatch)
+                self.server = _serve(rnd.master_addr, rnd.master_port, rnd.world_size + rnd.group_world_size)
             except OSError as e:
                 return rnd, (
                     f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
@@ -123,12 +124,12 @@ class GroupWatch:
                 client.close()
 
 
-def _serve(addr: str, port: int, world_size: int) -> StoreServer:
+def _serve(addr: str, port: int, expect: int) -> StoreServer:
     """Bind MASTER_ADDR itself where it is an address of this host, else every address (as torch's
-    server); every worker of the job connects (the server raises the descriptor limit for them)."""
+    server); `expect` clients connect (the server raises the descriptor limit for them)."""
     try:
-        return StoreServer(addr, port, expect=world_size)
+        return StoreServer(addr, port, expect=expect)
     except OSError as e:
         if e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) and not isinstance(e, socket.gaierror):
             raise
-    return StoreServer("::" if ":" in addr else "0.0.0.0", port, expect=world_size)
+    return StoreServer("::" if ":" in addr else "0.0.0.0", port, expect=expect)

@@ -1,0 +1,54 @@
+"""The bootstrap store tells when the workers' group formed (agent/bootstrap.py): the server counts the
+connections that named a key of the group, and every node's GroupWatch waits for its word. A real
+server and real clients on loopback."""
+
+from __future__ import annotations
+
+import time
+
+from support.ports import free_port
+from support.processes import wait_for
+
+from launcher.agent.bootstrap import BootstrapStore
+from launcher.spec import Round
+from launcher.tcpstore.client import StoreClient
+
+
+def round_on(port: int, world: int = 2) -> Round:
+    return Round("job", 0, 0, 0, 1, 0, world, "127.0.0.1", port)
+
+
+def test_the_group_formed_once_every_worker_named_one_of_its_keys(tmp_path):
+    clock = [100.0]
+    store = BootstrapStore({}, clock=lambda: clock[0])
+    try:
+        port = free_port()
+        rnd, problem = store.open(round_on(port))
+        assert problem == "" and rnd.use_agent_store
+        a, b = StoreClient("127.0.0.1", port, timeout=5), StoreClient("127.0.0.1", port, timeout=5)
+        a.add("init/", 1)  # a worker's connect: not its group
+        a.set("default_pg/0//cpu//0/0", b"addr0")
+        a.get("default_pg/0//cpu//0/0")  # the same connection again: counted once
+        time.sleep(0.3)
+        assert store.formed_at() is None
+        clock[0] = 107.0
+        b.wait(["default_pg/0//cpu//0/0"])
+        wait_for(lambda: store.formed_at() is not None, timeout=5, what="the group formed")
+        assert store.formed_at() == 107.0
+        a.close(), b.close()
+    finally:
+        store.close()
+
+
+def test_a_group_formed_elsewhere_is_never_seen():
+    store = BootstrapStore({})
+    try:
+        rnd, _ = store.open(round_on(free_port(), world=1))
+        c = StoreClient("127.0.0.1", rnd.master_port, timeout=5)
+        c.set("my_own_prefix/0/cpu/0", b"x")  # init_process_group(store=...) on a prefix of its own
+        time.sleep(0.6)
+        assert store.formed_at() is None
+        c.close()
+    finally:
+        store.close()
+    assert BootstrapStore({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}).formed_at() is None
