@@ -106,6 +106,10 @@ class GroupWatch:
     def close(self) -> None:
         self._closed.set()
 
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the thread to end (after `close`: within POLL)."""
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         from ..tcpstore.client import StoreClient, StoreError
 

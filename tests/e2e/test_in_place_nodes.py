@@ -170,7 +170,7 @@ def test_a_worker_replaced_in_place_costs_each_node_its_recovery_not_more(nodes)
         assert min(took) - 0.6 < lost_s < max(took) + 0.6, (ev.name, node, took)
         assert node["restarts"] == 1 and node["steps_known"], node
     job = events(hev, "goodput")[0]["job"]
-    assert job == events(lev, "goodput")[0]["job"] and job["goodput"] > 0.5, job
+    assert job == events(lev, "goodput")[0]["job"] and job["restart"] < max(took) + 0.6, job  # the same on both
 
 
 @pytest.mark.timeout(240)

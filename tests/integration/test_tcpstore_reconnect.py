@@ -311,6 +311,13 @@ def test_a_connection_on_a_descriptor_past_1023_is_not_taken_for_closed(server, 
         pytest.skip(f"needs 1,200 file descriptors, the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    # A descriptor below closed meanwhile (another test's thread ending in this process) would be taken
+    # first: fill every hole until the next one free is past 1023.
+    probe = os.open(os.devnull, os.O_RDONLY)
+    while probe <= 1023:  # a hole: plugged, and the next one looked at
+        fillers.append(probe)
+        probe = os.open(os.devnull, os.O_RDONLY)
+    os.close(probe)
     try:
         c = clients(relay.port, 97)
         assert c._sock.fileno() > 1023

@@ -42,7 +42,7 @@ def steps_env(ckpt_dir: Path, steps: int = 30, step_time: float = 0.1, **more: s
 STEPS = worker("steps.py")
 
 
-def wait_checkpoint(ckpt_dir: Path, step: int, timeout: float = 30) -> None:
+def wait_checkpoint(ckpt_dir: Path, step: int, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -37,7 +37,9 @@ def test_the_group_formed_once_every_worker_named_one_of_its_keys(tmp_path):
         assert store.formed_at() == 107.0
         a.close(), b.close()
     finally:
+        watch = store.watch
         store.close()
+        watch.join(5)  # no thread of this test closes a descriptor in a later one's
 
 
 def test_a_group_formed_elsewhere_is_never_seen():
@@ -50,5 +52,7 @@ def test_a_group_formed_elsewhere_is_never_seen():
         assert store.formed_at() is None
         c.close()
     finally:
+        watch = store.watch
         store.close()
+        watch.join(5)
     assert BootstrapStore({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}).formed_at() is None
