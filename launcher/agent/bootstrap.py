@@ -11,11 +11,11 @@ whose full-mesh start-up is N² store reads).
 It also tells every node when the workers' process group formed: torch's default group names its
 keys `default_pg/...` in this store (gloo's addresses at `init_process_group`, NCCL's id at the
 first collective), and `inplace.Job`'s `launcher/inplace/<round>/pg/...`; once every worker's
-connection has named one, the server stores FORMED_KEY,
-and each node's agent, waiting for that key on a connection of its own (`GroupWatch`), notes the
-time: the end of the workers' start-up (or of a restart) when the script reports no steps
-(telemetry.goodput). A script that forms its group elsewhere (`init_method=`, its own store) is
-never seen forming: its figures stay measured to the workers' start.
+connection has named one, the server stores FORMED_KEY, and each node's agent, waiting for that key
+on a connection of its own (`GroupWatch`, a thread: the store's client loads there, off the start's
+path), notes the time: the end of the workers' start-up (or of a restart) when the script reports no
+steps (telemetry.goodput). A script that forms its group elsewhere (`init_method=`, its own store)
+is never seen forming: its figures stay measured to the workers' start.
 """
 
 from __future__ import annotations

@@ -335,6 +335,7 @@ def test_list_keys_is_charged_by_its_cost(host, opened):
         )
         + ping(9),
     )
+    setter.settimeout(120)  # 200,000 keys set: torch's libuv server took over 30 s beside a load of 9
     assert read_exactly(setter, 4) == struct.pack("<I", 9)
     answer = 8 + sum(8 + len(k) for k in keys)
     with Prober(host.port) as probe:
