@@ -346,8 +346,7 @@ class LogRouter:
         out = []
         for line in lines:
             if s.held is None:
-                bare = line[len(s.torch_prefix) :] if s.torch_prefix and line.startswith(s.torch_prefix) else line
-                if not bare.startswith(TRACEBACK):
+                if not _bare(s, line).startswith(TRACEBACK):
                     out.append(line)
                     continue
                 s.held = []
@@ -393,7 +392,7 @@ class LogRouter:
             self._write(s, held)
         else:
             error = next((line for line in reversed(held) if line.strip()), b"")
-            error = error[len(s.torch_prefix) :] if s.torch_prefix and error.startswith(s.torch_prefix) else error
+            error = _bare(s, error)
             rank, what = self.root  # type: ignore[misc]
             after = f"rank {rank} {what}" if rank >= 0 else what
             note = f"  (after {after}; the whole traceback is in {where})".encode()
@@ -402,10 +401,7 @@ class LogRouter:
             s.done.set()
 
     def _emit(self, s: Stream, lines: list[bytes]) -> None:
-        last = lines[-1]
-        if s.torch_prefix and last.startswith(s.torch_prefix):  # torch's "[rankN]: " on its own errors
-            last = last[len(s.torch_prefix) :]
-        s.last_line = last.decode(errors="replace").rstrip("\r")[-200:]
+        s.last_line = _bare(s, lines[-1]).decode(errors="replace").rstrip("\r")[-200:]
         s.last_at = time.monotonic()
         if s.console is None:
             return
@@ -428,8 +424,13 @@ def _prefixed(s: Stream, line: bytes) -> bytes:
     (init_process_group installs it); that prefix becomes ours (`[host rankN]: ` across nodes),
     so it is never said twice."""
     if s.torch_prefix and line.startswith(s.torch_prefix):
-        return s.prefix + line[len(s.torch_prefix) :]
+        return s.prefix + _bare(s, line)
     return line if line.startswith(s.prefix) else s.prefix + line
+
+
+def _bare(s: Stream, line: bytes) -> bytes:
+    """`line` without torch's "[rankN]: " (its excepthook's, on a worker's own errors), if it has it."""
+    return line[len(s.torch_prefix) :] if s.torch_prefix and line.startswith(s.torch_prefix) else line
 
 
 # ---------------------------------------------------------------------------- routing policy

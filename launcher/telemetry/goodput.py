@@ -330,10 +330,6 @@ class Ledger:
         self.phase = _Phase.RUNNING
         self._ran = True
         self.round = _Round(frozenset(ranks), now, {}, {}, went_on)
-        if not self.round.ranks and self.window is not None:
-            # In place, on a node that started no worker (its survivors went on; the replacement is on
-            # another node): no first step to wait for here, and the recovery ended with its round.
-            self.resume_from, self.window = None, None
 
     def steps(self, now: float, samples: Mapping[int, tuple[int, float]]) -> None:
         """Each rank's latest `progress(step=)` and when it wrote it (the progress file's mtime)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.launcher_runs import Launch
+from support.launcher_runs import Launch, said_seconds
 from support.paths import ROOT
 from support.processes import wait_gone
 
@@ -40,12 +40,6 @@ def baseline(tmp_path_factory):
     finally:
         launch.cleanup()
     return r, cwd
-
-
-def seconds(said: str) -> float:
-    """A duration as the goodput line says it (`27 ms`, `4.3 s`, `2 m 5 s`)."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?) (ms|s|m|h)\b", said))
 
 
 def test_train_ddp_two_workers(baseline):
@@ -92,7 +86,7 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
     assert not wait_gone(launch.token)
     # the restart the goodput line books is what the script saw (its Job reports the steps: nothing asked of it)
     said = float(re.search(r"training again (\d+\.\d) s after rank 1 was killed", r.stdout)[1])
-    booked = seconds(re.search(r"goodput .* restarts (\d[^,;(]*) \(1\)", r.stderr)[1])
+    booked = said_seconds(re.search(r"goodput .* restarts (\d[^,;(]*) \(1\)", r.stderr)[1])
     assert abs(booked - said) <= max(0.5, 0.05 * said), (booked, said, r.stderr[-1500:])
     assert "estimated" not in r.stderr, r.stderr[-1500:]
     # rank 0's error about the lost peer (most runs have one): one line, after the root cause

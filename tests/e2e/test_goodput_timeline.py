@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support import system
+from support.launcher_runs import said_seconds
 from support.paths import LAUNCHER, worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -211,12 +212,6 @@ def test_the_report_of_a_spare_replacing_a_killed_node(tmp_path):
     assert not any(near(p, green) for p in lane(1)), "lane b does not run past its loss"
     marks = [pixel(x, y) for y in range(165, 181) for x in range(int(x_lost) - 12, int(x_lost) + 30)]
     assert any(near(p, (0x11, 0x11, 0x11), by=16) for p in marks), "the lost marker on lane b"
-
-
-def said_seconds(said: str) -> float:
-    """A duration as the goodput line says it (`27 ms`, `4.3 s`, `2 m 5 s`)."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?) (ms|s|m|h)\b", said))
 
 
 @pytest.mark.timeout(120)

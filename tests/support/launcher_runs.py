@@ -292,3 +292,9 @@ def assert_one_line_exit_2(r: subprocess.CompletedProcess) -> None:
     lines = r.stderr.splitlines()
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def said_seconds(said: str) -> float:
+    """A duration as the goodput line says it (`27 ms`, `4.3 s`, `2 m 5 s`)."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?) (ms|s|m|h)\b", said))
