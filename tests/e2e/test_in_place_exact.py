@@ -3,7 +3,8 @@ the job it was lost, the final weights (and each rank's batch-norm buffers) equa
 run's bit for bit, every step is applied once per rank, and every sample of an epoch is used once.
 
 tests/workers/in_place_exact.py trains 3 ranks of DDP with Dropout and BatchNorm (per-rank random
-streams, re-seeded per epoch) over a DataLoader with a DistributedSampler, with a logged loss
+streams, re-seeded per epoch) over a DataLoader with a DistributedSampler (or torchdata's
+StatefulDataLoader over it), with a logged loss
 all_reduce after the optimizer step; each process logs the steps it applied and their sample ids.
 The workers are forked from the --preload zygote (torch imported once, not once per process: the
 suite's time), the undisturbed runs' too; the lost rank before the first step is tried spawned as well.
@@ -91,12 +92,19 @@ def assert_exact(got: Outcome, ref: Outcome, restarts: int = 1) -> None:
         ("flat", "1 5 after"),  # after the optimizer step, before the loss all_reduce: was applied twice
         ("loader", "1 5 before"),  # mid-epoch, before the commit: the step again, its dropout as before
         ("loader", "2 11 after"),  # the epoch's last batch committed: the next epoch, its own shuffle
+        # torchdata's StatefulDataLoader, resumed from its state_dict: the DataLoader's batches, so its weights
+        ("stateful", "1 5 before"),
+        ("stateful", "0 16 after"),  # the sender's rank lost: the replacement takes a survivor's loader state
     ],
 )
 def test_a_rank_lost_in_a_step_leaves_the_weights_as_an_undisturbed_run(tmp_path, undisturbed, case, die):
-    env = {"DIE_AT": die, **({"FLAT": "1"} if case == "flat" else {})}
+    env = {
+        "DIE_AT": die,
+        **({"FLAT": "1"} if case == "flat" else {}),
+        **({"STATEFUL": "1"} if case == "stateful" else {}),
+    }
     got = run(tmp_path, **env)
-    assert_exact(got, undisturbed[case])
+    assert_exact(got, undisturbed["flat" if case == "flat" else "loader"])
     spawns = [e for e in got.events if e["event"] == "spawn" and e["round"] == 1]
     assert [e["rank"] for e in spawns] == [int(die.split()[0])], spawns  # the lost rank alone
 

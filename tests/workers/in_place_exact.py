@@ -14,6 +14,8 @@ DIE_REDO=RANK: that rank (a first-round process) dies again at DIE_AT's step whe
 the recovery (after the forward): the replacement then runs that step a second time.
 JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
+STATEFUL=1: the loader is torchdata's StatefulDataLoader (the job resumes it from its state_dict), over the
+same sampler: the same batches, so the same weights as the DataLoader's run.
 """
 
 import hashlib
@@ -64,7 +66,12 @@ g = torch.Generator().manual_seed(7)
 n = 96 * world
 data = TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g), torch.arange(n))
 sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
-loader = DataLoader(data, batch_size=8, sampler=sampler)
+if e.get("STATEFUL"):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(data, batch_size=8, sampler=sampler)
+else:
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
