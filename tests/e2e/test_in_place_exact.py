@@ -95,13 +95,14 @@ def assert_exact(got: Outcome, ref: Outcome, restarts: int = 1) -> None:
         # torchdata's StatefulDataLoader, resumed from its state_dict: the DataLoader's batches, so its weights
         ("stateful", "1 5 before"),
         ("stateful", "0 16 after"),  # the sender's rank lost: the replacement takes a survivor's loader state
+        ("frozen", "1 5 before"),  # a kept module with no trained parameter (a fine-tune's frozen part)
     ],
 )
 def test_a_rank_lost_in_a_step_leaves_the_weights_as_an_undisturbed_run(tmp_path, undisturbed, case, die):
     env = {
         "DIE_AT": die,
         **({"FLAT": "1"} if case == "flat" else {}),
-        **({"STATEFUL": "1"} if case == "stateful" else {}),
+        **({case.upper(): "1"} if case in ("stateful", "frozen") else {}),
     }
     got = run(tmp_path, **env)
     assert_exact(got, undisturbed["flat" if case == "flat" else "loader"])

@@ -134,8 +134,9 @@ class Job:
                 raise TypeError(f"keep({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
             ddp.refuse_sharded(f"keep({name}=...)", obj)
             self._commits.watch(name, obj)
-            last = list(obj.parameters())[-1:] if isinstance(obj, torch.nn.Module) and self.in_place else []
-            for param in last:  # its gradient is about the first of a backward's (the output layer's)
+            trained = [p for p in obj.parameters() if p.requires_grad] if isinstance(obj, torch.nn.Module) else []
+            for param in trained[-1:] if self.in_place else []:  # its gradient is about a backward's first
+                # (the output layer's); a frozen parameter takes no hook (torch refuses it) and has no gradient
                 param.register_post_accumulate_grad_hook(lambda _: self._drawn())
         self._kept.update(state)
 
