@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch.distributed as dist
+
+from . import keys
 
 PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout")
 
@@ -37,3 +39,14 @@ def exit_now(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)
+
+
+def excepthook(job: Any, kind: type[BaseException], error: BaseException, tb: Any) -> None:
+    """`Job`'s: a lost peer outside `with step:` (an eval, a barrier) is one line and LEAVE_EXIT, not a traceback."""
+    if not job._leaving and issubclass(kind, Exception) and job.in_place:
+        if job._lost.is_set() or (from_peer(error) and job.lost(error)):
+            job._leaving = True
+            say(job.rank, f"a peer was lost outside `with step:` ({first_line(error)}); leaving, the group restarts")
+            exit_now(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
+    job._leaving = True  # failing: no wait at the job's end
+    job._previous_hook(kind, error, tb)

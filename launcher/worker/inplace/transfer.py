@@ -43,21 +43,30 @@ class Plan:
     source: int
     to: tuple[int, ...]
     step: int
+    memory: int = -1  # the step every rank not in `to` loads from its copy in memory (memory.py); -1: none
 
 
-def plan(has_state: bool, step: int, device: torch.device) -> Plan:
-    """Agree, with every rank, on who sends the state and who receives it."""
+def plan(has_state: bool, step: int, device: torch.device, copies: tuple[int, int] = (-1, -1)) -> Plan:
+    """Agree, with every rank, on who sends the state and who receives it; where no rank holds it, on
+    the step of the copies in memory (`copies`: this rank's two) the group resumes at."""
     world = dist.get_world_size()
-    mine = torch.tensor([int(has_state), step], dtype=torch.int64, device=device)
+    mine = torch.tensor([int(has_state), step, *copies], dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine)
     told = [tuple(int(x) for x in row.tolist()) for row in rows]
-    holders = [r for r, (held, _) in enumerate(told) if held]
-    if not holders:  # the job's first round: every rank starts from the script's own state
-        return Plan(-1, (), step)
+    holders = [r for r, (held, *_) in enumerate(told) if held]
+    if not holders:
+        # The newest step every rank holds a copy of, else the newest any rank holds (sent to the others).
+        held = [{s for s in row[2:] if s >= 0} for row in told]
+        common = set.intersection(*held)
+        best = max(common or set.union(*held), default=-1)
+        if best < 0:  # the job's first round: every rank starts from the script's own state
+            return Plan(-1, (), step)
+        loaders = [r for r, steps in enumerate(held) if best in steps]
+        return Plan(loaders[0], tuple(r for r in range(world) if r not in loaders), best, best)
     best = max(told[r][1] for r in holders)
     source = min(r for r in holders if told[r][1] == best)
-    return Plan(source, tuple(r for r, (held, s) in enumerate(told) if not held or s < best), best)
+    return Plan(source, tuple(r for r, (held, s, *_) in enumerate(told) if not held or s < best), best)
 
 
 def send(kept: Mapping[str, Any], meta: dict, to: tuple[int, ...], device: torch.device) -> int:

@@ -1,0 +1,239 @@
+"""The kept state in the node's memory, where any restart of the group finds it (docs/memory.md).
+
+At each step's end (after its commit) each rank copies what `Job.keep` holds (the state_dicts: model
+parameters and buffers, optimizer state, GradScaler, scheduler) and the job's own record (the step, the
+loader's position, its random streams) into a file of the agent's folder in memory (keys.SLOTS_VAR, in
+/dev/shm: the agent owns it and removes it when the job ends, its guard when the agent is SIGKILLed).
+A worker's death does not free it; a new worker of the same rank reads it back.
+
+Two copies per rank, written in turn (`state.<rank>.0` and `.1`): a rank killed while it copies leaves
+the other whole. Each file is a header (its first 4 kB), the tensors' bytes (mapped, written in place:
+the step waits for a memory copy, or a device-to-host one, never for a disk), then the structure
+(pickled, tensors named by their place). The header is cleared before a copy and written last, with the
+structure's sha256: a torn copy is never loaded.
+
+A copy belongs to one run id, one world size and rank, and a round at or before the reader's; any other
+is ignored with one line. Which step the group resumes at is agreed in transfer.plan: the newest that
+every rank holds (each holds its last two steps, and no rank is more than one step ahead of another),
+else the newest any rank holds, which the others then receive from it over the group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import keys, rng, transfer
+
+if TYPE_CHECKING:
+    from .job import Job
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"LMEMv1\0\0"
+HEADER = struct.Struct("<8sQQQQ32s")  # magic, seq (0: being written), step, structure's offset, length, sha256
+DATA = 4096  # the tensors' bytes start here
+ALIGN = 64  # each tensor's offset: any dtype's view of the bytes is aligned
+OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"  # "0": no copy (a job whose state does not fit twice in host memory)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One whole copy of this rank's state: the steps done when it was taken, and its file."""
+
+    step: int
+    path: str
+    meta: dict
+
+
+class Memory:
+    """Rank `rank`'s two copies in `folder` (see the module)."""
+
+    def __init__(self, folder: str, rank: int, world: int, run_id: str, local_rank: int):
+        self.folder, self.rank, self.world, self.run_id = folder, rank, world, run_id
+        self.local_rank = local_rank
+        self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
+        self._seq = 0
+        self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
+        self._said = False
+
+    @classmethod
+    def open(cls, environ: Any, rank: int, world: int) -> Memory | None:
+        """This rank's copies, where the agent gave its workers a folder in memory (and the copy is not off)."""
+        folder = environ.get(keys.SLOTS_VAR)
+        if not folder or environ.get(OFF_VAR) == "0" or not os.path.isdir(folder):
+            return None
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")))
+
+    # ------------------------------------------------------------------ the copy
+
+    def save(self, kept: dict[str, Any], meta: dict, rnd: int) -> None:
+        """Copy the kept objects' state and the job's `meta` (its `step` names the copy) into the older half."""
+        tensors: list[torch.Tensor] = []
+        structure = {name: transfer._strip(obj.state_dict(), tensors) for name, obj in kept.items()}
+        record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "round": rnd, "step": meta["step"]}
+        record.update(state=structure, meta=transfer._strip(meta, tensors))  # its tensors: the random streams
+        places, end = [], DATA
+        for t in tensors:
+            places.append(end)
+            end += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
+        record["places"] = places
+        blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        seq = self._seq + 1
+        half = seq % 2
+        path = self.paths[half]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, bytes(HEADER.size), 0)  # cleared first: a copy torn from here on is never loaded
+                data = self._map(half, end)
+                for t, at in zip(tensors, places):
+                    nbytes = t.numel() * t.element_size()
+                    if nbytes:
+                        data[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
+                os.pwrite(fd, blob, end)
+                digest = hashlib.sha256(blob).digest()
+                os.pwrite(fd, HEADER.pack(MAGIC, seq, meta["step"], end, len(blob), digest), 0)
+            finally:
+                os.close(fd)
+        except OSError:  # the folder is gone (the agent ends the job): nothing to keep it for any more
+            log.debug("state in memory: could not write %s", path, exc_info=True)
+            return
+        self._seq = seq
+        if not self._said and self.local_rank == 0:
+            self._said = True
+            log.info(
+                f"rank {self.rank}: the kept state is copied to memory at each step's end: {_size(end)} a copy"
+                f", two per rank ({self.folder})"
+            )
+
+    def _map(self, half: int, size: int) -> torch.Tensor:
+        """The half's file mapped (shared: written through to it), grown to `size` bytes where smaller."""
+        mapped = self._maps[half]
+        if mapped is None or mapped[0] < size:
+            self._maps[half] = None
+            mapped = (size, torch.from_file(self.paths[half], shared=True, size=size, dtype=torch.uint8))
+            self._maps[half] = mapped
+        return mapped[1]
+
+    # ------------------------------------------------------------------ the load
+
+    def held(self, rnd: int) -> list[Held]:
+        """This rank's whole copies that fit this job (another job's or world's are said in one line)."""
+        found: list[Held] = []
+        for path in self.paths:
+            record = _read(path)
+            if record is None:
+                continue
+            why = self._misfit(record, rnd)
+            if why:
+                log.warning(f"rank {self.rank}: the state's copy in memory {path} is {why}: ignored")
+                continue
+            found.append(Held(record["step"], path, record))
+        self._seq = max([self._seq, *(h.meta.get("seq", 0) for h in found)])
+        return sorted(found, key=lambda h: -h.step)
+
+    def _misfit(self, record: dict, rnd: int) -> str:
+        if record.get("run_id") != self.run_id:
+            return f"another job's (run id {record.get('run_id')!r}, this one {self.run_id!r})"
+        if (record.get("world"), record.get("rank")) != (self.world, self.rank):
+            return (
+                f"from another world (rank {record.get('rank')} of {record.get('world')}, "
+                f"this one rank {self.rank} of {self.world})"
+            )
+        if record.get("round", 0) > rnd:
+            return f"from round {record['round']}, after this one ({rnd})"
+        return ""
+
+    def load(self, held: Held, kept: dict[str, Any]) -> tuple[dict, int]:
+        """Put copy `held` into the kept objects; returns the job's record and the bytes read."""
+        record = held.meta
+        places: list[int] = record["places"]
+        slots: list[transfer.Slot] = []
+        transfer._collect({"state": record["state"], "meta": record["meta"]}, slots)
+        size = os.path.getsize(held.path)
+        data = torch.from_file(held.path, shared=False, size=size, dtype=torch.uint8)
+        tensors = []
+        for s in slots:
+            at = places[s.index]
+            nbytes = _numel(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+            view = data[at : at + nbytes].view(s.dtype).view(s.shape)
+            tensors.append(view.to(s.device, copy=True))  # the job's own memory: the file is written again
+        state = transfer._fill(record["state"], tensors)
+        for name, obj in kept.items():
+            if name in state:
+                obj.load_state_dict(state[name])
+        return transfer._fill(record["meta"], tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _read(path: str) -> dict | None:
+    """The structure of the whole copy in `path` (None: none, torn, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            magic, seq, step, at, length, digest = HEADER.unpack(f.read(HEADER.size))
+            if magic != MAGIC or seq == 0:
+                return None
+            f.seek(at)
+            blob = f.read(length)
+        if hashlib.sha256(blob).digest() != digest:
+            return None
+        record = pickle.loads(blob)
+        record["seq"] = seq
+        return record if record.get("step") == step else None
+    except FileNotFoundError:
+        return None
+    except (OSError, struct.error, pickle.UnpicklingError, EOFError, ValueError, AttributeError):
+        log.warning("state in memory: the copy %s is unreadable", path, exc_info=True)
+        return None
+
+
+def steps(job: Job) -> tuple[int, int]:
+    """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
+    memory = job._memory
+    if memory is None or job._holds_state or not job._kept:
+        return (-1, -1)
+    job._held = memory.held(job.round)
+    found = [h.step for h in job._held] + [-1, -1]
+    return (found[0], found[1])
+
+
+def resume(job: Job, step: int) -> None:
+    """Load this rank's copy at `step` (transfer.plan agreed on it) and take up its position and streams."""
+    memory, began = job._memory, time.monotonic()
+    held = next(h for h in job._held if h.step == step)
+    job._held = []
+    assert memory is not None
+    meta, nbytes = memory.load(held, job._kept)
+    if job._own is None:
+        job._own = {}  # its own streams are the copy's (no "goes on with another rank's" line)
+    job._adopt(meta, job.rank)
+    job._pass_rng, job._loader_state = meta["pass_rng"], meta["loader"]
+    if meta["rng"][1] == job.step:
+        rng.put(meta["rng"][2])  # the streams it goes on with (and sends a rank without a copy)
+    job._holds_state = True
+    log.info(
+        f"rank {job.rank}: resumed at step {job.step} from its copy in memory "
+        f"({_size(nbytes)} in {time.monotonic() - began:.2f} s)"
+    )
