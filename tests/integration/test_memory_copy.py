@@ -1,0 +1,76 @@
+"""A rank's copies in memory (launcher/worker/inplace/memory.py), written and read back by real objects in
+real files: the two newest steps are held, a torn copy is never loaded, another job's or world's copy is
+refused in one line, and what is loaded is the state that was copied (a later change does not reach it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from launcher.worker.inplace.memory import HEADER, Memory
+
+
+def state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad()
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+
+
+def meta(step: int) -> dict:
+    return {"step": step, "rng": ("after", step, {"torch": torch.get_rng_state()})}
+
+
+def test_the_two_newest_steps_are_held_and_load_back_what_was_copied(tmp_path):
+    model, optimizer = state()
+    memory = Memory(str(tmp_path), rank=1, world=2, run_id="job", local_rank=1)
+    copied = {}
+    for step in (1, 2, 3):
+        train(model, optimizer)
+        memory.save({"model": model, "optimizer": optimizer}, meta(step), rnd=0)
+        copied[step] = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [h.step for h in memory.held(0)] == [3, 2]  # double-buffered: step 1's copy was overwritten
+    train(model, optimizer)  # the live state moves on; the copy does not
+    fresh_model, fresh_optimizer = state()
+    got, nbytes = Memory(str(tmp_path), 1, 2, "job", 1).load(
+        memory.held(0)[1], {"model": fresh_model, "optimizer": fresh_optimizer}
+    )
+    assert got["step"] == 2 and nbytes > 0
+    for key, value in fresh_model.state_dict().items():
+        assert torch.equal(value, copied[2][key]), key
+    assert int(fresh_optimizer.state_dict()["state"][0]["step"]) == 2
+    train(fresh_model, fresh_optimizer)  # the loaded state is the job's own memory: a later copy leaves it alone
+    memory.save({"model": model, "optimizer": optimizer}, meta(4), rnd=0)
+    assert [h.step for h in memory.held(0)] == [4, 3]
+
+
+def test_a_copy_torn_while_it_was_written_is_never_loaded(tmp_path):
+    model, optimizer = state()
+    memory = Memory(str(tmp_path), 0, 1, "job", 0)
+    for step in (1, 2):
+        memory.save({"model": model, "optimizer": optimizer}, meta(step), rnd=0)
+    newest = memory.held(0)[0].path
+    with open(newest, "r+b") as f:  # a rank killed in the middle of its copy: the header cleared, not yet written
+        f.write(bytes(HEADER.size))
+    assert [h.step for h in memory.held(0)] == [1]
+
+
+def test_another_jobs_or_worlds_copy_is_refused_in_one_line(tmp_path, caplog):
+    model, optimizer = state()
+    Memory(str(tmp_path), 0, 2, "job-a", 0).save({"model": model}, meta(7), rnd=0)
+    caplog.set_level(logging.WARNING, logger="launcher.worker.inplace.memory")
+    assert Memory(str(tmp_path), 0, 2, "job-b", 0).held(0) == []
+    assert Memory(str(tmp_path), 0, 4, "job-a", 0).held(0) == []
+    assert Memory(str(tmp_path), 0, 2, "job-a", 0).held(0)[0].step == 7
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "another job's (run id 'job-a', this one 'job-b'): ignored" in lines[0]
+    assert "from another world (rank 0 of 2, this one rank 0 of 4): ignored" in lines[1]
+    assert sorted(os.listdir(tmp_path)) == ["state.0.1"]
