@@ -162,15 +162,22 @@ class Memory:
         transfer._collect({"state": record["state"], "meta": record["meta"]}, slots)
         size = os.path.getsize(held.path)
         data = torch.from_file(held.path, shared=False, size=size, dtype=torch.uint8)
+        targets: list[torch.Tensor | None] = [None] * len(slots)
+        for name, obj in kept.items():  # copied straight into the tensors the job holds already (its parameters)
+            if name in record["state"]:
+                transfer._match(record["state"][name], obj.state_dict(), targets)
         tensors = []
-        for s in slots:
-            at = places[s.index]
-            nbytes = _numel(s.shape) * torch.empty((), dtype=s.dtype).element_size()
-            view = data[at : at + nbytes].view(s.dtype).view(s.shape)
-            tensors.append(view.to(s.device, copy=True))  # the job's own memory: the file is written again
+        with torch.no_grad():
+            for s, target in zip(slots, targets):
+                at = places[s.index]
+                nbytes = _numel(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+                view = data[at : at + nbytes].view(s.dtype).view(s.shape)
+                # Else a copy: the job's own memory (the file is written again at the next step).
+                tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
         state = transfer._fill(record["state"], tensors)
         for name, obj in kept.items():
-            if name in state:
+            inside = [targets[s.index] is not None for s in transfer._slots(record["state"].get(name, {}))]
+            if name in state and not (isinstance(obj, torch.nn.Module) and all(inside)):  # a module: copied already
                 obj.load_state_dict(state[name])
         return transfer._fill(record["meta"], tensors), sum(t.numel() * t.element_size() for t in tensors)
 
