@@ -27,14 +27,11 @@ import pickle
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import keys, rng, transfer
-
-if TYPE_CHECKING:
-    from .job import Job
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +213,7 @@ def _read(path: str) -> dict | None:
         return None
 
 
-def steps(job: Job) -> tuple[int, int]:
+def steps(job: Any) -> tuple[int, int]:
     """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
     memory = job._memory
     if memory is None or job._holds_state or not job._kept:
@@ -226,7 +223,7 @@ def steps(job: Job) -> tuple[int, int]:
     return (found[0], found[1])
 
 
-def resume(job: Job, step: int) -> None:
+def resume(job: Any, step: int) -> None:
     """Load this rank's copy at `step` (transfer.plan agreed on it) and take up its position and streams."""
     memory, began = job._memory, time.monotonic()
     held = next(h for h in job._held if h.step == step)
