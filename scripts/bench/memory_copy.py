@@ -1,11 +1,17 @@
 """The step's cost of the state's copy in memory (docs/memory.md): one process, a model of SIZE MB of
-parameters trained with SGD (the kept state: its parameters), the same steps with and without
-`memory.Memory.save` at each step's end, side by side; and the load a restart does.
+parameters trained with SGD (the kept state: its parameters), the same steps without the copy ("step"),
+with the copy the step waits for at its end ("+sync": how it was before the copy went beside the step),
+and with the copy beside the next step ("+beside": what `Job` does, the optimizer's step waiting for the
+copy in flight); and the load a restart does.
 
-    python scripts/bench/memory_copy.py --sizes 10 200 1000 --steps 8
+    python scripts/bench/memory_copy.py --sizes 10 200 1000 --steps 2 --blocks 8
 
-Prints, per size: the median step without the copy, with it, the copy alone, and the load. One run,
-no launcher: the copy is what a worker's step waits for; what a restart costs besides is the launcher's.
+Blocks of `--steps` steps of each kind in turn, `--blocks` times (a block's first step beside is not
+counted: no copy beside it yet). Prints, per size: the median step of each kind and how much slower; the
+copy alone (in its thread: longer beside a step that uses the same cores); the step's own part of a
+copy beside it (`save` until it returns: the structure, the small tensors copied at once, the thread's
+start); the median wait for the copy at the next optimizer's step; the load. One run, no launcher: what
+a restart costs besides is the launcher's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from launcher.worker.inplace.memory import Memory
 
 WIDTH = 2048  # a square layer of WIDTH x WIDTH floats: 16.8 MB
+KINDS = ("plain", "sync", "beside")
 
 
 def model_of(mb: float) -> torch.nn.Module:
@@ -34,45 +41,67 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     optimizer.step()
 
 
-def measure(mb: float, steps: int, folder: str) -> tuple[float, float, float, float, float]:
+def measure(mb: float, steps: int, blocks: int, folder: str) -> tuple[float, dict, float, float, float]:
     model = model_of(mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
     size = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
     x = torch.randn(4, model[0].in_features)
     memory = Memory(folder, 0, 1, "bench", 1)
     kept = {"model": model, "optimizer": optimizer}
-    plain, copied, copies = [], [], []
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    copies, waits, saves = [], [], []
     step(model, optimizer, x)  # warm: the gradients' memory exists
-    for i in range(steps):
-        began = time.perf_counter()
-        step(model, optimizer, x)
-        plain.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        step(model, optimizer, x)
-        middle = time.perf_counter()
-        memory.save(kept, {"step": i + 1}, rnd=0)
-        copied.append(time.perf_counter() - began)
-        copies.append(time.perf_counter() - middle)
+    done = 0
+    for block in range(blocks):
+        for kind in KINDS[block % 3 :] + KINDS[: block % 3]:  # each kind first in turn
+            memory.wait()  # no copy of another block's beside this one's steps
+            for i in range(steps + 1):
+                waited, began = memory.waited, time.perf_counter()
+                step(model, optimizer, x)
+                if kind != "plain":
+                    done += 1
+                    saving = time.perf_counter()
+                    memory.save(kept, {"step": done}, rnd=0)
+                    saved = time.perf_counter() - saving
+                    if kind == "sync":
+                        memory.wait()
+                took = time.perf_counter() - began
+                if i or kind != "beside":  # a block's first step beside: no copy beside it yet
+                    times[kind].append(took)
+                if i and kind == "beside":
+                    waits.append(memory.waited - waited)
+                    saves.append(saved)
+                if kind != "plain" and i > 1:
+                    copies.append(memory.copied)  # the copy before this step's, done by now
+    memory.wait()
     began = time.perf_counter()
     memory.load(memory.held(0)[0], kept)
     load = time.perf_counter() - began
-    return size, statistics.median(plain), statistics.median(copied), statistics.median(copies[1:] or copies), load
+    medians = {kind: statistics.median(t) for kind, t in times.items()}
+    return size, medians, statistics.median(copies), statistics.median(saves), statistics.median(waits), load
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[10, 200, 1000], help="MB of parameters")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2, help="steps per block")
+    parser.add_argument("--blocks", type=int, default=8, help="blocks of each kind, in turn")
     parser.add_argument("--dir", default="/dev/shm", help="where the copies go (the agent's folder is in /dev/shm)")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.steps} steps each way")
-    print(f"{'state':>9} {'step':>9} {'+copy':>9} {'slower':>7} {'copy':>9} {'GB/s':>6} {'load':>8}")
+    n = args.steps * args.blocks
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {n} steps of each kind")
+    print(
+        f"{'state':>9} {'step':>9} {'+sync':>9} {'slower':>7} {'+beside':>9} {'slower':>7} "
+        f"{'copy':>9} {'save':>8} {'wait':>8} {'load':>7}"
+    )
     for mb in args.sizes:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="launcher-bench-memory-") as folder:
-            size, plain, copied, copy, load = measure(mb, args.steps, folder)
+            size, t, copy, save, wait, load = measure(mb, args.steps, args.blocks, folder)
+        plain = t["plain"]
         print(
-            f"{size:7.0f}MB {plain * 1e3:7.1f}ms {copied * 1e3:7.1f}ms {100 * (copied / plain - 1):6.1f}% "
-            f"{copy * 1e3:7.1f}ms {size / 1e3 / copy:6.2f} {load:7.2f}s"
+            f"{size:7.0f}MB {plain * 1e3:7.1f}ms {t['sync'] * 1e3:7.1f}ms {100 * (t['sync'] / plain - 1):6.1f}% "
+            f"{t['beside'] * 1e3:7.1f}ms {100 * (t['beside'] / plain - 1):6.1f}% {copy * 1e3:7.1f}ms "
+            f"{save * 1e3:6.1f}ms {wait * 1e3:6.1f}ms {load:6.2f}s"
         )
 
 

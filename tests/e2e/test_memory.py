@@ -77,6 +77,7 @@ def undisturbed(tmp_path_factory) -> Outcome:
     ref = run(tmp_path_factory.mktemp("undisturbed"))
     assert ref.returncode == 0 and "resumed at step" not in ref.err, ref.err
     assert len(re.findall(r"the kept state is copied to memory at each step's end: \S+ \S+ a copy", ref.err)) == 1
+    assert "the step waits for the copy from now on" not in ref.err, ref.err  # each copy went beside a step
     return ref
 
 

@@ -1,11 +1,15 @@
 """A rank's copies in memory (launcher/worker/inplace/memory.py), written and read back by real objects in
 real files: the two newest steps are held, a torn copy is never loaded, another job's or world's copy is
-refused in one line, and what is loaded is the state that was copied (a later change does not reach it)."""
+refused in one line, and what is loaded is the state that was copied (a later change does not reach it),
+also when the copy runs beside the next step (its optimizer's step waits for it; a change it did not
+wait for tears the copy, which is then never loaded)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 
 import torch
 
@@ -22,6 +26,19 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad()
     model(torch.randn(5, 4)).sum().backward()
     optimizer.step()
+
+
+def gate(monkeypatch, memory: Memory) -> threading.Event:
+    """`memory`'s copies wait for the event before they copy their tensors."""
+    opened = threading.Event()
+    copy = memory._copy
+
+    def gated(*args):
+        assert opened.wait(30)
+        copy(*args)
+
+    monkeypatch.setattr(memory, "_copy", gated)
+    return opened
 
 
 def meta(step: int) -> dict:
@@ -74,3 +91,46 @@ def test_another_jobs_or_worlds_copy_is_refused_in_one_line(tmp_path, caplog):
     assert "another job's (run id 'job-a', this one 'job-b'): ignored" in lines[0]
     assert "from another world (rank 0 of 2, this one rank 0 of 4): ignored" in lines[1]
     assert sorted(os.listdir(tmp_path)) == ["state.0.1"]
+
+
+def test_the_copy_runs_beside_the_next_step_and_the_optimizers_step_waits_for_it(tmp_path, monkeypatch):
+    model, optimizer = state()
+    train(model, optimizer)
+    memory = Memory(str(tmp_path), 0, 1, "job", 0)
+    opened = gate(monkeypatch, memory)
+    memory.save({"model": model, "optimizer": optimizer}, meta(1), rnd=0)
+    copied = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    optimizer.zero_grad()
+    model(torch.randn(5, 4)).sum().backward()  # the next step's forward (batch-norm statistics move) and backward
+    threading.Timer(0.5, opened.set).start()  # the copy in flight until then
+    began = time.monotonic()
+    optimizer.step()
+    assert time.monotonic() - began >= 0.4, "the optimizer's step did not wait for the copy in flight"
+    fresh_model, fresh_optimizer = state()
+    got, _ = memory.load(memory.held(0)[0], {"model": fresh_model, "optimizer": fresh_optimizer})
+    assert got["step"] == 1
+    for key, value in fresh_model.state_dict().items():  # the step's end, not the next step's forward
+        assert torch.equal(value, copied[key]), key
+    for key, value in fresh_optimizer.state_dict()["state"][0].items():
+        assert torch.equal(value, moments[key]), key
+
+
+def test_a_kept_tensor_changed_beside_its_copy_tears_it_and_the_step_waits_from_then_on(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="launcher.worker.inplace.memory")
+    model, optimizer = state()
+    kept = {"model": model, "optimizer": optimizer}
+    memory = Memory(str(tmp_path), 0, 1, "job", 0)
+    train(model, optimizer)
+    memory.save(kept, meta(1), rnd=0)
+    train(model, optimizer)
+    opened = gate(monkeypatch, memory)
+    memory.save(kept, meta(2), rnd=0)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # not the kept optimizer's step: nothing waits for the copy
+    opened.set()
+    assert [h.step for h in memory.held(0)] == [1]  # step 2's copy is torn: never loaded
+    assert any("changed outside the kept optimizers' step" in r.getMessage() for r in caplog.records)
+    train(model, optimizer)
+    memory.save(kept, meta(3), rnd=0)  # into the torn half, whole once save returns (read by another reader)
+    assert [h.step for h in Memory(str(tmp_path), 0, 1, "job", 0).held(0)] == [3, 1]

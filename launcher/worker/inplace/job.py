@@ -184,8 +184,10 @@ class Job:
                     self.recover()
                     continue
                 yield from self._attempts(Step(self, self.step))
-            return
-        yield from self._pass(what)
+        else:
+            yield from self._pass(what)
+        if self._memory is not None:  # what follows the loop (an eval, the end) finds its last step in memory
+            self._memory.wait()
 
     def recover(self) -> Recovery:
         """Leave the broken group, join the agent's newest round, and bring the state to whoever lacks it."""

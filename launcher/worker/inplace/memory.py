@@ -7,10 +7,17 @@ loader's position, its random streams) into a file of the agent's folder in memo
 A worker's death does not free it; a new worker of the same rank reads it back.
 
 Two copies per rank, written in turn (`state.<rank>.0` and `.1`): a rank killed while it copies leaves
-the other whole. Each file is a header (its first 4 kB), the tensors' bytes (mapped, written in place:
-the step waits for a memory copy, or a device-to-host one, never for a disk), then the structure
-(pickled, tensors named by their place). The header is cleared before a copy and written last, with the
-structure's sha256: a torn copy is never loaded.
+the other whole. Each file is a header (its first 4 kB), the tensors' bytes (mapped, written in place: a
+memory copy, or a device-to-host one, never a disk), then the structure (pickled, tensors named by their
+place). The header is cleared before a copy and written last, with the structure's sha256: a torn copy
+is never loaded.
+
+Off the training path: at the step's end, what the next step's forward and backward may change (the
+buffers, the random streams: small) is cloned at once; the kept modules' parameters and the kept
+optimizers' state, which only those optimizers' step changes, are copied by a thread beside the next
+step, and each kept optimizer's step waits for it first (a step pre-hook), as do the next copy, the
+end of a `job.steps` loop, a load and a fork. A kept tensor whose version moved during its copy tears
+it (the steps wait for each copy from then on); without a kept optimizer the step waits for its copy.
 
 A copy belongs to one run id, one world size and rank, and a round at or before the reader's; any other
 is ignored with one line. Which step the group resumes at is agreed in transfer.plan: the newest that
@@ -20,11 +27,13 @@ else the newest any rank holds, which the others then receive from it over the g
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
 import pickle
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +70,12 @@ class Memory:
         self._seq = 0
         self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
         self._said = False
+        self._flight: threading.Thread | None = None  # the copy beside the step in flight
+        self._hooked: set[int] = set()  # id() of the kept optimizers whose step waits for that copy
+        self._at_once = False  # a kept tensor changed beside its copy: the step waits for each copy
+        self.waited = 0.0  # seconds the job waited for copies in flight, all told
+        self.copied = 0.0  # seconds the newest copy took
+        os.register_at_fork(before=self.wait)  # a loader's workers: no fork beside a thread inside torch's copy
 
     @classmethod
     def open(cls, environ: Any, rank: int, world: int) -> Memory | None:
@@ -74,44 +89,113 @@ class Memory:
     # ------------------------------------------------------------------ the copy
 
     def save(self, kept: dict[str, Any], meta: dict, rnd: int) -> None:
-        """Copy the kept objects' state and the job's `meta` (its `step` names the copy) into the older half."""
+        """Copy the kept objects' state and the job's `meta` (its `step` names the copy) into the older half:
+        beside the next step where a kept optimizer's step is the only change to the big tensors, else now."""
+        self.wait()  # the copy before it: whole, or given up (it wrote the other half)
+        for obj in kept.values():
+            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooked:
+                self._hooked.add(id(obj))  # its step changes the tensors copied beside the step: it waits first
+                obj.register_step_pre_hook(lambda *_: self.wait())
         tensors: list[torch.Tensor] = []
         structure = {name: transfer._strip(obj.state_dict(), tensors) for name, obj in kept.items()}
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "round": rnd, "step": meta["step"]}
         record.update(state=structure, meta=transfer._strip(meta, tensors))  # its tensors: the random streams
+        later = _stepped(kept) if self._hooked and not self._at_once else set()
+        versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
+        if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
+            # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
+            tensors = [t if t.data_ptr() in later else t.clone() for t in tensors]
         places, end = [], DATA
         for t in tensors:
             places.append(end)
             end += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
         record["places"] = places
         blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-        seq = self._seq + 1
-        half = seq % 2
+        ready = None
+        if versions and any(t.is_cuda for t in tensors):  # the side stream starts after the clones above
+            ready = torch.cuda.Event()
+            ready.record()
+        copy = (self._seq + 1, tensors, places, end, blob, meta["step"], versions, ready)
+        if not versions:
+            self._write(*copy)
+            return
+        # Not a daemon: an interpreter that exits waits for it (the step's copy ends whole).
+        self._flight = threading.Thread(target=self._write, args=copy, name="launcher-state-copy")
+        self._flight.start()
+
+    def wait(self) -> None:
+        """Until the copy in flight is whole in its file (or given up)."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            began = time.monotonic()
+            flight.join()
+            self.waited += time.monotonic() - began
+
+    def _write(
+        self,
+        seq: int,
+        tensors: list[torch.Tensor],
+        places: list[int],
+        end: int,
+        blob: bytes,
+        step: int,
+        versions: list[tuple[torch.Tensor, int]],
+        ready: Any,
+    ) -> None:
+        """Write copy `seq` into its half; its header last, once its tensors are whole (see the module)."""
+        began, half = time.monotonic(), seq % 2
         path = self.paths[half]
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 os.pwrite(fd, bytes(HEADER.size), 0)  # cleared first: a copy torn from here on is never loaded
-                data = self._map(half, end)
-                for t, at in zip(tensors, places):
-                    nbytes = t.numel() * t.element_size()
-                    if nbytes:
-                        data[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
+                self._copy(fd, half, end, tensors, places, ready)
+                moved = [t for t, v in versions if t._version != v]
+                if moved:  # changed beside its copy, not by a kept optimizer's step: this copy is torn
+                    self._at_once = True
+                    log.info(
+                        f"rank {self.rank}: a kept tensor {tuple(moved[0].shape)} changed outside the kept "
+                        "optimizers' step while it was copied to memory; the step waits for the copy from now on"
+                    )
+                    return
                 os.pwrite(fd, blob, end)
                 digest = hashlib.sha256(blob).digest()
-                os.pwrite(fd, HEADER.pack(MAGIC, seq, meta["step"], end, len(blob), digest), 0)
+                os.pwrite(fd, HEADER.pack(MAGIC, seq, step, end, len(blob), digest), 0)
             finally:
                 os.close(fd)
         except OSError:  # the folder is gone (the agent ends the job): nothing to keep it for any more
             log.debug("state in memory: could not write %s", path, exc_info=True)
             return
-        self._seq = seq
+        except Exception:  # in the copy's thread: said, and the other half stands
+            log.warning("state in memory: the copy to %s failed", path, exc_info=True)
+            return
+        self._seq, self.copied = seq, time.monotonic() - began
         if not self._said and self.local_rank == 0:
             self._said = True
             log.info(
                 f"rank {self.rank}: the kept state is copied to memory at each step's end: {_size(end)} a copy"
                 f", two per rank ({self.folder})"
             )
+
+    def _copy(self, fd: int, half: int, end: int, tensors: list[torch.Tensor], places: list[int], ready: Any) -> None:
+        """Each tensor into its place in the file: a host tensor written from its own bytes (one thread, no
+        intra-op pool beside the step's), a GPU's copied into the file mapped (on a stream of its own,
+        after `ready`)."""
+        stream = None
+        if ready is not None:
+            stream = torch.cuda.Stream()
+            stream.wait_event(ready)
+        with torch.no_grad(), torch.cuda.stream(stream):  # None: the current one
+            for t, at in zip(tensors, places):
+                nbytes = t.numel() * t.element_size()
+                if not nbytes:
+                    continue
+                if t.device.type == "cpu" and t.is_contiguous():
+                    _pwrite(fd, t.data_ptr(), nbytes, at)
+                else:
+                    self._map(half, end)[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        if stream is not None:
+            stream.synchronize()
 
     def _map(self, half: int, size: int) -> torch.Tensor:
         """The half's file mapped (shared: written through to it), grown to `size` bytes where smaller."""
@@ -126,6 +210,7 @@ class Memory:
 
     def held(self, rnd: int) -> list[Held]:
         """This rank's whole copies that fit this job (another job's or world's are said in one line)."""
+        self.wait()
         found: list[Held] = []
         for path in self.paths:
             record = _read(path)
@@ -185,6 +270,26 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
 
 
+def _pwrite(fd: int, address: int, nbytes: int, at: int) -> None:
+    """The `nbytes` at `address` (a live tensor's) into the file at `at` (the GIL released meanwhile)."""
+    view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+    done = 0
+    while done < nbytes:
+        done += os.pwrite(fd, view[done:], at + done)
+
+
+def _stepped(kept: dict[str, Any]) -> set[int]:
+    """Where the tensors are that only a kept optimizer's step changes: the kept modules' parameters, and
+    the optimizers' own state (its moments). Their copy may run beside the next step's forward and backward."""
+    found = set()
+    for obj in kept.values():
+        if isinstance(obj, torch.nn.Module):
+            found.update(p.data_ptr() for p in obj.parameters())
+        elif isinstance(obj, torch.optim.Optimizer):
+            found.update(t.data_ptr() for state in obj.state.values() for t in state.values() if torch.is_tensor(t))
+    return found
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -216,6 +321,8 @@ def _read(path: str) -> dict | None:
 def steps(job: Any) -> tuple[int, int]:
     """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
     memory = job._memory
+    if memory is not None:
+        memory.wait()  # the copy in flight, whole: the state is loaded or received into the tensors it reads
     if memory is None or job._holds_state or not job._kept:
         return (-1, -1)
     job._held = memory.held(job.round)
