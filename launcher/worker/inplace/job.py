@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -113,7 +112,7 @@ class Job:
         if self.in_place and self._own is None and self.store.check([keys.slot(self.rank)]):
             self._own = slots.load(self.store.get(keys.slot(self.rank)))
         if self.in_place:
-            self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
+            leaving.install(self)  # a lost peer outside `with step:`: one line (leaving.py)
         if self._watcher is not None:
             threading.Thread(
                 target=self._watch, args=(self._watcher,), name="launcher-inplace-watch", daemon=True
@@ -227,6 +226,14 @@ class Job:
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ the loop
+
+    def fails(self, error: BaseException) -> bool:
+        """`error` ends this rank (its excepthook): nothing waits at the job's end. True where, in place, a
+        lost peer raised it (the rank leaves in one line); False for any other, or once this rank leaves."""
+        first, self._leaving = not self._leaving, True
+        if not (first and self.in_place and isinstance(error, Exception)):
+            return False
+        return self._lost.is_set() or (leaving.from_peer(error) and self.lost(error))
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` comes from a peer the agent replaces (waits up to `notice` s for its word)."""
@@ -592,7 +599,3 @@ class Job:
             "connection); starting again in the next round",
         )
         os._exit(keys.REJOIN_EXIT)
-
-    def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
-        """A lost peer outside `with step:` (an eval, a barrier): one line and LEAVE_EXIT, not a traceback."""
-        leaving.excepthook(self, kind, error, tb)

@@ -41,12 +41,15 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def excepthook(job: Any, kind: type[BaseException], error: BaseException, tb: Any) -> None:
-    """`Job`'s: a lost peer outside `with step:` (an eval, a barrier) is one line and LEAVE_EXIT, not a traceback."""
-    if not job._leaving and issubclass(kind, Exception) and job.in_place:
-        if job._lost.is_set() or (from_peer(error) and job.lost(error)):
-            job._leaving = True
+def install(job: Any) -> None:
+    """`job`'s sys.excepthook: a lost peer outside `with step:` (an eval, a barrier) is one line and
+    LEAVE_EXIT, not a traceback; any other error goes to the hook before it (`Job.fails` says which)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if job.fails(error):
             say(job.rank, f"a peer was lost outside `with step:` ({first_line(error)}); leaving, the group restarts")
             exit_now(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
-    job._leaving = True  # failing: no wait at the job's end
-    job._previous_hook(kind, error, tb)
+        previous(kind, error, tb)
+
+    sys.excepthook = hook

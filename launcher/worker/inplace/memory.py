@@ -72,7 +72,7 @@ class Memory:
         self._said = False
         self._flight: threading.Thread | None = None  # the copy beside the step in flight
         self._hooked: set[int] = set()  # id() of the kept optimizers whose step waits for that copy
-        self._at_once = False  # a kept tensor changed beside its copy: the step waits for each copy
+        self.beside = True  # False: the step waits for each copy (a kept tensor changed beside one)
         self.waited = 0.0  # seconds the job waited for copies in flight, all told
         self.copied = 0.0  # seconds the newest copy took
         os.register_at_fork(before=self.wait)  # a loader's workers: no fork beside a thread inside torch's copy
@@ -97,10 +97,10 @@ class Memory:
                 self._hooked.add(id(obj))  # its step changes the tensors copied beside the step: it waits first
                 obj.register_step_pre_hook(lambda *_: self.wait())
         tensors: list[torch.Tensor] = []
-        structure = {name: transfer._strip(obj.state_dict(), tensors) for name, obj in kept.items()}
+        structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "round": rnd, "step": meta["step"]}
-        record.update(state=structure, meta=transfer._strip(meta, tensors))  # its tensors: the random streams
-        later = _stepped(kept) if self._hooked and not self._at_once else set()
+        record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
+        later = _stepped(kept) if self._hooked and self.beside else set()
         versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
         if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
             # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
@@ -152,7 +152,7 @@ class Memory:
                 self._copy(fd, half, end, tensors, places, ready)
                 moved = [t for t, v in versions if t._version != v]
                 if moved:  # changed beside its copy, not by a kept optimizer's step: this copy is torn
-                    self._at_once = True
+                    self.beside = False
                     log.info(
                         f"rank {self.rank}: a kept tensor {tuple(moved[0].shape)} changed outside the kept "
                         "optimizers' step while it was copied to memory; the step waits for the copy from now on"
@@ -240,14 +240,11 @@ class Memory:
         """Put copy `held` into the kept objects; returns the job's record and the bytes read."""
         record = held.meta
         places: list[int] = record["places"]
-        slots: list[transfer.Slot] = []
-        transfer._collect({"state": record["state"], "meta": record["meta"]}, slots)
+        structure = {"state": record["state"], "meta": record["meta"]}
+        # Copied straight into the tensors the job holds already (its parameters) where it has them.
+        slots, targets = transfer.landing(structure, kept)
         size = os.path.getsize(held.path)
         data = torch.from_file(held.path, shared=False, size=size, dtype=torch.uint8)
-        targets: list[torch.Tensor | None] = [None] * len(slots)
-        for name, obj in kept.items():  # copied straight into the tensors the job holds already (its parameters)
-            if name in record["state"]:
-                transfer._match(record["state"][name], obj.state_dict(), targets)
         tensors = []
         with torch.no_grad():
             for s, target in zip(slots, targets):
@@ -256,12 +253,7 @@ class Memory:
                 view = data[at : at + nbytes].view(s.dtype).view(s.shape)
                 # Else a copy: the job's own memory (the file is written again at the next step).
                 tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
-        state = transfer._fill(record["state"], tensors)
-        for name, obj in kept.items():
-            inside = [targets[s.index] is not None for s in transfer._slots(record["state"].get(name, {}))]
-            if name in state and not (isinstance(obj, torch.nn.Module) and all(inside)):  # a module: copied already
-                obj.load_state_dict(state[name])
-        return transfer._fill(record["meta"], tensors), sum(t.numel() * t.element_size() for t in tensors)
+        return transfer.put(structure, tensors, targets, kept), sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _size(nbytes: int) -> str:
