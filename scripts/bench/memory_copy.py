@@ -55,6 +55,7 @@ def measure(mb: float, steps: int, blocks: int, folder: str) -> tuple[float, dic
     for block in range(blocks):
         for kind in KINDS[block % 3 :] + KINDS[: block % 3]:  # each kind first in turn
             memory.wait()  # no copy of another block's beside this one's steps
+            memory.beside = kind == "beside"  # else the copy is made at the step's end, the step waiting
             for i in range(steps + 1):
                 waited, began = memory.waited, time.perf_counter()
                 step(model, optimizer, x)
@@ -63,8 +64,6 @@ def measure(mb: float, steps: int, blocks: int, folder: str) -> tuple[float, dic
                     saving = time.perf_counter()
                     memory.save(kept, {"step": done}, rnd=0)
                     saved = time.perf_counter() - saving
-                    if kind == "sync":
-                        memory.wait()
                 took = time.perf_counter() - began
                 if i or kind != "beside":  # a block's first step beside: no copy beside it yet
                     times[kind].append(took)
@@ -86,8 +85,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[10, 200, 1000], help="MB of parameters")
     parser.add_argument("--steps", type=int, default=2, help="steps per block")
     parser.add_argument("--blocks", type=int, default=8, help="blocks of each kind, in turn")
+    parser.add_argument("--threads", type=int, default=0, help="torch's intra-op threads (0: its own choice)")
     parser.add_argument("--dir", default="/dev/shm", help="where the copies go (the agent's folder is in /dev/shm)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # 1 on a 2-core host: a core left for the copy, as a GPU's step leaves
     n = args.steps * args.blocks
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {n} steps of each kind")
     print(
