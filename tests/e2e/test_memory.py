@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.launcher_runs import Launch, wait_line
-from support.paths import WORKERS
+from support.launcher_runs import Agent, Cluster, Launch, c10d, wait_line
+from support.paths import ROOT, WORKERS
+from support.ports import free_port
 from support.processes import wait_for
 
 STEPS = 24  # 2 epochs of 12 batches per rank
@@ -147,3 +148,46 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
         wait_for(lambda: left(run_id) == [], 10, "the folder removed")  # by the guard after a SIGKILL
     finally:
         launch.cleanup()
+
+
+@pytest.mark.timeout(300)
+def test_a_node_lost_whole_resumes_from_the_other_nodes_copies(tmp_path):
+    """Two nodes of 2 workers (examples/train_in_place.py) and a spare, under --recovery restart. The node
+    without group rank 0 is SIGKILLed whole: its copies go with its agent. The group restarts on the other
+    node and the spare: the survivor's ranks load their copies, the spare's receive the state from them
+    over the group (no copy of their own), and every rank ends with the same weights, past where it was."""
+    port = free_port()
+    cluster = Cluster()
+    cluster.store("127.0.0.1", port)
+    flags = c10d(port, "2", nproc=2, run_id=f"mem{uuid.uuid4().hex[:8]}", conf="is_host=false")
+    script = (str(ROOT / "examples" / "train_in_place.py"), "--steps", "150", "--step-time", "0.05")
+
+    def node(name: str) -> Agent:
+        return cluster.start(
+            *flags, "--recovery", "restart", "--max_restarts", "2", "--no-live", "--shutdown_timeout", "5",
+            "--events_file", str(tmp_path / f"{name}.events"), *script, name=name,
+        )  # fmt: skip
+
+    def running(name: str) -> bool:
+        events = tmp_path / f"{name}.events"
+        return events.exists() and '"event": "running"' in events.read_text()
+
+    try:
+        a, b = node("a"), node("b")
+        wait_for(lambda: running("a") and running("b"), 90, "both nodes running")
+        spare = node("spare")  # once the group is full: it waits
+        spare.wait_for(r"waiting as a spare", stream="err", timeout=90)
+        head = wait_for(lambda: next((n for n in (a, b) if "step 50/150" in n.stdout), None), 120, "step 50")
+        lost = b if head is a else a
+        lost.signal(signal.SIGKILL)
+        lost.wait(30)
+        codes = {n.name: n.wait(150) for n in (head, spare)}
+        assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{spare.stderr[-3000:]}"
+        resumed = [int(s) for s in re.findall(r"resumed at step (\d+) from its copy in memory", head.stderr)]
+        assert len(resumed) == 2 and min(resumed) >= 49, head.stderr[-3000:]  # where it was, at most a step back
+        assert "resumed at step" not in spare.stderr and spare.stdout.count("received the state") == 2, spare.stdout
+        sums = set(re.findall(r"weights checksum (\S+)", head.stdout + spare.stdout))
+        assert len(sums) == 1, sums
+        assert "done: 150 steps" in head.stdout, head.stdout[-2000:]
+    finally:
+        cluster.cleanup()
