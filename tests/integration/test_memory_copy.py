@@ -1,8 +1,8 @@
 """A rank's copies in memory (launcher/worker/inplace/memory.py), written and read back by real objects in
 real files: the two newest steps are held, a torn copy is never loaded, another job's or world's copy is
 refused in one line, and what is loaded is the state that was copied (a later change does not reach it),
-also when the copy runs beside the next step (its optimizer's step waits for it; a change it did not
-wait for tears the copy, which is then never loaded)."""
+also when the copy runs beside the next step's forward (its backward and its optimizer's step wait for
+it; a change that did not wait for it tears the copy, which is then never loaded)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_another_jobs_or_worlds_copy_is_refused_in_one_line(tmp_path, caplog):
     assert sorted(os.listdir(tmp_path)) == ["state.0.1"]
 
 
-def test_the_copy_runs_beside_the_next_step_and_the_optimizers_step_waits_for_it(tmp_path, monkeypatch):
+def test_the_copy_runs_beside_the_next_steps_forward_and_its_backward_waits_for_it(tmp_path, monkeypatch):
     model, optimizer = state()
     train(model, optimizer)
     memory = Memory(str(tmp_path), 0, 1, "job", 0)
@@ -102,11 +102,12 @@ def test_the_copy_runs_beside_the_next_step_and_the_optimizers_step_waits_for_it
     copied = {k: v.clone() for k, v in model.state_dict().items()}
     moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
     optimizer.zero_grad()
-    model(torch.randn(5, 4)).sum().backward()  # the next step's forward (batch-norm statistics move) and backward
+    loss = model(torch.randn(5, 4)).sum()  # the next step's forward, beside the copy: batch-norm statistics move
     threading.Timer(0.5, opened.set).start()  # the copy in flight until then
     began = time.monotonic()
+    loss.backward()  # its first gradient waits: no peer's all-reduce completes before this rank's copy is whole
+    assert time.monotonic() - began >= 0.4, "the backward did not wait for the copy in flight"
     optimizer.step()
-    assert time.monotonic() - began >= 0.4, "the optimizer's step did not wait for the copy in flight"
     fresh_model, fresh_optimizer = state()
     got, _ = memory.load(memory.held(0)[0], {"model": fresh_model, "optimizer": fresh_optimizer})
     assert got["step"] == 1

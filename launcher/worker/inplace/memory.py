@@ -15,9 +15,11 @@ is never loaded.
 Off the training path: at the step's end, what the next step's forward and backward may change (the
 buffers, the random streams: small) is cloned at once; the kept modules' parameters and the kept
 optimizers' state, which only those optimizers' step changes, are copied by a thread beside the next
-step, and each kept optimizer's step waits for it first (a step pre-hook), as do the next copy, the
-end of a `job.steps` loop, a load and a fork. A kept tensor whose version moved during its copy tears
-it (the steps wait for each copy from then on); without a kept optimizer the step waits for its copy.
+step's forward. Its backward waits for the copy at its first gradient (no peer can commit the step
+before this rank's copy is whole: every rank holds a step in common), as do each kept optimizer's
+step, the next copy, the end of a `job.steps` loop, a load and a fork. A kept tensor whose version
+moved during its copy tears it (the steps wait for each copy from then on); without a kept optimizer
+the step waits for its copy.
 
 A copy belongs to one run id, one world size and rank, and a round at or before the reader's; any other
 is ignored with one line. Which step the group resumes at is agreed in transfer.plan: the newest that
@@ -93,14 +95,23 @@ class Memory:
         beside the next step where a kept optimizer's step is the only change to the big tensors, else now."""
         self.wait()  # the copy before it: whole, or given up (it wrote the other half)
         for obj in kept.values():
-            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooked:
+            if id(obj) in self._hooked:
+                continue
+            if isinstance(obj, torch.optim.Optimizer):
                 self._hooked.add(id(obj))  # its step changes the tensors copied beside the step: it waits first
                 obj.register_step_pre_hook(lambda *_: self.wait())
+            elif isinstance(obj, torch.nn.Module):
+                # And the backward, at its first gradient: no peer's step can commit (its gradients' all-reduce
+                # needs this rank's) before this rank's copy is whole, so every rank holds a step in common.
+                self._hooked.add(id(obj))
+                for param in obj.parameters():
+                    if param.requires_grad:
+                        param.register_post_accumulate_grad_hook(lambda _: self.wait())
         tensors: list[torch.Tensor] = []
         structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "round": rnd, "step": meta["step"]}
         record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
-        later = _stepped(kept) if self._hooked and self.beside else set()
+        later = _stepped(kept) if self.beside else set()
         versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
         if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
             # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
@@ -272,8 +283,11 @@ def _pwrite(fd: int, address: int, nbytes: int, at: int) -> None:
 
 def _stepped(kept: dict[str, Any]) -> set[int]:
     """Where the tensors are that only a kept optimizer's step changes: the kept modules' parameters, and
-    the optimizers' own state (its moments). Their copy may run beside the next step's forward and backward."""
-    found = set()
+    the optimizers' own state (its moments). Their copy may run beside the next step (none without a kept
+    optimizer: the script changes its parameters itself)."""
+    found: set[int] = set()
+    if not any(isinstance(obj, torch.optim.Optimizer) for obj in kept.values()):
+        return found
     for obj in kept.values():
         if isinstance(obj, torch.nn.Module):
             found.update(p.data_ptr() for p in obj.parameters())
