@@ -135,3 +135,22 @@ def test_a_kept_tensor_changed_beside_its_copy_tears_it_and_the_step_waits_from_
     train(model, optimizer)
     memory.save(kept, meta(3), rnd=0)  # into the torn half, whole once save returns (read by another reader)
     assert [h.step for h in Memory(str(tmp_path), 0, 1, "job", 0).held(0)] == [3, 1]
+
+
+def test_a_rank_the_node_ran_as_another_goes_on_from_that_ranks_copy_said_in_one_line(tmp_path, caplog):
+    """The re-formed group gave this node other ranks: its local rank 0, rank 2 of 4 before, is rank 0
+    now; its own name holds no copy (or an older one), the node's local rank 0 wrote a newer as rank 2."""
+    model, optimizer = state()
+    Memory(str(tmp_path), 0, 4, "job", 0).save({"model": model}, meta(3), rnd=0)  # an older own copy
+    before = Memory(str(tmp_path), 2, 4, "job", 0)
+    for step in (6, 7):
+        before.save({"model": model}, meta(step), rnd=1)
+    Memory(str(tmp_path), 3, 4, "job", 1).save({"model": model}, meta(9), rnd=1)  # another local rank's
+    Memory(str(tmp_path), 1, 2, "job", 0).save({"model": model}, meta(9), rnd=1)  # another world's
+    caplog.set_level(logging.WARNING, logger="launcher.worker.inplace.memory")
+    held = Memory(str(tmp_path), 0, 4, "job", 0).held(2)
+    assert [(h.step, h.meta["rank"]) for h in held] == [(7, 2), (6, 2)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "local rank 0 last ran as rank 2: resuming from that rank's copy" in lines[0], lines
+    assert [h.step for h in Memory(str(tmp_path), 2, 4, "job", 0).held(2)] == [7, 6]  # its own: no line
+    assert len(caplog.records) == 1

@@ -109,7 +109,8 @@ class Memory:
                         param.register_post_accumulate_grad_hook(lambda _: self.wait())
         tensors: list[torch.Tensor] = []
         structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
-        record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "round": rnd, "step": meta["step"]}
+        record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "local_rank": self.local_rank}
+        record.update(round=rnd, step=meta["step"])
         record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
         later = _stepped(kept) if self.beside else set()
         versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
@@ -220,7 +221,9 @@ class Memory:
     # ------------------------------------------------------------------ the load
 
     def held(self, rnd: int) -> list[Held]:
-        """This rank's whole copies that fit this job (another job's or world's are said in one line)."""
+        """This rank's whole copies that fit this job (another job's or world's are said in one line); where
+        the node's same local rank wrote newer ones as another rank (the re-formed group gave this node other
+        ranks), those: the replicas' state is the same, the random streams that rank's (said in one line)."""
         self.wait()
         found: list[Held] = []
         for path in self.paths:
@@ -232,13 +235,35 @@ class Memory:
                 log.warning(f"rank {self.rank}: the state's copy in memory {path} is {why}: ignored")
                 continue
             found.append(Held(record["step"], path, record))
+        renamed = self._renamed(rnd)
+        if renamed and renamed[0].step > max((h.step for h in found), default=-1):
+            was = renamed[0].meta["rank"]
+            log.warning(
+                f"rank {self.rank}: this node's local rank {self.local_rank} last ran as rank {was}: resuming from "
+                f"that rank's copy in memory (the same state; rank {was}'s random streams)"
+            )
+            found = renamed
         self._seq = max([self._seq, *(h.meta.get("seq", 0) for h in found)])
         return sorted(found, key=lambda h: -h.step)
 
-    def _misfit(self, record: dict, rnd: int) -> str:
+    def _renamed(self, rnd: int) -> list[Held]:
+        """The copies the node's same local rank wrote as its newest other rank of this job and world."""
+        by_rank: dict[int, list[Held]] = {}
+        for name in os.listdir(self.folder):
+            path = os.path.join(self.folder, name)
+            if not name.startswith("state.") or path in self.paths:
+                continue
+            record = _read(path)
+            if record is None or record.get("local_rank") != self.local_rank or self._misfit(record, rnd, anyrank=True):
+                continue
+            by_rank.setdefault(record["rank"], []).append(Held(record["step"], path, record))
+        newest = max(by_rank.values(), key=lambda copies: max(h.step for h in copies), default=[])
+        return sorted(newest, key=lambda h: -h.step)
+
+    def _misfit(self, record: dict, rnd: int, anyrank: bool = False) -> str:
         if record.get("run_id") != self.run_id:
             return f"another job's (run id {record.get('run_id')!r}, this one {self.run_id!r})"
-        if (record.get("world"), record.get("rank")) != (self.world, self.rank):
+        if record.get("world") != self.world or not (anyrank or record.get("rank") == self.rank):
             return (
                 f"from another world (rank {record.get('rank')} of {record.get('world')}, "
                 f"this one rank {self.rank} of {self.world})"
