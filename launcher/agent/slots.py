@@ -1,6 +1,7 @@
-"""The in-place workers' memory folder (`inplace.keys.SLOTS_VAR`): where each rank keeps its own state.
+"""The workers' memory folder (`inplace.keys.SLOTS_VAR`): where each rank keeps its own state (its random
+streams for in place, the copy of its kept state for any restart: worker/inplace/memory.py).
 
-With --recovery in-place the agent makes a private folder (mode 0700) in /dev/shm, named for the run and
+The agent makes a private folder (mode 0700) in /dev/shm, named for the run and
 the agent's pid, exports its path to every worker, and removes it when it exits, however it ends; the
 guard (`process.Guard.remove`) removes it when the agent dies by SIGKILL. Where /dev/shm is missing (or
 cannot be written), the folder is made in the run's folder instead.

@@ -29,7 +29,6 @@ from ..policy.governor import governor_for
 from ..policy.restart import Stop
 from ..rendezvous import create_rendezvous
 from ..rendezvous.api import last_will
-from ..spec import RecoveryMode
 from ..telemetry.accounting import Accountant, conclude
 from ..telemetry.board import Monitor
 from ..telemetry.stragglers import Judge
@@ -73,10 +72,11 @@ def run(config: LaunchConfig) -> int:
         )
         return exit_code_for_signal(signal.SIGINT)
     run_dir, temporary = make_run_dir(config)
-    environ, memory = dict(os.environ), ""  # what the workers inherit
-    if config.recovery is RecoveryMode.IN_PLACE:  # each rank keeps its own state in a folder in memory
-        memory = environ[keys.SLOTS_VAR] = slots.make(config.run_id, run_dir)
-        guard.remove(memory)  # should the agent die by SIGKILL
+    environ = dict(os.environ)  # what the workers inherit
+    # Each rank keeps its own state in a folder in memory: its streams (in place), and the copy of what its
+    # `Job` keeps, where a restart of the group resumes (worker/inplace/memory.py).
+    memory = environ[keys.SLOTS_VAR] = slots.make(config.run_id, run_dir)
+    guard.remove(memory)  # should the agent die by SIGKILL
     prewarm = threading.Timer(PREWARM_AFTER, _prewarm)  # a job over by then never pays for it
     prewarm.daemon = True
     prewarm.start()

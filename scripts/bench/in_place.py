@@ -13,8 +13,10 @@ stamps (steps done, time) after each step. Rank 1 SIGKILLs itself in step KILL_A
 after its forward (the others are in or near the backward's all-reduce), stamping the time first.
   back = every rank's first step done after the kill - the kill
   lost = every rank has done the step that was in flight again - the kill - one step's time
-         (what the failure added to the job's wall time; a restart also redoes the steps since its
-          checkpoint: KILL_AT - CKPT_EVERY of them)
+         (what the failure added to the job's wall time; a restart also redoes the steps since what it
+          resumes from: its copy in memory (docs/memory.md, the step in flight alone), or without it
+          (`nomemory`, and torchrun, which has no agent's memory) the checkpoint: KILL_AT - CKPT_EVERY more)
+  again = the steps rank 0 ran again after the kill (those done before it, and the one in flight)
   move = in place, the newcomer's seconds receiving the state (the source's GB/s beside it)
 `back - move` is what the survivors lose beyond the transfer: it should not grow with SIZE.
 The tools alternate within each repetition; figures are medians. Reports only, asserts nothing.
@@ -43,8 +45,10 @@ TOOLS = {
     "in place (--preload)": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
     "in place, zeroed": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
     "restart, --preload": [PY, "-m", "launcher", "--preload"],
+    "restart, --preload, no copy in memory": [PY, "-m", "launcher", "--preload"],
     "torchrun": [TORCHRUN, "--standalone"],
 }
+NO_MEMORY = {"restart, --preload, no copy in memory"}  # LAUNCHER_STATE_IN_MEMORY=0: the checkpoint file alone
 
 WORKER = f"""
 import time
@@ -62,15 +66,12 @@ rank, attempt = job.rank, int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 log = open(f"{{out}}/steps-{{rank}}-{{os.getpid()}}", "a", buffering=1)
 
 
-class Blob:
+class Blob(nn.Module):  # the rest of a model's state: a frozen parameter, copied to memory beside a step
+
     def __init__(self, mb, fresh):  # a replacement's is overwritten by the transfer: no need to zero it
-        self.t = (torch.empty if fresh and FRESH else torch.zeros)(mb * (1 << 20) // 4)
-
-    def state_dict(self):
-        return {{"t": self.t}}
-
-    def load_state_dict(self, state):
-        self.t = state["t"]
+        super().__init__()
+        t = (torch.empty if fresh and FRESH else torch.zeros)(mb * (1 << 20) // 4)
+        self.t = nn.Parameter(t, requires_grad=False)
 
 
 torch.manual_seed(0)
@@ -156,6 +157,8 @@ def one_job(tool: str, n: int, script: str, size: int, compiled: int, fresh: boo
     out = tempfile.mkdtemp(prefix="inplace-")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("OMP_NUM_THREADS", None)
+    if tool in NO_MEMORY:
+        env["LAUNCHER_STATE_IN_MEMORY"] = "0"
     events = ["--events_file", os.path.join(out, "events.jsonl")] if tool.startswith("in place") else []
     cmd = [*TOOLS[tool], *events, "--nproc_per_node", str(n), "--max_restarts", "1"]
     if compiled == 2 and tool != "torchrun":  # the zygote imports the compiler once: each fork has it
@@ -178,6 +181,8 @@ def one_job(tool: str, n: int, script: str, size: int, compiled: int, fresh: boo
         before = sorted(t for done, t in stamps.get(0, []) if t < kill)
         step_time = statistics.median(b - a for a, b in zip(before, before[1:])) if len(before) > 2 else 0.0
         after = {r: [(d, t) for d, t in s if t > kill] for r, s in stamps.items()}
+        # the steps done before the kill that run again, and the one in flight: rank 0's, after the kill
+        result["again"] = len({d for d, _ in after.get(0, []) if d <= KILL_AT + 1})
         if len(after) == n and all(after.values()):
             result["back"] = max(min(t for _, t in s) for s in after.values()) - kill
             again = [min((t for d, t in s if d == KILL_AT + 1), default=None) for s in after.values()]
@@ -217,13 +222,15 @@ def main() -> None:
         help="state sizes in MB, and/or compile (10 MB), compile-pre (the same, --preload-modules " + COMPILER + ")",
     )
     ap.add_argument(
-        "--tools", default="inplace,zeroed,restart,torchrun", help="which of inplace, zeroed, restart, torchrun"
+        "--tools",
+        default="inplace,zeroed,restart,torchrun",
+        help="which of inplace, zeroed, restart, nomemory (a restart from the checkpoint file alone), torchrun",
     )
     ap.add_argument("--timeout", type=float, default=240.0, help="per job")
     args = ap.parse_args()
     named = {"compile": ("compile", 10, 1), "compile-pre": ("compile, compiler preloaded", 10, 2)}
     configs = [named[c] if c in named else (f"{c} MB", int(c), 0) for c in args.configs.split(",")]
-    short = dict(zip(("inplace", "zeroed", "restart", "torchrun"), TOOLS))
+    short = dict(zip(("inplace", "zeroed", "restart", "nomemory", "torchrun"), TOOLS))
     tools = [short[t] for t in args.tools.split(",")]
     rows: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,8 +252,10 @@ def main() -> None:
         f"{other_load(began, ended):.2f} cores; kill in step {KILL_AT}, checkpoint every {CKPT_EVERY} (restarts)"
     )
     print()
-    print("| state | tool | kill → every rank stepping again | lost per failure | newcomer's transfer |")
-    print("|---|---|---|---|---|")
+    print(
+        "| state | tool | kill → every rank stepping again | lost per failure | steps run again | newcomer's transfer |"
+    )
+    print("|---|---|---|---|---|---|")
     for name, _, _ in configs:
         for tool in tools:
             rs = [r for r in rows[(name, tool)] if "error" not in r]
@@ -257,7 +266,10 @@ def main() -> None:
             errors = len(rows[(name, tool)]) - len(rs)
             note = f" ({errors} failed to run)" if errors else ""
             back = [r.get("back") for r in rs]
-            print(f"| {name} | {tool}{note} | {fmt(back, 3)} | {fmt([r.get('lost') for r in rs], 3)} | {move} |")
+            again = fmt([r.get("again") for r in rs], 0, "")
+            print(
+                f"| {name} | {tool}{note} | {fmt(back, 3)} | {fmt([r.get('lost') for r in rs], 3)} | {again} | {move} |"
+            )
     print_phases(configs, rows)
 
 

@@ -19,6 +19,7 @@ PER_LAUNCH = {
     "TORCHELASTIC_ERROR_FILE",
     "LAUNCHER_AGENT_ID",
     "LAUNCHER_PROGRESS_FILE",
+    "LAUNCHER_INPLACE_SLOTS",  # the agent's folder in memory, named for its pid
 }
 
 

@@ -74,7 +74,7 @@ def test_an_in_place_round_waits_for_the_replacement_alone_and_ends_with_every_r
 def test_the_structure_sent_ahead_names_each_tensor_and_buckets_pack_small_ones():
     state = {"w": torch.ones(2, 3), "inner": [torch.zeros(4, dtype=torch.int64), 7], "lr": 0.1}
     tensors: list[torch.Tensor] = []
-    stripped = transfer._strip(state, tensors)
+    stripped = transfer.strip(state, tensors)
     assert stripped["w"] == transfer.Slot(0, (2, 3), torch.float32, "cpu") and stripped["lr"] == 0.1
     assert transfer._fill(stripped, tensors)["inner"][0] is tensors[1]
     big = torch.empty(transfer.BUCKET // 4 + 1)  # over a bucket: alone
@@ -84,9 +84,14 @@ def test_the_structure_sent_ahead_names_each_tensor_and_buckets_pack_small_ones(
 
 def test_a_receiver_gets_the_tensors_into_its_own_where_they_fit():
     own = {"w": torch.zeros(2, 3), "b": torch.zeros(5), "state": {0: {"buf": torch.zeros(4)}}}
-    sent = transfer._strip({"w": torch.ones(2, 3), "b": torch.ones(6), "state": {0: {"buf": torch.ones(4)}}}, [])
-    targets: list[torch.Tensor | None] = [None, None, None]
-    transfer._match(sent, own, targets)
+    sent = transfer.strip({"w": torch.ones(2, 3), "b": torch.ones(6), "state": {0: {"buf": torch.ones(4)}}}, [])
+
+    class Kept:
+        def state_dict(self) -> dict:
+            return own
+
+    slots, targets = transfer.landing({"state": {"kept": sent}, "meta": {}}, {"kept": Kept(), "other": Kept()})
+    assert [s.index for s in slots] == [0, 1, 2] and slots[1].shape == (6,)
     assert targets[0] is own["w"] and targets[1] is None and targets[2] is own["state"][0]["buf"]
 
 

@@ -9,7 +9,9 @@ DIE_AT="RANK STEP PHASE" (first round only): that rank SIGKILLs itself in that s
 `before` (after the forward), `after` (after the optimizer step, before the loss all_reduce), or
 STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": another rank dies DELAY s
 after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`;
-DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's).
+DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's);
+DIE_AT="RANK STEP hang": that rank blocks, silent, after the forward (its peers then wait on it).
+HOLD_AT=STEP: every rank prints "holding rank=R" at that step's start, and waits there until it is stopped.
 DIE_REDO=RANK: that rank (a first-round process) dies again at DIE_AT's step when it runs it again after
 the recovery (after the forward): the replacement then runs that step a second time.
 JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
@@ -103,12 +105,17 @@ def passes():
 
 
 for step in flat() if e.get("FLAT") else passes():
+    if e.get("HOLD_AT") == str(step.index):
+        print(f"holding rank={rank}", flush=True)
+        time.sleep(3600)
     with step:
         x, y, ids = step.batch
         out = job.model(x)
         here = first_round and rank == die_rank and step.index == die_step
         if here and die_phase == "before":
             kill()
+        if here and die_phase == "hang":
+            time.sleep(3600)
         redo = e.get("DIE_REDO") == str(rank) and first_round and step.index == die_step and job.round > 0
         if redo:
             kill()

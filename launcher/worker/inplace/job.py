@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +19,7 @@ import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
 from .. import progress
-from . import abort, data, ddp, keys, leaving, rng, slots, transfer
+from . import abort, data, ddp, keys, leaving, memory, rng, slots, transfer
 from .slots import Slot
 from .step import Commits, Recovery, Snapshot, Step
 
@@ -106,11 +105,14 @@ class Job:
         mirror = slots.Mirror(self._mirror_client, keys.slot(self.rank)).send if self._mirror_client else None
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
         self._record: dict[str, Any] = {}
+        # What `keep` holds, copied to the agent's memory at each step's end: any restart resumes there (memory.py).
+        self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size), []
+        self._tracks = self.in_place or self._memory is not None  # the loader's position and streams are kept
         self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
         if self.in_place and self._own is None and self.store.check([keys.slot(self.rank)]):
             self._own = slots.load(self.store.get(keys.slot(self.rank)))
         if self.in_place:
-            self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
+            leaving.install(self)  # a lost peer outside `with step:`: one line (leaving.py)
         if self._watcher is not None:
             threading.Thread(
                 target=self._watch, args=(self._watcher,), name="launcher-inplace-watch", daemon=True
@@ -151,7 +153,7 @@ class Job:
 
         def make(first: bool) -> Any:
             model = ddp.make(module, first, self._layout, **kwargs)
-            if self._layout is None and self.in_place:
+            if self._layout is None and self._tracks:
                 self._recorder = ddp.Recorder(model)  # its rebuilt buckets, for the DDP made after a recovery
             return model
 
@@ -181,8 +183,10 @@ class Job:
                     self.recover()
                     continue
                 yield from self._attempts(Step(self, self.step))
-            return
-        yield from self._pass(what)
+        else:
+            yield from self._pass(what)
+        if self._memory is not None:  # what follows the loop (an eval, the end) finds its last step in memory
+            self._memory.wait()
 
     def recover(self) -> Recovery:
         """Leave the broken group, join the agent's newest round, and bring the state to whoever lacks it."""
@@ -223,6 +227,14 @@ class Job:
 
     # ------------------------------------------------------------------ the loop
 
+    def fails(self, error: BaseException) -> bool:
+        """`error` ends this rank (its excepthook): nothing waits at the job's end. True where, in place, a
+        lost peer raised it (the rank leaves in one line); False for any other, or once this rank leaves."""
+        first, self._leaving = not self._leaving, True
+        if not (first and self.in_place and isinstance(error, Exception)):
+            return False
+        return self._lost.is_set() or (leaving.from_peer(error) and self.lost(error))
+
     def lost(self, error: BaseException) -> bool:
         """Whether `error` comes from a peer the agent replaces (waits up to `notice` s for its word)."""
         if not self.in_place or isinstance(error, (KeyboardInterrupt, SystemExit)):
@@ -245,6 +257,8 @@ class Job:
             if not step.entered:  # the script did not use `with step:`: done as it is
                 step.commit()
             if self.step > step.index:  # committed, here or by the rank this one received from
+                if self._memory is not None:  # the step's state, whole: where a restart of the group resumes
+                    self._memory.save(self._kept, self._meta(), self.round)
                 return
             step.entered = step.committed = step.drawn = False
             step.stepped.clear()
@@ -265,11 +279,11 @@ class Job:
             start = own if own and own[0] == began else got["pass_rng"]
             if start is not None and start[0] == began:
                 rng.put(start[1])  # the iterator draws its seeds as the first time
-        self._pass_rng = (began, rng.get()) if self.in_place else None
+        self._pass_rng = (began, rng.get()) if self._tracks else None
         if self._pass_rng is not None:
             self._record["pass"] = self._pass_rng
         it = data.resume(loader, self._batch, got["loader"] if got is not None and self._batch else None)
-        self._loader = loader if data.stateful(loader) and self.in_place else None
+        self._loader = loader if data.stateful(loader) and self._tracks else None
         self._in_pass = True
         try:
             while True:
@@ -423,7 +437,9 @@ class Job:
         recovering = marks is not None
         began = time.monotonic() if began is None else began
         marks = [("joined", self._joined_at)] if marks is None else marks
-        plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device)
+        plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device, memory.steps(self))
+        if plan.memory >= 0 and self.rank not in plan.to:  # no rank holds the state: the copies in memory do
+            memory.resume(self, plan.memory)
         marks.append(("planned", time.time()))
         if plan.source < 0 and self.in_place and self.store.check([keys.opened(self.round), keys.HELD]):
             self.leave("every rank that held the job's state was lost: in place has nothing to go on from")
@@ -583,16 +599,3 @@ class Job:
             "connection); starting again in the next round",
         )
         os._exit(keys.REJOIN_EXIT)
-
-    def _excepthook(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
-        """A lost peer outside `with step:` (an eval, a barrier): one line and LEAVE_EXIT, not a traceback."""
-        if not self._leaving and issubclass(kind, Exception) and self.in_place:
-            if self._lost.is_set() or (leaving.from_peer(error) and self.lost(error)):
-                self._leaving = True
-                leaving.say(
-                    self.rank,
-                    f"a peer was lost outside `with step:` ({leaving.first_line(error)}); leaving, the group restarts",
-                )
-                leaving.exit_now(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
-        self._leaving = True  # failing: no wait at the job's end
-        self._previous_hook(kind, error, tb)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch.distributed as dist
+
+from . import keys
 
 PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout")
 
@@ -37,3 +39,17 @@ def exit_now(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)
+
+
+def install(job: Any) -> None:
+    """`job`'s sys.excepthook: a lost peer outside `with step:` (an eval, a barrier) is one line and
+    LEAVE_EXIT, not a traceback; any other error goes to the hook before it (`Job.fails` says which)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if job.fails(error):
+            say(job.rank, f"a peer was lost outside `with step:` ({first_line(error)}); leaving, the group restarts")
+            exit_now(keys.LEAVE_EXIT)  # past the excepthook an exit code cannot be chosen any more
+        previous(kind, error, tb)
+
+    sys.excepthook = hook

@@ -43,29 +43,38 @@ class Plan:
     source: int
     to: tuple[int, ...]
     step: int
+    memory: int = -1  # the step every rank not in `to` loads from its copy in memory (memory.py); -1: none
 
 
-def plan(has_state: bool, step: int, device: torch.device) -> Plan:
-    """Agree, with every rank, on who sends the state and who receives it."""
+def plan(has_state: bool, step: int, device: torch.device, copies: tuple[int, int] = (-1, -1)) -> Plan:
+    """Agree, with every rank, on who sends the state and who receives it; where no rank holds it, on
+    the step of the copies in memory (`copies`: this rank's two) the group resumes at."""
     world = dist.get_world_size()
-    mine = torch.tensor([int(has_state), step], dtype=torch.int64, device=device)
+    mine = torch.tensor([int(has_state), step, *copies], dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine)
     told = [tuple(int(x) for x in row.tolist()) for row in rows]
-    holders = [r for r, (held, _) in enumerate(told) if held]
-    if not holders:  # the job's first round: every rank starts from the script's own state
-        return Plan(-1, (), step)
+    holders = [r for r, (held, *_) in enumerate(told) if held]
+    if not holders:
+        # The newest step every rank holds a copy of, else the newest any rank holds (sent to the others).
+        held = [{s for s in row[2:] if s >= 0} for row in told]
+        common = set.intersection(*held)
+        best = max(common or set.union(*held), default=-1)
+        if best < 0:  # the job's first round: every rank starts from the script's own state
+            return Plan(-1, (), step)
+        loaders = [r for r, steps in enumerate(held) if best in steps]
+        return Plan(loaders[0], tuple(r for r in range(world) if r not in loaders), best, best)
     best = max(told[r][1] for r in holders)
     source = min(r for r in holders if told[r][1] == best)
-    return Plan(source, tuple(r for r, (held, s) in enumerate(told) if not held or s < best), best)
+    return Plan(source, tuple(r for r, (held, s, *_) in enumerate(told) if not held or s < best), best)
 
 
 def send(kept: Mapping[str, Any], meta: dict, to: tuple[int, ...], device: torch.device) -> int:
     """Send the kept objects' state and the job's `meta` to ranks `to`; returns the bytes sent once."""
     tensors: list[torch.Tensor] = []
     structure = {
-        "state": {name: _strip(obj.state_dict(), tensors) for name, obj in kept.items()},
-        "meta": _strip(meta, tensors),
+        "state": {name: strip(obj.state_dict(), tensors) for name, obj in kept.items()},
+        "meta": strip(meta, tensors),
     }
     for dst in to:
         dist.send_object_list([structure], dst=dst)
@@ -82,11 +91,7 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> dict:
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source)
     structure = box[0]
-    slots: list[Slot] = []
-    _collect(structure, slots)
-    targets: list[torch.Tensor | None] = [None] * len(slots)
-    for name, obj in kept.items():  # received in place where the receiver holds a tensor of that shape already
-        _match(structure["state"][name], obj.state_dict(), targets)
+    slots, targets = landing(structure, kept)  # received in place where the receiver holds a tensor like it
     tensors = [
         t if t is not None and t.device == device else torch.empty(s.shape, dtype=s.dtype, device=device)
         for t, s in zip(targets, slots)
@@ -112,11 +117,30 @@ def receive(kept: Mapping[str, Any], source: int, device: torch.device) -> dict:
         if t is not None and t is not tensors[i]:
             t.copy_(tensors[i])
         tensors[i] = t if t is not None else tensors[i].to(s.device)
+    return put(structure, tensors, targets, kept)
+
+
+def landing(structure: Mapping, kept: Mapping[str, Any]) -> tuple[list[Slot], list[torch.Tensor | None]]:
+    """The tensors of `structure` (what `strip` left of {"state": the kept state_dicts, "meta": ...}) in
+    order, and for each the kept object's own tensor of its shape and dtype where one is (None: none)."""
+    slots = sorted(_slots(structure), key=lambda s: s.index)
+    targets: list[torch.Tensor | None] = [None] * len(slots)
+    for name, obj in kept.items():
+        if name in structure["state"]:
+            _match(structure["state"][name], obj.state_dict(), targets)
+    return slots, targets
+
+
+def put(structure: Mapping, tensors: list[torch.Tensor], targets: list, kept: Mapping[str, Any]) -> dict:
+    """Load `tensors` (the structure's, in order; `targets` from `landing`) into the kept objects; returns
+    the structure's "meta" with its tensors."""
     state_of = structure["state"]
     state = _fill(state_of, tensors)
     for name, obj in kept.items():
+        if name not in state_of:
+            continue
         if isinstance(obj, torch.nn.Module) and all(targets[s.index] is not None for s in _slots(state_of[name])):
-            continue  # its parameters and buffers hold what was sent already
+            continue  # its parameters and buffers hold the tensors already
         obj.load_state_dict(state[name])
     return _fill(structure["meta"], tensors)
 
@@ -128,15 +152,15 @@ def _touch(t: torch.Tensor) -> None:
         t.reshape(-1).view(torch.uint8)[::PAGE].zero_()
 
 
-def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """`value` with each tensor replaced by its Slot (appended to `tensors`)."""
+def strip(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each tensor replaced by its Slot (the tensor appended to `tensors`)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value.detach())
         return Slot(len(tensors) - 1, tuple(value.shape), value.dtype, str(value.device))
     if isinstance(value, Mapping):
-        return {k: _strip(v, tensors) for k, v in value.items()}
+        return {k: strip(v, tensors) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_strip(v, tensors) for v in value)
+        return type(value)(strip(v, tensors) for v in value)
     return value
 
 
@@ -152,11 +176,6 @@ def _match(sent: Any, own: Any, targets: list[torch.Tensor | None]) -> None:
     elif isinstance(sent, (list, tuple)) and isinstance(own, (list, tuple)) and len(sent) == len(own):
         for value, mine in zip(sent, own):
             _match(value, mine, targets)
-
-
-def _collect(value: Any, slots: list[Slot]) -> None:
-    slots.extend(_slots(value))
-    slots.sort(key=lambda s: s.index)
 
 
 def _slots(value: Any):

@@ -1,0 +1,381 @@
+"""The kept state in the node's memory, where any restart of the group finds it (docs/memory.md).
+
+At each step's end (after its commit) each rank copies what `Job.keep` holds (the state_dicts: model
+parameters and buffers, optimizer state, GradScaler, scheduler) and the job's own record (the step, the
+loader's position, its random streams) into a file of the agent's folder in memory (keys.SLOTS_VAR, in
+/dev/shm: the agent owns it and removes it when the job ends, its guard when the agent is SIGKILLed).
+A worker's death does not free it; a new worker of the same rank reads it back.
+
+Two copies per rank, written in turn (`state.<rank>.0` and `.1`): a rank killed while it copies leaves
+the other whole. Each file is a header (its first 4 kB), the tensors' bytes (mapped, written in place: a
+memory copy, or a device-to-host one, never a disk), then the structure (pickled, tensors named by their
+place). The header is cleared before a copy and written last, with the structure's sha256: a torn copy
+is never loaded.
+
+Off the training path: at the step's end, what the next step's forward and backward may change (the
+buffers, the random streams: small) is cloned at once; the kept modules' parameters and the kept
+optimizers' state, which only those optimizers' step changes, are copied by a thread beside the next
+step's forward. Its backward waits for the copy at its first gradient (no peer can commit the step
+before this rank's copy is whole: every rank holds a step in common), as do each kept optimizer's
+step, the next copy, the end of a `job.steps` loop, a load and a fork. A kept tensor whose version
+moved during its copy tears it (the steps wait for each copy from then on); without a kept optimizer
+the step waits for its copy.
+
+A copy belongs to one run id, one world size and rank, and a round at or before the reader's; any other
+is ignored with one line. Which step the group resumes at is agreed in transfer.plan: the newest that
+every rank holds (each holds its last two steps, and no rank is more than one step ahead of another),
+else the newest any rank holds, which the others then receive from it over the group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import pickle
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import keys, rng, transfer
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"LMEMv1\0\0"
+HEADER = struct.Struct("<8sQQQQ32s")  # magic, seq (0: being written), step, structure's offset, length, sha256
+DATA = 4096  # the tensors' bytes start here
+ALIGN = 64  # each tensor's offset: any dtype's view of the bytes is aligned
+OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"  # "0": no copy (a job whose state does not fit twice in host memory)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One whole copy of this rank's state: the steps done when it was taken, and its file."""
+
+    step: int
+    path: str
+    meta: dict
+
+
+class Memory:
+    """Rank `rank`'s two copies in `folder` (see the module)."""
+
+    def __init__(self, folder: str, rank: int, world: int, run_id: str, local_rank: int):
+        self.folder, self.rank, self.world, self.run_id = folder, rank, world, run_id
+        self.local_rank = local_rank
+        self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
+        self._seq = 0
+        self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
+        self._said = False
+        self._flight: threading.Thread | None = None  # the copy beside the step in flight
+        self._hooked: set[int] = set()  # id() of the kept optimizers whose step waits for that copy
+        self.beside = True  # False: the step waits for each copy (a kept tensor changed beside one)
+        self.waited = 0.0  # seconds the job waited for copies in flight, all told
+        self.copied = 0.0  # seconds the newest copy took
+        os.register_at_fork(before=self.wait)  # a loader's workers: no fork beside a thread inside torch's copy
+
+    @classmethod
+    def open(cls, environ: Any, rank: int, world: int) -> Memory | None:
+        """This rank's copies, where the agent gave its workers a folder in memory (and the copy is not off)."""
+        folder = environ.get(keys.SLOTS_VAR)
+        if not folder or environ.get(OFF_VAR) == "0" or not os.path.isdir(folder):
+            return None
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")))
+
+    # ------------------------------------------------------------------ the copy
+
+    def save(self, kept: dict[str, Any], meta: dict, rnd: int) -> None:
+        """Copy the kept objects' state and the job's `meta` (its `step` names the copy) into the older half:
+        beside the next step where a kept optimizer's step is the only change to the big tensors, else now."""
+        self.wait()  # the copy before it: whole, or given up (it wrote the other half)
+        for obj in kept.values():
+            if id(obj) in self._hooked:
+                continue
+            if isinstance(obj, torch.optim.Optimizer):
+                self._hooked.add(id(obj))  # its step changes the tensors copied beside the step: it waits first
+                obj.register_step_pre_hook(lambda *_: self.wait())
+            elif isinstance(obj, torch.nn.Module):
+                # And the backward, at its first gradient: no peer's step can commit (its gradients' all-reduce
+                # needs this rank's) before this rank's copy is whole, so every rank holds a step in common.
+                self._hooked.add(id(obj))
+                for param in obj.parameters():
+                    if param.requires_grad:
+                        param.register_post_accumulate_grad_hook(lambda _: self.wait())
+        tensors: list[torch.Tensor] = []
+        structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
+        record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "local_rank": self.local_rank}
+        record.update(round=rnd, step=meta["step"])
+        record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
+        later = _stepped(kept) if self.beside else set()
+        versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
+        if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
+            # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
+            tensors = [t if t.data_ptr() in later else t.clone() for t in tensors]
+        places, end = [], DATA
+        for t in tensors:
+            places.append(end)
+            end += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
+        record["places"] = places
+        blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        ready = None
+        if versions and any(t.is_cuda for t in tensors):  # the side stream starts after the clones above
+            ready = torch.cuda.Event()
+            ready.record()
+        copy = (self._seq + 1, tensors, places, end, blob, meta["step"], versions, ready)
+        if not versions:
+            self._write(*copy)
+            return
+        # Not a daemon: an interpreter that exits waits for it (the step's copy ends whole).
+        self._flight = threading.Thread(target=self._write, args=copy, name="launcher-state-copy")
+        self._flight.start()
+
+    def wait(self) -> None:
+        """Until the copy in flight is whole in its file (or given up)."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            began = time.monotonic()
+            flight.join()
+            self.waited += time.monotonic() - began
+
+    def _write(
+        self,
+        seq: int,
+        tensors: list[torch.Tensor],
+        places: list[int],
+        end: int,
+        blob: bytes,
+        step: int,
+        versions: list[tuple[torch.Tensor, int]],
+        ready: Any,
+    ) -> None:
+        """Write copy `seq` into its half; its header last, once its tensors are whole (see the module)."""
+        began, half = time.monotonic(), seq % 2
+        path = self.paths[half]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, bytes(HEADER.size), 0)  # cleared first: a copy torn from here on is never loaded
+                self._copy(fd, half, end, tensors, places, ready)
+                moved = [t for t, v in versions if t._version != v]
+                if moved:  # changed beside its copy, not by a kept optimizer's step: this copy is torn
+                    self.beside = False
+                    log.info(
+                        f"rank {self.rank}: a kept tensor {tuple(moved[0].shape)} changed outside the kept "
+                        "optimizers' step while it was copied to memory; the step waits for the copy from now on"
+                    )
+                    return
+                os.pwrite(fd, blob, end)
+                digest = hashlib.sha256(blob).digest()
+                os.pwrite(fd, HEADER.pack(MAGIC, seq, step, end, len(blob), digest), 0)
+            finally:
+                os.close(fd)
+        except OSError:  # the folder is gone (the agent ends the job): nothing to keep it for any more
+            log.debug("state in memory: could not write %s", path, exc_info=True)
+            return
+        except Exception:  # in the copy's thread: said, and the other half stands
+            log.warning("state in memory: the copy to %s failed", path, exc_info=True)
+            return
+        self._seq, self.copied = seq, time.monotonic() - began
+        if not self._said and self.local_rank == 0:
+            self._said = True
+            log.info(
+                f"rank {self.rank}: the kept state is copied to memory at each step's end: {_size(end)} a copy"
+                f", two per rank ({self.folder})"
+            )
+
+    def _copy(self, fd: int, half: int, end: int, tensors: list[torch.Tensor], places: list[int], ready: Any) -> None:
+        """Each tensor into its place in the file: a host tensor written from its own bytes (one thread, no
+        intra-op pool beside the step's), a GPU's copied into the file mapped (on a stream of its own,
+        after `ready`)."""
+        stream = None
+        if ready is not None:
+            stream = torch.cuda.Stream()
+            stream.wait_event(ready)
+        with torch.no_grad(), torch.cuda.stream(stream):  # None: the current one
+            for t, at in zip(tensors, places):
+                nbytes = t.numel() * t.element_size()
+                if not nbytes:
+                    continue
+                if t.device.type == "cpu" and t.is_contiguous():
+                    _pwrite(fd, t.data_ptr(), nbytes, at)
+                else:
+                    self._map(half, end)[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        if stream is not None:
+            stream.synchronize()
+
+    def _map(self, half: int, size: int) -> torch.Tensor:
+        """The half's file mapped (shared: written through to it), grown to `size` bytes where smaller."""
+        mapped = self._maps[half]
+        if mapped is None or mapped[0] < size:
+            self._maps[half] = None
+            mapped = (size, torch.from_file(self.paths[half], shared=True, size=size, dtype=torch.uint8))
+            self._maps[half] = mapped
+        return mapped[1]
+
+    # ------------------------------------------------------------------ the load
+
+    def held(self, rnd: int) -> list[Held]:
+        """This rank's whole copies that fit this job (another job's or world's are said in one line); where
+        the node's same local rank wrote newer ones as another rank (the re-formed group gave this node other
+        ranks), those: the replicas' state is the same, the random streams that rank's (said in one line)."""
+        self.wait()
+        found: list[Held] = []
+        for path in self.paths:
+            record = _read(path)
+            if record is None:
+                continue
+            why = self._misfit(record, rnd)
+            if why:
+                log.warning(f"rank {self.rank}: the state's copy in memory {path} is {why}: ignored")
+                continue
+            found.append(Held(record["step"], path, record))
+        renamed = self._renamed(rnd)
+        if renamed and renamed[0].step > max((h.step for h in found), default=-1):
+            was = renamed[0].meta["rank"]
+            log.warning(
+                f"rank {self.rank}: this node's local rank {self.local_rank} last ran as rank {was}: resuming from "
+                f"that rank's copy in memory (the same state; rank {was}'s random streams)"
+            )
+            found = renamed
+        self._seq = max([self._seq, *(h.meta.get("seq", 0) for h in found)])
+        return sorted(found, key=lambda h: -h.step)
+
+    def _renamed(self, rnd: int) -> list[Held]:
+        """The copies the node's same local rank wrote as its newest other rank of this job and world."""
+        by_rank: dict[int, list[Held]] = {}
+        for name in os.listdir(self.folder):
+            path = os.path.join(self.folder, name)
+            if not name.startswith("state.") or path in self.paths:
+                continue
+            record = _read(path)
+            if record is None or record.get("local_rank") != self.local_rank or self._misfit(record, rnd, anyrank=True):
+                continue
+            by_rank.setdefault(record["rank"], []).append(Held(record["step"], path, record))
+        newest = max(by_rank.values(), key=lambda copies: max(h.step for h in copies), default=[])
+        return sorted(newest, key=lambda h: -h.step)
+
+    def _misfit(self, record: dict, rnd: int, anyrank: bool = False) -> str:
+        if record.get("run_id") != self.run_id:
+            return f"another job's (run id {record.get('run_id')!r}, this one {self.run_id!r})"
+        if record.get("world") != self.world or not (anyrank or record.get("rank") == self.rank):
+            return (
+                f"from another world (rank {record.get('rank')} of {record.get('world')}, "
+                f"this one rank {self.rank} of {self.world})"
+            )
+        if record.get("round", 0) > rnd:
+            return f"from round {record['round']}, after this one ({rnd})"
+        return ""
+
+    def load(self, held: Held, kept: dict[str, Any]) -> tuple[dict, int]:
+        """Put copy `held` into the kept objects; returns the job's record and the bytes read."""
+        record = held.meta
+        places: list[int] = record["places"]
+        structure = {"state": record["state"], "meta": record["meta"]}
+        # Copied straight into the tensors the job holds already (its parameters) where it has them.
+        slots, targets = transfer.landing(structure, kept)
+        size = os.path.getsize(held.path)
+        data = torch.from_file(held.path, shared=False, size=size, dtype=torch.uint8)
+        tensors = []
+        with torch.no_grad():
+            for s, target in zip(slots, targets):
+                at = places[s.index]
+                nbytes = _numel(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+                view = data[at : at + nbytes].view(s.dtype).view(s.shape)
+                # Else a copy: the job's own memory (the file is written again at the next step).
+                tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
+        return transfer.put(structure, tensors, targets, kept), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
+
+
+def _pwrite(fd: int, address: int, nbytes: int, at: int) -> None:
+    """The `nbytes` at `address` (a live tensor's) into the file at `at` (the GIL released meanwhile)."""
+    view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+    done = 0
+    while done < nbytes:
+        done += os.pwrite(fd, view[done:], at + done)
+
+
+def _stepped(kept: dict[str, Any]) -> set[int]:
+    """Where the tensors are that only a kept optimizer's step changes: the kept modules' parameters, and
+    the optimizers' own state (its moments). Their copy may run beside the next step (none without a kept
+    optimizer: the script changes its parameters itself)."""
+    found: set[int] = set()
+    if not any(isinstance(obj, torch.optim.Optimizer) for obj in kept.values()):
+        return found
+    for obj in kept.values():
+        if isinstance(obj, torch.nn.Module):
+            found.update(p.data_ptr() for p in obj.parameters())
+        elif isinstance(obj, torch.optim.Optimizer):
+            found.update(t.data_ptr() for state in obj.state.values() for t in state.values() if torch.is_tensor(t))
+    return found
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _read(path: str) -> dict | None:
+    """The structure of the whole copy in `path` (None: none, torn, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            magic, seq, step, at, length, digest = HEADER.unpack(f.read(HEADER.size))
+            if magic != MAGIC or seq == 0:
+                return None
+            f.seek(at)
+            blob = f.read(length)
+        if hashlib.sha256(blob).digest() != digest:
+            return None
+        record = pickle.loads(blob)
+        record["seq"] = seq
+        return record if record.get("step") == step else None
+    except FileNotFoundError:
+        return None
+    except (OSError, struct.error, pickle.UnpicklingError, EOFError, ValueError, AttributeError):
+        log.warning("state in memory: the copy %s is unreadable", path, exc_info=True)
+        return None
+
+
+def steps(job: Any) -> tuple[int, int]:
+    """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
+    memory = job._memory
+    if memory is not None:
+        memory.wait()  # the copy in flight, whole: the state is loaded or received into the tensors it reads
+    if memory is None or job._holds_state or not job._kept:
+        return (-1, -1)
+    job._held = memory.held(job.round)
+    found = [h.step for h in job._held] + [-1, -1]
+    return (found[0], found[1])
+
+
+def resume(job: Any, step: int) -> None:
+    """Load this rank's copy at `step` (transfer.plan agreed on it) and take up its position and streams."""
+    memory, began = job._memory, time.monotonic()
+    held = next(h for h in job._held if h.step == step)
+    job._held = []
+    assert memory is not None
+    meta, nbytes = memory.load(held, job._kept)
+    if job._own is None:
+        job._own = {}  # its own streams are the copy's (no "goes on with another rank's" line)
+    job._adopt(meta, job.rank)
+    job._pass_rng, job._loader_state = meta["pass_rng"], meta["loader"]
+    if meta["rng"][1] == job.step:
+        rng.put(meta["rng"][2])  # the streams it goes on with (and sends a rank without a copy)
+    job._holds_state = True
+    log.info(
+        f"rank {job.rank}: resumed at step {job.step} from its copy in memory "
+        f"({_size(nbytes)} in {time.monotonic() - began:.2f} s)"
+    )
