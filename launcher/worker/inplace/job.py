@@ -137,8 +137,7 @@ class Job:
             ddp.refuse_sharded(f"keep({name}=...)", obj)
             self._commits.watch(name, obj)
             trained = [p for p in obj.parameters() if p.requires_grad] if isinstance(obj, torch.nn.Module) else []
-            for param in trained[-1:] if self.in_place else []:  # its gradient is about a backward's first
-                # (the output layer's); a frozen parameter takes no hook (torch refuses it) and has no gradient
+            for param in trained[-1:] if self.in_place else []:  # its gradient: about a backward's first (not frozen)
                 param.register_post_accumulate_grad_hook(lambda _: self._drawn())
         self._kept.update(state)
 
