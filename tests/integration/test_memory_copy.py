@@ -154,3 +154,36 @@ def test_a_rank_the_node_ran_as_another_goes_on_from_that_ranks_copy_said_in_one
     assert len(lines) == 1 and "local rank 0 last ran as rank 2: resuming from that rank's copy" in lines[0], lines
     assert [h.step for h in Memory(str(tmp_path), 2, 4, "job", 0).held(2)] == [7, 6]  # its own: no line
     assert len(caplog.records) == 1
+
+
+def test_a_frozen_part_is_written_once_per_half_and_loaded_as_it_is(tmp_path):
+    """A fine-tune's frozen part (a kept module no step changes) is not copied at every step: each half
+    holds it from its first whole copy on; what changes is written, and a change to it is written again."""
+    model, optimizer = state()
+    frozen = torch.nn.Linear(256, 256).requires_grad_(False)  # 257 kB, far more than the trained part
+    kept = {"model": model, "optimizer": optimizer, "frozen": frozen}
+    memory = Memory(str(tmp_path), 0, 1, "job", 0)
+    written = []
+    for step in range(1, 6):
+        train(model, optimizer)
+        memory.save(kept, meta(step), rnd=0)
+        memory.wait()
+        written.append(memory.written)
+    size = sum(p.numel() * 4 for p in frozen.parameters())
+    assert written[0] > size and written[1] > size  # each half's first copy holds it
+    assert written[2:] == [written[0] - size] * 3, written  # then only what the steps changed
+    before = frozen.weight.clone()
+    with torch.no_grad():
+        frozen.weight[0, 0] = 7.0  # an in-place change: its version moves, it is written again
+    memory.save(kept, meta(6), rnd=0)
+    memory.wait()
+    assert memory.written == written[2] + frozen.weight.numel() * 4  # the weight again, not the bias
+    for step in (6, 5):
+        fresh_model, fresh_optimizer = state()
+        fresh = torch.nn.Linear(256, 256).requires_grad_(False)
+        got, _ = memory.load(
+            next(h for h in memory.held(0) if h.step == step),
+            {"model": fresh_model, "optimizer": fresh_optimizer, "frozen": fresh},
+        )
+        assert got["step"] == step and torch.equal(fresh.bias, frozen.bias)
+        assert torch.equal(fresh.weight, frozen.weight if step == 6 else before), step

@@ -37,6 +37,7 @@ import pickle
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,10 @@ class Memory:
         self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
         self._seq = 0
         self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
+        # Per half, what its last whole copy holds at each place of a kept tensor: (the tensor, its address,
+        # its version, bytes). A tensor unchanged since (a frozen part) is not written into that half again.
+        self._same: list[dict[int, tuple[Any, int, int, int]]] = [{}, {}]
+        self.written = 0  # the bytes the newest copy wrote (less what it found unchanged in its half)
         self._said = False
         self._flight: threading.Thread | None = None  # the copy beside the step in flight
         self._hooked: set[int] = set()  # id() of the kept optimizers whose step waits for that copy
@@ -112,7 +117,9 @@ class Memory:
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "local_rank": self.local_rank}
         record.update(round=rnd, step=meta["step"])
         record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
-        later = _stepped(kept) if self.beside else set()
+        owners = _stepped(kept)
+        later = owners if self.beside else {}
+        marks = [_mark(owners.get(t.data_ptr())) for t in tensors]  # read before any clone below
         versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
         if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
             # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
@@ -127,7 +134,7 @@ class Memory:
         if versions and any(t.is_cuda for t in tensors):  # the side stream starts after the clones above
             ready = torch.cuda.Event()
             ready.record()
-        copy = (self._seq + 1, tensors, places, end, blob, meta["step"], versions, ready)
+        copy = (self._seq + 1, tensors, places, end, blob, meta["step"], versions, ready, marks)
         if not versions:
             self._write(*copy)
             return
@@ -153,15 +160,19 @@ class Memory:
         step: int,
         versions: list[tuple[torch.Tensor, int]],
         ready: Any,
+        marks: list[tuple[Any, int, int] | None],
     ) -> None:
         """Write copy `seq` into its half; its header last, once its tensors are whole (see the module)."""
         began, half = time.monotonic(), seq % 2
         path = self.paths[half]
+        seen, self._same[half] = self._same[half], {}  # until this copy is whole, the half holds nothing sure
+        same = [_unchanged(seen.get(at), mark) for at, mark in zip(places, marks)]
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 os.pwrite(fd, bytes(HEADER.size), 0)  # cleared first: a copy torn from here on is never loaded
-                self._copy(fd, half, end, tensors, places, ready)
+                self._copy(fd, half, end, [t for t, s in zip(tensors, same) if not s],
+                           [at for at, s in zip(places, same) if not s], ready)  # fmt: skip
                 moved = [t for t, v in versions if t._version != v]
                 if moved:  # changed beside its copy, not by a kept optimizer's step: this copy is torn
                     self.beside = False
@@ -182,6 +193,10 @@ class Memory:
             log.warning("state in memory: the copy to %s failed", path, exc_info=True)
             return
         self._seq, self.copied = seq, time.monotonic() - began
+        self._same[half] = {
+            at: (*mark, t.numel() * t.element_size()) for t, at, mark in zip(tensors, places, marks) if mark
+        }
+        self.written = sum(t.numel() * t.element_size() for t, s in zip(tensors, same) if not s)
         if not self._said and self.local_rank == 0:
             self._said = True
             log.info(
@@ -306,19 +321,39 @@ def _pwrite(fd: int, address: int, nbytes: int, at: int) -> None:
         done += os.pwrite(fd, view[done:], at + done)
 
 
-def _stepped(kept: dict[str, Any]) -> set[int]:
-    """Where the tensors are that only a kept optimizer's step changes: the kept modules' parameters, and
-    the optimizers' own state (its moments). Their copy may run beside the next step (none without a kept
-    optimizer: the script changes its parameters itself)."""
-    found: set[int] = set()
+def _stepped(kept: dict[str, Any]) -> dict[int, torch.Tensor]:
+    """Where the tensors are that only a kept optimizer's step changes (address -> the tensor): the kept
+    modules' parameters, and the optimizers' own state (its moments). Their copy may run beside the next
+    step (none without a kept optimizer: the script changes its parameters itself)."""
+    found: dict[int, torch.Tensor] = {}
     if not any(isinstance(obj, torch.optim.Optimizer) for obj in kept.values()):
         return found
     for obj in kept.values():
         if isinstance(obj, torch.nn.Module):
-            found.update(p.data_ptr() for p in obj.parameters())
+            found.update((p.data_ptr(), p) for p in obj.parameters())
         elif isinstance(obj, torch.optim.Optimizer):
-            found.update(t.data_ptr() for state in obj.state.values() for t in state.values() if torch.is_tensor(t))
+            tensors = (t for state in obj.state.values() for t in state.values() if torch.is_tensor(t))
+            found.update((t.data_ptr(), t) for t in tensors)
     return found
+
+
+def _mark(owner: torch.Tensor | None) -> tuple[Any, int, int] | None:
+    """What tells a kept tensor unchanged at the next copy into the same half: itself (weakly), its address
+    and its version (any in-place change moves it; a change through `.data` does not: docs/memory.md)."""
+    return None if owner is None else (weakref.ref(owner), owner.data_ptr(), owner._version)
+
+
+def _unchanged(was: tuple[Any, int, int, int] | None, mark: tuple[Any, int, int] | None) -> bool:
+    """The half's last whole copy holds this tensor's bytes as they are now, at the same place."""
+    if was is None or mark is None:
+        return False
+    owner = mark[0]()
+    return (
+        owner is not None
+        and was[0]() is owner
+        and was[1:3] == mark[1:]
+        and was[3] == owner.numel() * owner.element_size()
+    )
 
 
 def _numel(shape: tuple[int, ...]) -> int:
