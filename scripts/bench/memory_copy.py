@@ -4,7 +4,10 @@ with the copy the step waits for at its end ("+sync": how it was before the copy
 and with the copy beside the next step ("+beside": what `Job` does, the backward and the optimizer's
 step waiting for the copy in flight); and the load a restart does.
 
-    python scripts/bench/memory_copy.py --sizes 10 200 1000 --steps 2 --blocks 6 [--threads 1]
+    python scripts/bench/memory_copy.py --sizes 10 200 1000 --steps 2 --blocks 6 [--threads 1] [--frozen]
+
+`--frozen`: every layer but the last is frozen (a fine-tune's base, kept, changed by no step): what each
+copy writes is the last layer alone once each of the two files holds the base.
 
 Blocks of `--steps` steps of each kind in turn, `--blocks` times (a block's first step beside is not
 counted: no copy beside it yet). Prints, per size: the median step of each kind and how much slower; the
@@ -43,9 +46,11 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     optimizer.step()
 
 
-def measure(mb: float, steps: int, blocks: int, batch: int, folder: str) -> tuple:
+def measure(mb: float, steps: int, blocks: int, batch: int, folder: str, frozen: bool) -> tuple:
     model = model_of(mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    if frozen and len(model) > 1:
+        model[:-1].requires_grad_(False)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     size = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
     x = torch.randn(batch, model[0].in_features)
     memory = Memory(folder, 0, 1, "bench", 1)
@@ -92,6 +97,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8, help="blocks of each kind, in turn")
     parser.add_argument("--batch", type=int, default=4, help="rows per step (4: a step bound by memory bandwidth)")
     parser.add_argument("--threads", type=int, default=0, help="torch's intra-op threads (0: its own choice)")
+    parser.add_argument("--frozen", action="store_true", help="every layer but the last frozen (a fine-tune)")
     parser.add_argument("--dir", default="/dev/shm", help="where the copies go (the agent's folder is in /dev/shm)")
     args = parser.parse_args()
     if args.threads:
@@ -104,7 +110,7 @@ def main() -> None:
     )
     for mb in args.sizes:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="launcher-bench-memory-") as folder:
-            size, t, copy, save, wait, load = measure(mb, args.steps, args.blocks, args.batch, folder)
+            size, t, copy, save, wait, load = measure(mb, args.steps, args.blocks, args.batch, folder, args.frozen)
         plain = t["plain"]
         print(
             f"{size:7.0f}MB {plain * 1e3:7.1f}ms {t['sync'] * 1e3:7.1f}ms {100 * (t['sync'] / plain - 1):6.1f}% "
