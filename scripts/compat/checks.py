@@ -240,6 +240,43 @@ def _agents(args: list[str], agents: int, ranks: int) -> str:
     return f"{agents} agents, {len(reduced)} ranks, one restart"
 
 
+def _exact_run(recovery: str, die: str) -> tuple[dict[int, set[str]], dict[int, list[int]], str]:
+    """tests/workers/in_place_exact.py on 3 forked ranks: each rank's final (steps, weights, buffers), the
+    steps its processes applied, and the launcher's stderr."""
+    with tempfile.TemporaryDirectory() as logs:
+        worker = os.path.join(ROOT, "tests", "workers", "in_place_exact.py")
+        cmd = [*LAUNCHER, "--preload", "--nproc_per_node", "3", "--recovery", recovery, "--max_restarts", "2"]
+        r = run([*cmd, "--no-live", worker], {"STEP_LOG": logs, **({"DIE_AT": die} if die else {})})
+        ok(r, f"--recovery {recovery} {die or 'undisturbed'}")
+        finals: dict[int, set[str]] = {}
+        applied: dict[int, list[int]] = {}
+        for name in os.listdir(logs):
+            rank = int(name.split(".")[0])
+            for line in open(os.path.join(logs, name)).read().splitlines():
+                kind, *rest = line.split()
+                if kind == "final":
+                    finals.setdefault(rank, set()).add(" ".join(rest))
+                elif kind == "applied":
+                    applied.setdefault(rank, []).append(int(rest[0]))
+    return finals, applied, r.stdout + r.stderr
+
+
+def in_place_exact() -> str:
+    """A rank lost in a step: in place, and a restart of the group from the copies in memory, end with the
+    undisturbed run's weights and buffers bit for bit, each step applied once (the restart: at most twice)."""
+    ref, _, _ = _exact_run("in-place", "")
+    for recovery, die, again in (("in-place", "1 5 before", 0), ("restart", "1 5 after", 1)):
+        finals, applied, err = _exact_run(recovery, die)
+        if finals != ref:
+            raise Failed(f"--recovery {recovery}, rank 1 lost in step 5: the weights differ; {tail(err)}")
+        for rank, steps in applied.items():
+            if sorted(set(steps)) != list(range(24)) or len(steps) - 24 > again:
+                raise Failed(f"--recovery {recovery}: rank {rank} applied {sorted(steps)}")
+        if recovery == "restart" and err.count("resumed at step 5 from its copy in memory") != 3:
+            raise Failed(f"the restart did not resume at step 5 from memory: {tail(err)}")
+    return "in place and a restart from memory: the undisturbed weights, bit for bit"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "env_parity": env_parity,
     "ddp_gloo": ddp_gloo,
@@ -247,6 +284,7 @@ CHECKS: dict[str, Callable[[], str]] = {
     "store_ops": store_ops,
     "c10d_3_agents_restart": c10d_three_agents_restart,
     "torch_hosts_rdzv_store": torch_hosts_rdzv_store,
+    "in_place_exact": in_place_exact,
 }
 
 
