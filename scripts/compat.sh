@@ -47,7 +47,7 @@ for v in "$@"; do
     [ "${COMPAT_KEEP:-0}" = 1 ] || rm -rf "$venv"
 done
 echo
-echo "| torch | env parity | DDP gloo | DDP gloo --preload | store ops | 3 c10d agents + restart | torch hosts the rendezvous store |"
+echo "| torch | env parity | DDP gloo | DDP gloo --preload | store ops | 3 c10d agents + restart | torch hosts the rendezvous store | in place exact |"
 echo "|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 exit $status
