@@ -48,6 +48,6 @@ for v in "$@"; do
 done
 echo
 echo "| torch | env parity | DDP gloo | DDP gloo --preload | store ops | 3 c10d agents + restart | torch hosts the rendezvous store | in place exact |"
-echo "|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 exit $status
