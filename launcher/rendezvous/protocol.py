@@ -266,7 +266,7 @@ class ElasticRendezvous:
                 self._forming = None
                 if rnd is not None:
                     if self.seat.number:
-                        self.seat.joined(st, r)
+                        self.seat.joined(st, r, self.losses.reasons(st, r - 1) if r > 0 else {})
                     return rnd  # else the sealer left this ticket out: as if it came too late
             if sealed is None:
                 sealed = self._wait_for(r, deadline)

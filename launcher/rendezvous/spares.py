@@ -183,11 +183,14 @@ class SpareSeat:
             log.info(f"left as a spare ({why})")
         self.unregister(store)
 
-    def joined(self, store: Store, r: int) -> None:
-        """This spare took a seat in round r: say why the round before ended (the cause it steps in for)."""
+    def joined(self, store: Store, r: int, lost: dict[int, str]) -> None:
+        """This spare took a seat in round r: say the cause it steps in for (a worker's failure, else the
+        members lost from round r - 1, `lost`: group rank -> why; else why the round before ended)."""
         failure = failure_text(store.get(self.keys.cause(r - 1))) if r > 0 else None
         why = printable(store.get(self.keys.change(r - 1)) or b"") if r > 0 else ""
         said = f"a worker failed on another node: {failure}" if failure else f"membership changed ({why})"
+        if lost and not failure:  # the round may have ended for another reason first (an in-place round after)
+            said = f"a node was lost: {'; '.join(printable(t) for _, t in sorted(lost.items()))}"
         log.info(f"{said}: this spare takes a seat in round {r}")
         self.unregister(store)
 

@@ -22,7 +22,7 @@ from .records import (
 )
 
 DISTURBED = re.compile(
-    r"membership changed|restarting|reason: |exited with|killed by|rendezvous store|hung: no progress"
+    r"membership changed|a node was lost: |restarting|reason: |exited with|killed by|rendezvous store|hung: no progress"
 )
 STORE_LOST = re.compile(r"reason: .*(?:rendezvous store|etcd at)")  # a node cut off for good says what it lost
 CUT_REASON = re.compile(rf"{STORE_LOST.pattern}|reason: .*the job was closed")  # back in time, it may find the job over

@@ -146,8 +146,13 @@ def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
     assert set(codes.values()) == {0}, f"{other.stderr[-3000:]}\n{spare.stderr[-3000:]}"
     assert any(e["event"] == "in_place_declined" for e in events(oev))
     # the spare names what it steps in for: the loss (or the survivor's restart), not "NODE: membership"
-    said = re.search(r"launcher: membership changed \((.*)\): this spare takes a seat in round 1", spare.stderr)
-    assert said and re.fullmatch(r"node with group rank 0 died .*|\S+ re-forms the group", said[1]), spare.stderr
+    said = re.search(
+        r"launcher: (?:a node was lost: (.*)|membership changed \((.*)\)): this spare takes a seat in round 1",
+        spare.stderr,
+    )
+    assert said and re.fullmatch(r"node with group rank 0 died .*|\S+ re-forms the group", said[1] or said[2]), (
+        spare.stderr
+    )
 
 
 @pytest.mark.timeout(240)
