@@ -151,11 +151,14 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
 
 
 @pytest.mark.timeout(300)
-def test_a_node_lost_whole_resumes_from_the_other_nodes_copies(tmp_path):
+@pytest.mark.parametrize("anywhere", [False, True], ids=["exact", "any"])
+def test_a_node_lost_whole_resumes_from_the_other_nodes_copies_only_when_told(tmp_path, anywhere):
     """Two nodes of 2 workers (examples/train_in_place.py) and a spare, under --recovery restart. The node
     without group rank 0 is SIGKILLed whole: its copies go with its agent. The group restarts on the other
-    node and the spare: the survivor's ranks load their copies, the spare's receive the state from them
-    over the group (no copy of their own), and every rank ends with the same weights, past where it was."""
+    node and the spare. By default (exact) it starts from the script's own state, said in one line: the
+    spare's ranks hold no copy, and another rank's would give them its random streams. With
+    LAUNCHER_STATE_IN_MEMORY=any the survivor's ranks load their copies, the spare's receive the state from
+    them over the group; every rank ends with the same weights, past where it was."""
     port = free_port()
     cluster = Cluster()
     cluster.store("127.0.0.1", port)
@@ -166,6 +169,7 @@ def test_a_node_lost_whole_resumes_from_the_other_nodes_copies(tmp_path):
         return cluster.start(
             *flags, "--recovery", "restart", "--max_restarts", "2", "--no-live", "--shutdown_timeout", "5",
             "--events_file", str(tmp_path / f"{name}.events"), *script, name=name,
+            env={"LAUNCHER_STATE_IN_MEMORY": "any"} if anywhere else None,
         )  # fmt: skip
 
     def running(name: str) -> bool:
@@ -184,8 +188,13 @@ def test_a_node_lost_whole_resumes_from_the_other_nodes_copies(tmp_path):
         codes = {n.name: n.wait(150) for n in (head, spare)}
         assert set(codes.values()) == {0}, f"{head.stderr[-3000:]}\n{spare.stderr[-3000:]}"
         resumed = [int(s) for s in re.findall(r"resumed at step (\d+) from its copy in memory", head.stderr)]
-        assert len(resumed) == 2 and min(resumed) >= 49, head.stderr[-3000:]  # where it was, at most a step back
-        assert "resumed at step" not in spare.stderr and spare.stdout.count("received the state") == 2, spare.stdout
+        if not anywhere:
+            assert resumed == [] and "resumed at step" not in spare.stderr, head.stderr[-3000:]
+            said = (head.stderr + spare.stderr).count("the group starts from the script's own state")
+            assert said == 1 and "hold none: a node lost whole" in head.stderr + spare.stderr, head.stderr[-3000:]
+        else:
+            assert len(resumed) == 2 and min(resumed) >= 49, head.stderr[-3000:]  # where it was, a step back at most
+            assert "resumed at step" not in spare.stderr and spare.stdout.count("received the state") == 2
         sums = set(re.findall(r"weights checksum (-?[0-9.]+)", head.stdout + spare.stdout))
         assert len(sums) == 1, sums
         assert "done: 150 steps" in head.stdout, head.stdout[-2000:]

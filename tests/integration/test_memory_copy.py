@@ -137,9 +137,10 @@ def test_a_kept_tensor_changed_beside_its_copy_tears_it_and_the_step_waits_from_
     assert [h.step for h in Memory(str(tmp_path), 0, 1, "job", 0).held(0)] == [3, 1]
 
 
-def test_a_rank_the_node_ran_as_another_goes_on_from_that_ranks_copy_said_in_one_line(tmp_path, caplog):
+def test_a_rank_the_node_ran_as_another_goes_on_from_that_ranks_copy_when_told(tmp_path, caplog):
     """The re-formed group gave this node other ranks: its local rank 0, rank 2 of 4 before, is rank 0
-    now; its own name holds no copy (or an older one), the node's local rank 0 wrote a newer as rank 2."""
+    now; its own name holds an older copy, the node's local rank 0 wrote a newer as rank 2. Exact (the
+    default), it holds its own alone; LAUNCHER_STATE_IN_MEMORY=any, rank 2's, said in one line."""
     model, optimizer = state()
     Memory(str(tmp_path), 0, 4, "job", 0).save({"model": model}, meta(3), rnd=0)  # an older own copy
     before = Memory(str(tmp_path), 2, 4, "job", 0)
@@ -148,7 +149,8 @@ def test_a_rank_the_node_ran_as_another_goes_on_from_that_ranks_copy_said_in_one
     Memory(str(tmp_path), 3, 4, "job", 1).save({"model": model}, meta(9), rnd=1)  # another local rank's
     Memory(str(tmp_path), 1, 2, "job", 0).save({"model": model}, meta(9), rnd=1)  # another world's
     caplog.set_level(logging.WARNING, logger="launcher.worker.inplace.memory")
-    held = Memory(str(tmp_path), 0, 4, "job", 0).held(2)
+    assert [h.step for h in Memory(str(tmp_path), 0, 4, "job", 0).held(2)] == [3]  # exact: its own alone
+    held = Memory(str(tmp_path), 0, 4, "job", 0, anywhere=True).held(2)
     assert [(h.step, h.meta["rank"]) for h in held] == [(7, 2), (6, 2)]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "local rank 0 last ran as rank 2: resuming from that rank's copy" in lines[0], lines

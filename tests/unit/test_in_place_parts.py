@@ -161,3 +161,10 @@ def test_state_sharded_across_ranks_is_refused_in_one_line():
     said = str(e.value)
     assert "\n" not in said and said.startswith("launcher: keep(model=...): FullyShardedDataParallel shards")
     assert said.endswith("use --recovery restart")
+
+
+def test_a_restart_resumes_at_the_newest_step_every_rank_holds_and_elsewhere_only_when_told():
+    assert transfer.resumed_at([{5, 4}, {5, 4}, {4, 3}], anywhere=False) == 4  # a rank a step behind: their common one
+    assert transfer.resumed_at([{5, 4}, set(), {5, 4}], anywhere=False) == -1  # a node lost whole: the script's state
+    assert transfer.resumed_at([{5, 4}, set(), {5, 4}], anywhere=True) == 5  # sent to the rank without a copy
+    assert transfer.resumed_at([set(), set()], anywhere=True) == -1  # the job's first round

@@ -51,7 +51,9 @@ MAGIC = b"LMEMv1\0\0"
 HEADER = struct.Struct("<8sQQQQ32s")  # magic, seq (0: being written), step, structure's offset, length, sha256
 DATA = 4096  # the tensors' bytes start here
 ALIGN = 64  # each tensor's offset: any dtype's view of the bytes is aligned
-OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"  # "0": no copy (a job whose state does not fit twice in host memory)
+# "0": no copy (a job whose state does not fit twice in host memory); "any": a rank without a copy of its
+# own resumes from another rank's (its random streams then that rank's); else only where every rank has its own.
+OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,9 @@ class Held:
 class Memory:
     """Rank `rank`'s two copies in `folder` (see the module)."""
 
-    def __init__(self, folder: str, rank: int, world: int, run_id: str, local_rank: int):
+    def __init__(self, folder: str, rank: int, world: int, run_id: str, local_rank: int, anywhere: bool = False):
         self.folder, self.rank, self.world, self.run_id = folder, rank, world, run_id
-        self.local_rank = local_rank
+        self.local_rank, self.anywhere = local_rank, anywhere
         self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
         self._seq = 0
         self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
@@ -90,8 +92,8 @@ class Memory:
         folder = environ.get(keys.SLOTS_VAR)
         if not folder or environ.get(OFF_VAR) == "0" or not os.path.isdir(folder):
             return None
-        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")))
+        run_id, anywhere = environ.get("TORCHELASTIC_RUN_ID", ""), environ.get(OFF_VAR) == "any"
+        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")), anywhere)
 
     # ------------------------------------------------------------------ the copy
 
@@ -250,7 +252,7 @@ class Memory:
                 log.warning(f"rank {self.rank}: the state's copy in memory {path} is {why}: ignored")
                 continue
             found.append(Held(record["step"], path, record))
-        renamed = self._renamed(rnd)
+        renamed = self._renamed(rnd) if self.anywhere else []
         if renamed and renamed[0].step > max((h.step for h in found), default=-1):
             was = renamed[0].meta["rank"]
             log.warning(
@@ -384,16 +386,16 @@ def _read(path: str) -> dict | None:
         return None
 
 
-def steps(job: Any) -> tuple[int, int]:
+def steps(job: Any) -> transfer.Copies:
     """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
     memory = job._memory
     if memory is not None:
         memory.wait()  # the copy in flight, whole: the state is loaded or received into the tensors it reads
     if memory is None or job._holds_state or not job._kept:
-        return (-1, -1)
+        return transfer.Copies()
     job._held = memory.held(job.round)
     found = [h.step for h in job._held] + [-1, -1]
-    return (found[0], found[1])
+    return transfer.Copies(found[0], found[1], memory.anywhere)
 
 
 def resume(job: Any, step: int) -> None:

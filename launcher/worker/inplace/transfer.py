@@ -46,27 +46,51 @@ class Plan:
     memory: int = -1  # the step every rank not in `to` loads from its copy in memory (memory.py); -1: none
 
 
-def plan(has_state: bool, step: int, device: torch.device, copies: tuple[int, int] = (-1, -1)) -> Plan:
+@dataclass(frozen=True)
+class Copies:
+    """The steps of this rank's two copies in memory (-1: none), and whether a rank without a copy of its
+    own may resume from another rank's (`LAUNCHER_STATE_IN_MEMORY=any`: its random streams then differ)."""
+
+    newest: int = -1
+    before: int = -1
+    anywhere: bool = False
+
+
+def plan(has_state: bool, step: int, device: torch.device, copies: Copies = Copies()) -> Plan:
     """Agree, with every rank, on who sends the state and who receives it; where no rank holds it, on
-    the step of the copies in memory (`copies`: this rank's two) the group resumes at."""
+    the step of the copies in memory (`copies`: this rank's) the group resumes at."""
     world = dist.get_world_size()
-    mine = torch.tensor([int(has_state), step, *copies], dtype=torch.int64, device=device)
+    mine = torch.tensor([int(has_state), step, copies.newest, copies.before], dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine)
     told = [tuple(int(x) for x in row.tolist()) for row in rows]
     holders = [r for r, (held, *_) in enumerate(told) if held]
     if not holders:
-        # The newest step every rank holds a copy of, else the newest any rank holds (sent to the others).
         held = [{s for s in row[2:] if s >= 0} for row in told]
-        common = set.intersection(*held)
-        best = max(common or set.union(*held), default=-1)
-        if best < 0:  # the job's first round: every rank starts from the script's own state
+        best = resumed_at(held, copies.anywhere)
+        if best < 0 and any(held) and dist.get_rank() == 0:
+            lacking = ", ".join(str(r) for r, steps in enumerate(held) if not steps)
+            log.warning(
+                "the group starts from the script's own state, not from the copies in memory: no step is held "
+                f"by every rank{f' (rank(s) {lacking} hold none: a node lost whole)' if lacking else ''}, and "
+                "another rank's copy would give a rank other random streams than an undisturbed run "
+                "(LAUNCHER_STATE_IN_MEMORY=any resumes from it all the same)"
+            )
+        if best < 0:  # the job's first round, or no step every rank holds: the script's own state
             return Plan(-1, (), step)
         loaders = [r for r, steps in enumerate(held) if best in steps]
         return Plan(loaders[0], tuple(r for r in range(world) if r not in loaders), best, best)
     best = max(told[r][1] for r in holders)
     source = min(r for r in holders if told[r][1] == best)
     return Plan(source, tuple(r for r, (held, s, *_) in enumerate(told) if not held or s < best), best)
+
+
+def resumed_at(held: list[set[int]], anywhere: bool) -> int:
+    """The step the group resumes at from the copies in memory (`held`: each rank's steps; -1: none). The
+    newest every rank holds a copy of (each loads its own: exact); else, `anywhere`, the newest any rank
+    holds (sent to the others, who go on with the sender's random streams)."""
+    common, some = set.intersection(*held), set.union(*held)
+    return max(common or (some if anywhere else set()), default=-1)
 
 
 def send(kept: Mapping[str, Any], meta: dict, to: tuple[int, ...], device: torch.device) -> int:
