@@ -12,8 +12,9 @@ What it shows, in the order you meet it below:
     (temp file + os.replace), then all ranks meet at a barrier;
   * at start every rank resumes from that checkpoint if there is one. With --max_restarts the
     launcher restarts the whole group when a worker dies; the new group picks up at the last
-    checkpoint and, because everything random is seeded per epoch, ends with exactly the same
-    weights as a run that never failed. Try it:
+    step, from the launcher's copy in memory of what `job.keep` holds (docs/memory.md), or at the
+    last checkpoint where there is none, and, because everything random is seeded per epoch, ends
+    with exactly the same weights as a run that never failed. Try it:
         rm -rf /tmp/ckpt; python -m launcher --nproc_per_node 2 --max_restarts 1 examples/train_ddp.py \
             --checkpoint-dir /tmp/ckpt --crash-at-epoch 2 --crash-rank 1
   * with --recovery in-place (the lines that use `job`, docs/in-place.md) only the lost worker starts
@@ -111,19 +112,14 @@ scaler = torch.amp.GradScaler("cuda", enabled=use_cuda)
 ckpt_dir = os.path.abspath(args.checkpoint_dir)
 ckpt_path = os.path.join(ckpt_dir, "last.pt")
 os.makedirs(ckpt_dir, exist_ok=True)
-start_epoch = 1
+start_epoch, loaded = 1, ""
 if os.path.exists(ckpt_path):
     state = torch.load(ckpt_path, map_location=device)  # tensors straight onto our device
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
-    start_epoch = state["epoch"] + 1
-    killed = os.path.join(ckpt_dir, "killed_at")  # written by the --crash-at-epoch hook (the demo)
-    since = ""
-    if attempt > 0 and os.path.exists(killed):
-        with open(killed) as f:
-            since = f"; training again {time.time() - float(f.read()):.1f} s after rank {args.crash_rank} was killed"
-    log(f"resumed from {ckpt_path} after epoch {state['epoch']}{since}")
+    start_epoch, loaded = state["epoch"] + 1, f"{ckpt_path} after epoch {state['epoch']}"
+    log(f"loaded {loaded}")
 else:
     log(f"no checkpoint yet; training from scratch, checkpoints go to {ckpt_path}")
 if start_epoch > args.epochs:
@@ -134,6 +130,20 @@ if start_epoch > args.epochs:
 
 job.keep(model=model, optimizer=optimizer, scaler=scaler)  # what a replacement receives from a survivor
 job.ddp(model, device_ids=[local_rank] if use_cuda else None)  # job.model: DDP, made again after a recovery
+
+
+def say_resumed(index, epoch):
+    """A restarted process, at its first step: where it resumed, and how long after the demo's kill."""
+    killed, since = os.path.join(ckpt_dir, "killed_at"), ""  # written by the --crash-at-epoch hook (the demo)
+    if os.path.exists(killed):
+        with open(killed) as f:
+            since = f"; training again {time.time() - float(f.read()):.1f} s after rank {args.crash_rank} was killed"
+    if job.joining:  # in place: a survivor sent the state
+        log(f"received the state from a survivor at step {index} (epoch {epoch}){since}")
+    elif index > 0:  # the launcher's copy in memory, taken at every step, is newer than the checkpoint
+        log(f"resumed at step {index} (epoch {epoch}) from the launcher's copy in memory, not a checkpoint{since}")
+    elif loaded:
+        log(f"resumed from {loaded}{since}")
 
 
 def save_atomically(obj, path):
@@ -147,6 +157,7 @@ def save_atomically(obj, path):
 
 
 # --- 5. Train. -------------------------------------------------------------------------------
+said = attempt == 0  # a restarted process says where it resumed at its first step (`job` resumes it there)
 for epoch in job.epochs(range(start_epoch, args.epochs + 1)):  # a replacement resumes the epoch in flight
     sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every attempt
     torch.manual_seed(args.seed + 1000 * epoch + rank)  # dropout masks: a function of the epoch
@@ -155,6 +166,9 @@ for epoch in job.epochs(range(start_epoch, args.epochs + 1)):  # a replacement r
     loss_sum = torch.zeros((), device=device)  # kept on the device: no sync per step
     correct = torch.zeros((), device=device)
     for i, step in enumerate(job.steps(loader)):  # a step per batch; resumed at the batch in flight
+        if not said:
+            said = True
+            say_resumed(step.index, epoch)
         x, y = step.batch
         if epoch == args.crash_at_epoch and rank == args.crash_rank and attempt == 0 and i == len(loader) // 2:
             print(f"rank {rank}: test hook, killing myself halfway through epoch {epoch}", flush=True)

@@ -129,8 +129,8 @@ check_train() {  # NAME STATUS BACKEND PRELOAD
         say FAIL "$name" "exit $rc: $(last "$name")"
     elif ! has "$name" "backend $backend"; then
         say FAIL "$name" "not on $backend: $(grep -m1 'backend' "$LOGS/$name.log")"
-    elif ! has "$name" "attempt 1 " || ! has "$name" "resumed from"; then
-        say FAIL "$name" "no restart that resumed from the checkpoint"
+    elif ! has "$name" "attempt 1 " || ! has "$name" "resumed (from|at step)"; then
+        say FAIL "$name" "no restart that resumed (from the copy in memory or the checkpoint)"
     elif [ "$preload" = 1 ] && has "$name" "workers are spawned instead"; then
         say FAIL "$name" "the zygote gave up: $(grep -m1 'spawned instead' "$LOGS/$name.log" | cut -c1-140)"
     elif [ "$preload" = 1 ] && ! has "$name" "zygote pid [0-9]+ ready"; then
@@ -138,7 +138,7 @@ check_train() {  # NAME STATUS BACKEND PRELOAD
     else
         local how=$backend
         [ "$preload" = 1 ] && how="$backend, forked from the zygote"
-        say PASS "$name" "3 epochs, a worker SIGKILLed in epoch 2, resumed from its checkpoint ($how)"
+        say PASS "$name" "3 epochs, a worker SIGKILLed in epoch 2, resumed ($how): $(grep -m1 -o 'resumed [^;]*' "$LOGS/$name.log" | cut -c1-90)"
     fi
 }
 

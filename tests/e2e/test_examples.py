@@ -81,7 +81,8 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank1]: rank 1: test hook, killing myself halfway through epoch 3" in r.stdout
     assert "TORCHELASTIC_RESTART_COUNT=1" in r.stdout  # the launcher restarted the group...
-    assert f"resumed from {tmp_path / 'ckpt' / 'last.pt'} after epoch 2" in r.stdout  # ...which resumed
+    assert f"loaded {tmp_path / 'ckpt' / 'last.pt'} after epoch 2" in r.stdout  # ...which loaded its file, then
+    assert re.search(r"resumed at step \d+ \(epoch 3\) from the launcher's copy in memory", r.stdout)  # the step
     assert r.stdout.count(f"[rank0]: epoch {EPOCHS}/{EPOCHS}") == 1
     assert not wait_gone(launch.token)
     # the restart the goodput line books is what the script saw (its Job reports the steps: nothing asked of it)

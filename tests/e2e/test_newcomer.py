@@ -240,7 +240,9 @@ def test_the_demo_loses_a_worker_resumes_and_a_second_run_trains_again():
             assert r.returncode == 0, r.stdout + r.stderr
             assert "rank 1 killed by SIGKILL; stopping the group" in r.stderr, r.stderr
             assert re.search(
-                r"resumed from \S+ after epoch 2; training again [\d.]+ s after rank 1 was killed", r.stdout
+                r"resumed at step \d+ \(epoch 3\) from the launcher's copy in memory, not a checkpoint; "
+                r"training again [\d.]+ s after rank 1 was killed",
+                r.stdout,
             )
             assert "epoch 3/3" in r.stdout and "job succeeded after 1 restart(s)" in r.stderr, r.stdout + r.stderr
             assert "WARNING" not in r.stderr and "nothing to do" not in r.stdout, r.stderr
