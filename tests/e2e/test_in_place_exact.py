@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support.launcher_runs import Launch
 from support.paths import WORKERS
+from support.step_logs import read_step_logs
 
 STEPS = 24  # 2 epochs of 12 batches per rank
 WORLD = 3
@@ -50,19 +51,10 @@ def run(tmp: Path, preload: bool = True, restarts: int = 2, **env: str) -> Outco
         )  # fmt: skip
     finally:
         launch.cleanup()
-    finals, applied, ids = collections.defaultdict(set), collections.defaultdict(list), collections.Counter()
-    for f in logs.iterdir():
-        rank = int(f.name.split(".")[0])
-        for line in f.read_text().splitlines():
-            kind, *rest = line.split()
-            if kind == "final":
-                finals[rank].add((int(rest[0]), rest[1], rest[2]))
-            elif kind == "applied":
-                applied[rank].append(int(rest[0]))
-                ids.update(int(i) for i in rest[1:])
+    finals, applied, ids = read_step_logs(logs)
     events = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
     restarts = max((e["restarts"] for e in events if e["event"] == "running"), default=0)
-    return Outcome(r.returncode, dict(finals), dict(applied), ids, restarts, events, r.stderr)
+    return Outcome(r.returncode, finals, applied, ids, restarts, events, r.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from support.launcher_runs import Agent, Cluster, Launch, c10d, wait_line
 from support.paths import ROOT, WORKERS
 from support.ports import free_port
 from support.processes import wait_for
+from support.step_logs import read_step_logs
 
 STEPS = 24  # 2 epochs of 12 batches per rank
 WORLD = 3
@@ -59,17 +60,8 @@ def run(tmp: Path, recovery: str = "restart", *more: str, **env: str) -> Outcome
     finally:
         launch.cleanup()
     assert left(run_id) == [], "the agent's folder in memory was left behind"
-    finals, applied, ids = collections.defaultdict(set), collections.defaultdict(list), collections.Counter()
-    for f in logs.iterdir():
-        rank = int(f.name.split(".")[0])
-        for line in f.read_text().splitlines():
-            kind, *rest = line.split()
-            if kind == "final":
-                finals[rank].add((int(rest[0]), rest[1], rest[2]))
-            elif kind == "applied":
-                applied[rank].append(int(rest[0]))
-                ids.update(int(i) for i in rest[1:])
-    return Outcome(r.returncode, dict(finals), dict(applied), ids, r.stdout + r.stderr)
+    finals, applied, ids = read_step_logs(logs)
+    return Outcome(r.returncode, finals, applied, ids, r.stdout + r.stderr)
 
 
 @pytest.fixture(scope="module")
