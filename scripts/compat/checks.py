@@ -29,7 +29,8 @@ TIMEOUT = 240.0  # seconds for one launcher run (CUDA builds import slowly on a 
 # What may differ from torchrun's worker environment, and why: ports and ids are fresh per run, the
 # error file's folder has our name, MASTER_ADDR is loopback on one node (torchrun's is the FQDN).
 INTENDED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "_", "DUMP_DIR"}
-OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND", "LAUNCHER_PROGRESS_FILE"}
+# LAUNCHER_INPLACE_SLOTS: the workers' folder in memory, where a `Job` script's kept state is copied (docs/memory.md)
+OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND", "LAUNCHER_PROGRESS_FILE", "LAUNCHER_INPLACE_SLOTS"}
 
 
 class Failed(Exception):

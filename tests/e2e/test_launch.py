@@ -133,7 +133,8 @@ def _dump(cmd: list[str], dump_dir, env) -> dict[int, dict]:
 # What may differ, and why: ports and ids are fresh per run; the error-file folder has our name;
 # MASTER_ADDR is loopback on one node (torchrun uses the FQDN, which needs working DNS).
 INTENDED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "_"}
-OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND", "LAUNCHER_PROGRESS_FILE"}
+# LAUNCHER_INPLACE_SLOTS: the workers' folder in memory, where a `Job` script's kept state is copied (docs/memory.md)
+OURS_ONLY = {"LAUNCHER_AGENT_ID", "LAUNCHER_ROUND", "LAUNCHER_PROGRESS_FILE", "LAUNCHER_INPLACE_SLOTS"}
 
 
 @pytest.mark.skipif(not shutil.which("torchrun", path=os.path.dirname(sys.executable)), reason="torchrun not installed")
