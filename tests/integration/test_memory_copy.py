@@ -189,3 +189,25 @@ def test_a_frozen_part_is_written_once_per_half_and_loaded_as_it_is(tmp_path):
         )
         assert got["step"] == step and torch.equal(fresh.bias, frozen.bias)
         assert torch.equal(fresh.weight, frozen.weight if step == 6 else before), step
+
+
+def test_a_copy_in_flight_gives_up_once_a_peer_is_lost_and_the_step_before_stands(tmp_path, monkeypatch):
+    """In place, a lost peer sets the job's event: the copy beside the step stops at its next chunk (the
+    backward waiting for it would hold the recovery, and it would share the cores with the transfer)."""
+    model, optimizer = state()
+    kept, lost = {"model": model, "optimizer": optimizer}, threading.Event()
+    memory = Memory(str(tmp_path), 0, 1, "job", 0, lost=lost)
+    train(model, optimizer)
+    memory.save(kept, meta(1), rnd=0)
+    train(model, optimizer)
+    opened = gate(monkeypatch, memory)
+    memory.save(kept, meta(2), rnd=0)  # in flight, held at the gate
+    lost.set()
+    opened.set()
+    memory.wait()
+    assert [h.step for h in memory.held(0)] == [1]  # step 2's copy given up: never loaded
+    lost.clear()
+    train(model, optimizer)
+    memory.save(kept, meta(3), rnd=0)
+    memory.wait()
+    assert [h.step for h in memory.held(0)] == [3, 1]

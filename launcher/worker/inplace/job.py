@@ -106,7 +106,7 @@ class Job:
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
         self._record: dict[str, Any] = {}
         # What `keep` holds, copied to the agent's memory at each step's end: any restart resumes there (memory.py).
-        self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size), []
+        self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size, self._lost), []
         self._tracks = self.in_place or self._memory is not None  # the loader's position and streams are kept
         self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
         if self.in_place and self._own is None and self.store.check([keys.slot(self.rank)]):
@@ -445,7 +445,7 @@ class Job:
         sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
             sent = transfer.send(self._kept, self._meta(), plan.to, self.device)
-        elif self.rank in plan.to:
+        elif self.rank in plan.to and memory.settled(self):  # (its copy in flight reads what is received into)
             self._adopt(transfer.receive(self._kept, plan.source, self.device), plan.source)
             received = True
         moved = time.monotonic() - moved

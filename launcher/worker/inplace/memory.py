@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,16 @@ class Held:
 class Memory:
     """Rank `rank`'s two copies in `folder` (see the module)."""
 
-    def __init__(self, folder: str, rank: int, world: int, run_id: str, local_rank: int, anywhere: bool = False):
+    def __init__(
+        self,
+        folder: str,
+        rank: int,
+        world: int,
+        run_id: str,
+        local_rank: int,
+        anywhere: bool = False,
+        lost: threading.Event | None = None,
+    ):
         self.folder, self.rank, self.world, self.run_id = folder, rank, world, run_id
         self.local_rank, self.anywhere = local_rank, anywhere
         self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
@@ -80,6 +90,8 @@ class Memory:
         self.written = 0  # the bytes the newest copy wrote (less what it found unchanged in its half)
         self._said = False
         self._flight: threading.Thread | None = None  # the copy beside the step in flight
+        self._dropping = threading.Event()  # set: the copy in flight gives up (a recovery needs the cores)
+        self._lost = lost or threading.Event()  # the job's: set once a peer is lost (in place), the same
         self._hooked: set[int] = set()  # id() of the kept optimizers whose step waits for that copy
         self.beside = True  # False: the step waits for each copy (a kept tensor changed beside one)
         self.waited = 0.0  # seconds the job waited for copies in flight, all told
@@ -87,13 +99,13 @@ class Memory:
         os.register_at_fork(before=self.wait)  # a loader's workers: no fork beside a thread inside torch's copy
 
     @classmethod
-    def open(cls, environ: Any, rank: int, world: int) -> Memory | None:
+    def open(cls, environ: Any, rank: int, world: int, lost: threading.Event | None = None) -> Memory | None:
         """This rank's copies, where the agent gave its workers a folder in memory (and the copy is not off)."""
         folder = environ.get(keys.SLOTS_VAR)
         if not folder or environ.get(OFF_VAR) == "0" or not os.path.isdir(folder):
             return None
         run_id, anywhere = environ.get("TORCHELASTIC_RUN_ID", ""), environ.get(OFF_VAR) == "any"
-        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")), anywhere)
+        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")), anywhere, lost)
 
     # ------------------------------------------------------------------ the copy
 
@@ -144,6 +156,18 @@ class Memory:
         self._flight = threading.Thread(target=self._write, args=copy, name="launcher-state-copy")
         self._flight.start()
 
+    def _dropped(self) -> bool:
+        """The copy in flight gives up: dropped, or a peer lost (the backward waiting for it would hold the
+        recovery, and the copy would share the cores with the state's transfer)."""
+        return self._dropping.is_set() or self._lost.is_set()
+
+    def drop(self) -> None:
+        """Give up the copy in flight (its half stays torn; the other holds the step before): a recovery in
+        place sends or keeps the state, and the copy would share the cores and memory bandwidth with it."""
+        self._dropping.set()
+        self.wait()
+        self._dropping.clear()
+
     def wait(self) -> None:
         """Until the copy in flight is whole in its file (or given up)."""
         flight, self._flight = self._flight, None
@@ -188,6 +212,8 @@ class Memory:
                 os.pwrite(fd, HEADER.pack(MAGIC, seq, step, end, len(blob), digest), 0)
             finally:
                 os.close(fd)
+        except _Dropped:  # a recovery took the cores: the other half holds the step before
+            return
         except OSError:  # the folder is gone (the agent ends the job): nothing to keep it for any more
             log.debug("state in memory: could not write %s", path, exc_info=True)
             return
@@ -220,7 +246,7 @@ class Memory:
                 if not nbytes:
                     continue
                 if t.device.type == "cpu" and t.is_contiguous():
-                    _pwrite(fd, t.data_ptr(), nbytes, at)
+                    _pwrite(fd, t.data_ptr(), nbytes, at, self._dropped)
                 else:
                     self._map(half, end)[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
         if stream is not None:
@@ -315,12 +341,21 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
 
 
-def _pwrite(fd: int, address: int, nbytes: int, at: int) -> None:
+CHUNK = 64 << 20  # a copy looks whether it is dropped between writes of this many bytes
+
+
+class _Dropped(Exception):
+    """The copy in flight was given up (`Memory.drop`): its half stays torn, never loaded."""
+
+
+def _pwrite(fd: int, address: int, nbytes: int, at: int, dropped: Callable[[], bool]) -> None:
     """The `nbytes` at `address` (a live tensor's) into the file at `at` (the GIL released meanwhile)."""
     view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
     done = 0
     while done < nbytes:
-        done += os.pwrite(fd, view[done:], at + done)
+        if dropped():
+            raise _Dropped
+        done += os.pwrite(fd, view[done : done + CHUNK], at + done)
 
 
 def _stepped(kept: dict[str, Any]) -> dict[int, torch.Tensor]:
@@ -387,15 +422,23 @@ def _read(path: str) -> dict | None:
 
 
 def steps(job: Any) -> transfer.Copies:
-    """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state)."""
+    """The steps this rank's two copies were taken at (-1: none), for transfer.plan (none where it holds state:
+    its copy in flight goes on beside the sync, which only reads the tensors it reads, unless it receives)."""
     memory = job._memory
-    if memory is not None:
-        memory.wait()  # the copy in flight, whole: the state is loaded or received into the tensors it reads
+    if memory is not None and job._holds_state:
+        memory.drop()  # in place: the next step's end copies again
     if memory is None or job._holds_state or not job._kept:
         return transfer.Copies()
     job._held = memory.held(job.round)
     found = [h.step for h in job._held] + [-1, -1]
     return transfer.Copies(found[0], found[1], memory.anywhere)
+
+
+def settled(job: Any) -> bool:
+    """True once this rank's copy in flight is whole: the state is about to be received into the tensors it reads."""
+    if job._memory is not None:
+        job._memory.wait()
+    return True
 
 
 def resume(job: Any, step: int) -> None:
