@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import pickle
 import struct
@@ -328,7 +329,7 @@ class Memory:
         with torch.no_grad():
             for s, target in zip(slots, targets):
                 at = places[s.index]
-                nbytes = _numel(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+                nbytes = math.prod(s.shape) * s.dtype.itemsize
                 view = data[at : at + nbytes].view(s.dtype).view(s.shape)
                 # Else a copy: the job's own memory (the file is written again at the next step).
                 tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
@@ -391,13 +392,6 @@ def _unchanged(was: tuple[Any, int, int, int] | None, mark: tuple[Any, int, int]
         and was[1:3] == mark[1:]
         and was[3] == owner.numel() * owner.element_size()
     )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _read(path: str) -> dict | None:
