@@ -50,6 +50,7 @@ class BootstrapStore:
         self.server: StoreServer | None = None
         self.watch: GroupWatch | None = None
         self.clock = clock
+        self._records: dict[bytes, bytes] = {}  # the ranks' records, as the last round's store held them
 
     def open(self, rnd: Round) -> tuple[Round, str]:
         """The round as the workers should see it, and a problem to report ("" if none).
@@ -57,7 +58,11 @@ class BootstrapStore:
         Group rank 0 serves a fresh store on MASTER_PORT; if it cannot, its worker rank 0 hosts
         one as before (False there; the other nodes' workers are clients either way). A server still open
         on the round's port was kept for it (a round asked for in place, whose workers restart in it: the
-        other nodes' workers are in it already; each round meets on its own prefix): it stays."""
+        other nodes' workers are in it already; each round meets on its own prefix): it stays. The ranks'
+        records (keys.SLOTS: each rank's own random streams and buffers by step) go on into the fresh one:
+        a node lost whole takes its copies in memory with it, and its ranks' successors go on exactly from
+        another node's copy with them (worker/inplace/memory.py). They are taken only at a step another
+        rank holds a copy of, never as the last attempt's state."""
         if self.server is not None and rnd.group_rank == 0 and self.server.port == rnd.master_port:
             return dataclasses.replace(rnd, use_agent_store=True), ""
         self.close()
@@ -74,6 +79,7 @@ class BootstrapStore:
                 )
             formed = KEY_PREFIX + FORMED_KEY.encode()  # as a client names it on the wire
             self.server.announce_when_named(GROUP_KEYS, rnd.world_size, formed, lambda: b"1")
+            self.server.data.update(self._records)  # before the round's workers exist: nobody reads it yet
         self.watch = GroupWatch(rnd.master_addr, rnd.master_port, self.clock)
         return dataclasses.replace(rnd, use_agent_store=True), ""
 
@@ -87,6 +93,8 @@ class BootstrapStore:
             self.watch = None
         if self.server is not None:
             self.server.close()
+            prefix = KEY_PREFIX + keys.SLOTS.encode()
+            self._records = {k: v for k, v in self.server.data.items() if k.startswith(prefix)}
             self.server = None
 
 

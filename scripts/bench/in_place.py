@@ -44,11 +44,12 @@ COMPILER = "torch._dynamo,torch._inductor.compile_fx"  # what a first torch.comp
 TOOLS = {
     "in place (--preload)": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
     "in place, zeroed": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
+    "in place, no copy in memory": [PY, "-m", "launcher", "--preload", "--recovery", "in-place"],
     "restart, --preload": [PY, "-m", "launcher", "--preload"],
     "restart, --preload, no copy in memory": [PY, "-m", "launcher", "--preload"],
     "torchrun": [TORCHRUN, "--standalone"],
 }
-NO_MEMORY = {"restart, --preload, no copy in memory"}  # LAUNCHER_STATE_IN_MEMORY=0: the checkpoint file alone
+NO_MEMORY = {"restart, --preload, no copy in memory", "in place, no copy in memory"}  # LAUNCHER_STATE_IN_MEMORY=0: the checkpoint file alone
 
 WORKER = f"""
 import time
@@ -224,13 +225,14 @@ def main() -> None:
     ap.add_argument(
         "--tools",
         default="inplace,zeroed,restart,torchrun",
-        help="which of inplace, zeroed, restart, nomemory (a restart from the checkpoint file alone), torchrun",
+        help="which of inplace, zeroed, inplace-nomemory (LAUNCHER_STATE_IN_MEMORY=0), restart, nomemory (a restart "
+        "from the checkpoint file alone), torchrun",
     )
     ap.add_argument("--timeout", type=float, default=240.0, help="per job")
     args = ap.parse_args()
     named = {"compile": ("compile", 10, 1), "compile-pre": ("compile, compiler preloaded", 10, 2)}
     configs = [named[c] if c in named else (f"{c} MB", int(c), 0) for c in args.configs.split(",")]
-    short = dict(zip(("inplace", "zeroed", "restart", "nomemory", "torchrun"), TOOLS))
+    short = dict(zip(("inplace", "zeroed", "inplace-nomemory", "restart", "nomemory", "torchrun"), TOOLS))
     tools = [short[t] for t in args.tools.split(",")]
     rows: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -56,3 +56,28 @@ def test_a_group_formed_elsewhere_is_never_seen():
         store.close()
         watch.join(5)
     assert BootstrapStore({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}).formed_at() is None
+
+
+def test_a_fresh_round_store_keeps_the_ranks_records_and_nothing_else():
+    """A group restart serves a fresh store; the ranks' own records (keys.slot) go on into it, for the
+    successors of a node lost whole (docs/memory.md), and no other key of the last round does."""
+    from launcher.worker.inplace import keys
+
+    store = BootstrapStore({})
+    try:
+        port = free_port()
+        store.open(round_on(port))
+        c = StoreClient("127.0.0.1", port, timeout=5)
+        c.set(keys.slot(3), b"rank 3's record")
+        c.set("default_pg/0//cpu//0/0", b"addr0")
+        assert c.get(keys.slot(3)) == b"rank 3's record"  # a set has no reply: both are in once this answers
+        c.close()
+        store.open(Round("job", 1, 0, 0, 1, 0, 2, "127.0.0.1", free_port()))  # the next round, a new port
+        c = StoreClient("127.0.0.1", store.server.port, timeout=5)
+        assert c.get(keys.slot(3)) == b"rank 3's record"
+        assert not c.check(["default_pg/0//cpu//0/0"])
+        c.close()
+    finally:
+        watch = store.watch
+        store.close()
+        watch.join(5)

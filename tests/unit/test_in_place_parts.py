@@ -117,19 +117,19 @@ def test_a_ranks_record_reads_back_whole_and_a_torn_write_leaves_the_one_before(
 
     sent: list[bytes] = []
     slot = slots.Slot(str(tmp_path), 3, mirror=sent.append)
-    first = {"after": (4, rng.get()), "buffers": {4: {"bn.mean": torch.arange(3.0), "bn.n": torch.tensor(7)}}}
+    first = {"afters": {4: rng.get()}, "buffers": {4: {"bn.mean": torch.arange(3.0), "bn.n": torch.tensor(7)}}}
     slot.write(first)
     got = slots.Slot(str(tmp_path), 3).read()
-    assert got["after"][0] == 4 and torch.equal(got["after"][1]["torch"], first["after"][1]["torch"])
+    assert torch.equal(got["afters"][4]["torch"], first["afters"][4]["torch"])
     mean, n = got["buffers"][4]["bn.mean"], got["buffers"][4]["bn.n"]
     assert torch.equal(mean, torch.arange(3.0)) and (n.dtype, n.item()) == (torch.int64, 7)
     assert slots.load(sent[-1])["buffers"][4]["bn.n"].item() == 7  # the store's copy reads back the same
     # a rank killed between the record's half and the header: the header still names the whole one
     header = (tmp_path / "rank3").read_bytes()[: slots.HEADER.size]
-    slot.write({"after": (5, rng.get()), "buffers": {}})
+    slot.write({"afters": {5: rng.get()}, "buffers": {}})
     with open(tmp_path / "rank3", "r+b") as f:
         f.write(header)
-    assert slots.Slot(str(tmp_path), 3).read()["after"][0] == 4
+    assert slots.covers(slots.Slot(str(tmp_path), 3).read()) == (4,)
     slot.finished(2)
     assert os.path.exists(keys.finished_file(str(tmp_path), 2))
 
@@ -168,3 +168,16 @@ def test_a_restart_resumes_at_the_newest_step_every_rank_holds_and_elsewhere_onl
     assert transfer.resumed_at([{5, 4}, set(), {5, 4}], anywhere=False) == -1  # a node lost whole: the script's state
     assert transfer.resumed_at([{5, 4}, set(), {5, 4}], anywhere=True) == 5  # sent to the rank without a copy
     assert transfer.resumed_at([set(), set()], anywhere=True) == -1  # the job's first round
+    # A node lost whole, its ranks' own streams and buffers in the store: exact from the others' copies
+    assert transfer.resumed_at([{5, 4}, set(), {5, 4}], False, [set(), {6, 5}, set()]) == 5
+    assert transfer.resumed_at([{5, 4}, set(), {5, 4}], False, [set(), {4, 3}, set()]) == 4  # its record behind
+    assert transfer.resumed_at([{5, 4}, set(), {5, 4}], False, [set(), {7, 6}, set()]) == -1  # none in common
+    assert transfer.resumed_at([set(), set()], False, [{5}, {5}]) == -1  # records alone: no state to go on from
+
+
+def test_a_record_covers_the_steps_it_holds_both_streams_and_buffers_at():
+    from launcher.worker.inplace import slots
+
+    assert slots.covers(None) == () and slots.covers({}) == ()
+    assert slots.covers({"afters": {5: 0, 6: 0}, "buffers": {6: {}, 5: {}}}) == (6, 5)
+    assert slots.covers({"afters": {5: 0, 6: 0}, "buffers": {6: {}}}) == (6,)  # no buffers at 5: not there

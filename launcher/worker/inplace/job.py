@@ -19,13 +19,11 @@ import torch.distributed as dist
 
 from ...tcpstore.client import StoreClient, StoreError
 from .. import progress
-from . import abort, data, ddp, keys, leaving, memory, rng, slots, transfer
+from . import abort, data, ddp, keys, leaving, memory, rng, slots, transfer, wakeup
 from .slots import Slot
 from .step import Commits, Recovery, Snapshot, Step
 
 log = logging.getLogger(__name__)
-
-WATCH_EVERY = 1.0  # seconds each wait of the watcher lasts before it looks at the round again
 
 
 class Job:
@@ -94,28 +92,31 @@ class Job:
         self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
         self._buffers: dict[str, torch.Tensor] | None = None  # this rank's own, to take up after the sync
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+        # What `keep` holds, copied to the agent's memory at each step's end: any restart resumes there (memory.py).
+        self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size, self._lost), []
+        self._tracks = self.in_place or self._memory is not None  # the loader's position and streams are kept
+        # This rank's own streams and buffers at each step, in the store: a node lost whole takes them with
+        # it from its memory, and its ranks' successors go on exactly from another node's copy (memory.py).
+        across = int(env.get("LOCAL_WORLD_SIZE", self.world_size)) < self.world_size
+        self._records = self.in_place or (self._memory is not None and across)
         # The watcher's and the mirror's own connections, made before any socket is told apart as a
         # group's or the store client's (`abort.sockets()` before and after): a connection a thread
         # opened meanwhile would be taken for one of theirs, and shut down with them at a recovery.
         self._watcher = self._client(10.0) if self.in_place else None
-        self._mirror_client = self._client(30.0) if self.in_place else None
+        self._mirror_client = self._client(30.0) if self._records else None
         self.store = self._connect(is_master=not agent_store and self.rank == 0)
         # This rank's own streams and buffers, where its replacement finds them: the agent's folder in memory,
         # and a copy in the store for a replacement on another node.
         mirror = slots.Mirror(self._mirror_client, keys.slot(self.rank)).send if self._mirror_client else None
         self._slot = Slot(env.get(keys.SLOTS_VAR) if self.in_place else None, self.rank, mirror)
         self._record: dict[str, Any] = {}
-        # What `keep` holds, copied to the agent's memory at each step's end: any restart resumes there (memory.py).
-        self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size, self._lost), []
-        self._tracks = self.in_place or self._memory is not None  # the loader's position and streams are kept
         self._own = self._slot.read() if self.in_place else None  # a replacement: what its predecessor wrote
-        if self.in_place and self._own is None and self.store.check([keys.slot(self.rank)]):
-            self._own = slots.load(self.store.get(keys.slot(self.rank)))
         if self.in_place:
+            self._own_steps()  # else the store's copy of it: its node was lost whole
             leaving.install(self)  # a lost peer outside `with step:`: one line (leaving.py)
         if self._watcher is not None:
             threading.Thread(
-                target=self._watch, args=(self._watcher,), name="launcher-inplace-watch", daemon=True
+                target=wakeup.watch, args=(self, self._watcher), name="launcher-inplace-watch", daemon=True
             ).start()
         first = self.round
         if self.in_place and self.store.check([keys.NEWEST]):  # started late: its round was replaced already
@@ -319,14 +320,18 @@ class Job:
 
     def _keep_record(self, after: int | None = None) -> None:
         """This rank's own streams and buffers as the steps done leave them, for its replacement (slots.py)."""
-        if self.in_place:
+        if self._records:
             at = self.step if after is None else after
-            self._record["after"] = (at, rng.get())
+            # By step, the newest two (a step drawn, the one before it done): a node lost whole resumes at
+            # the newest step every other rank holds a copy of, which may be the one before.
+            streams = self._record.setdefault("afters", {})
+            streams[at] = rng.get()
             # A rank's own buffers (batch-norm statistics of its own batches): nobody else holds them.
-            kept = self._record.setdefault("buffers", {})  # by step: the newest two (a step's start and end)
+            kept = self._record.setdefault("buffers", {})
             kept[at] = {k: b.detach().cpu().clone() for k, b in self._own_buffers()}
-            for old in sorted(kept)[:-2]:
-                del kept[old]
+            for by_step in (streams, kept):
+                for old in sorted(by_step)[:-2]:
+                    del by_step[old]
             self._slot.write(self._record)
 
     def torn(self, step: Step) -> str:
@@ -447,7 +452,7 @@ class Job:
             sent = transfer.send(self._kept, self._meta(), plan.to, self.device)
         elif self.rank in plan.to and memory.settled(self):  # (its copy in flight reads what is received into)
             self._adopt(transfer.receive(self._kept, plan.source, self.device), plan.source)
-            received = True
+            received = memory.received(self, plan.source, plan.memory)
         moved = time.monotonic() - moved
         marks.append(("moved", time.time()))
         for obj in self._kept.values():
@@ -473,7 +478,8 @@ class Job:
             rate = f", {sent / moved / 1e9:.2f} GB/s" if sent and moved > 0 else ""
             what = "received the state" if received else "kept"
             what = f"sent the state ({sent / 1e6:.1f} MB{rate})" if sent else what
-            log.info(f"rank {self.rank}: in place in round {self.round} after {done.seconds:.3f} s; {what}")
+            if self.in_place:  # else a group restart: the copy's line said it (memory.py)
+                log.info(f"rank {self.rank}: in place in round {self.round} after {done.seconds:.3f} s; {what}")
         return done
 
     def _meta(self) -> dict:
@@ -502,14 +508,24 @@ class Job:
         self._layout = meta["layout"] or self._layout
         own = self._own or {}
         self._buffers = own.get("buffers", {}).get(self.step)  # taken up once the model is made (2.4's DDP)
-        for kind in ("start", "after"):  # "start": taken at the step's start, after any code between steps
-            if kind in own and own[kind][0] == self.step:
-                self._pending = (kind, self.step, own[kind][1])
-                return
+        # "start": taken at the step's start, after any code between steps (in place: the step runs again)
+        if "start" in own and own["start"][0] == self.step:
+            self._pending = ("start", self.step, own["start"][1])
+            return
+        if self.step in own.get("afters", {}):
+            self._pending = ("after", self.step, own["afters"][self.step])
+            return
         if meta["rng"][1] == self.step:
             self._pending = meta["rng"]
             if self._own is None and self.world_size > 1:
                 log.info(f"rank {self.rank}: goes on with rank {source}'s random streams (its own were not found)")
+
+    def _own_steps(self) -> tuple[int, ...]:
+        """The steps at which this rank's record (its predecessor's: in its node's folder, or the store's
+        copy where the node was lost whole) holds its own streams and buffers (slots.covers)."""
+        if self._own is None and self._records and self.store.check([keys.slot(self.rank)]):
+            self._own = slots.load(self.store.get(keys.slot(self.rank)))
+        return slots.covers(self._own)
 
     def _own_buffers(self, every: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """The kept modules' buffers that change in a step (`every`: all), by a name each rank shares."""
@@ -541,45 +557,15 @@ class Job:
                 rnd = self.round
                 if self.store.add(keys.closing(rnd), 1) == self.world_size:
                     self.store.set(keys.finished(rnd), b"1")
-                client = client or StoreClient(self._addr, self._port, timeout=max(10.0, 2 * WATCH_EVERY))
+                client = client or StoreClient(self._addr, self._port, timeout=max(10.0, 2 * wakeup.WATCH_EVERY))
                 while not self._lost.is_set():
-                    if client.wait([keys.finished(rnd)], timeout=WATCH_EVERY):
+                    if client.wait([keys.finished(rnd)], timeout=wakeup.WATCH_EVERY):
                         self._slot.finished(rnd)  # for its agent, should the store's node exit first
                         return
                 self.recover()  # a peer was lost before the end: it comes back, and every rank counts again
         finally:
             if client is not None:
                 client.close()
-
-    def _watch(self, client: StoreClient) -> None:
-        """The wake-up: once the agent opens the next round, flag it and wake a blocked collective
-        (or a join blocked on the store)."""
-        while True:
-            rnd = self.round
-            try:
-                if not client.wait([keys.opened(rnd + 1)], timeout=WATCH_EVERY):
-                    continue
-            except (OSError, StoreError):  # the store closed: the job ended or the launcher restarts it
-                log.debug("in-place watcher: the store went away", exc_info=True)
-                return
-            with self._lock:  # the main thread destroys the group under this lock: never wake a destroyed one
-                if self.round != rnd:  # this rank went to a newer round by itself
-                    continue
-                self._lost.set()
-                if self._pg is not None:
-                    abort.wake(self._pg, self.backend, self._sockets)
-                joining = self._settling
-                if joining:  # a join waits on the store for a rank that will not come
-                    self._store_shut = True
-                    abort.shut(self._store_sockets)
-            deadline = time.monotonic() + self.notice
-            while self.round == rnd:
-                if joining and self._settling and time.monotonic() >= deadline:
-                    # Past the store, gloo connects to each peer's address until its timeout, and a peer
-                    # lost since it published one refuses every try: nothing this thread can wake.
-                    self._stuck(rnd)
-                self._moved.wait(max(0.1, deadline - time.monotonic()) if joining else None)
-                self._moved.clear()
 
     # ------------------------------------------------------------------ leaving
 

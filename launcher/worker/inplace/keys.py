@@ -69,9 +69,12 @@ def finished_file(folder: str, rnd: int) -> str:
     return os.path.join(folder, f"finished.{rnd}")
 
 
+SLOTS = f"{NAMESPACE}/slot/"  # every rank's record (`slot`): the one thing a group restart's fresh store keeps
+
+
 def slot(rank: int) -> str:
     """A copy of rank `rank`'s own record (slots.py), for a replacement on another node (a spare's)."""
-    return f"{NAMESPACE}/slot/{rank}"
+    return f"{SLOTS}{rank}"
 
 
 def group_prefix(rnd: int) -> str:

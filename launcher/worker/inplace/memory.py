@@ -425,13 +425,24 @@ def steps(job: Any) -> transfer.Copies:
         return transfer.Copies()
     job._held = memory.held(job.round)
     found = [h.step for h in job._held] + [-1, -1]
-    return transfer.Copies(found[0], found[1], memory.anywhere)
+    return transfer.Copies(found[0], found[1], memory.anywhere, () if job._held else job._own_steps())
 
 
 def settled(job: Any) -> bool:
     """True once this rank's copy in flight is whole: the state is about to be received into the tensors it reads."""
     if job._memory is not None:
         job._memory.wait()
+    return True
+
+
+def received(job: Any, source: int, step: int) -> bool:
+    """Say, where the group resumed from the copies in memory at `step` (-1: it did not), that this rank
+    (holding none: its node was lost whole) received `source`'s and took up its own streams. True."""
+    if step >= 0 and step in (job._own or {}).get("afters", {}):
+        log.info(
+            f"rank {job.rank}: resumed at step {step} from rank {source}'s copy in memory (this rank holds none), "
+            "with its own random streams and buffers from the launcher's store"
+        )
     return True
 
 
@@ -445,7 +456,8 @@ def resume(job: Any, step: int) -> None:
     if job._own is None:
         job._own = {}  # its own streams are the copy's (no "goes on with another rank's" line)
     job._adopt(meta, job.rank)
-    job._pass_rng, job._loader_state = meta["pass_rng"], meta["loader"]
+    # Also what it sends a rank without a copy before its loader's pass begins (`Job._meta`)
+    job._pass_rng, job._loader_state, job._sampler_epoch = meta["pass_rng"], meta["loader"], meta["sampler_epoch"]
     if meta["rng"][1] == job.step:
         rng.put(meta["rng"][2])  # the streams it goes on with (and sends a rank without a copy)
     job._holds_state = True

@@ -33,7 +33,7 @@ HALF = 1 << 16  # bytes per half at first; a bigger record grows the file
 
 
 class Slot:
-    """Rank `rank`'s record in `folder` (None: no folder, nothing kept)."""
+    """Rank `rank`'s record in `folder` (None: no file) and, through `mirror`, in the store (None: not)."""
 
     def __init__(self, folder: str | None, rank: int, mirror: Callable[[bytes], None] | None = None):
         self.folder = folder
@@ -71,8 +71,8 @@ class Slot:
                 log.debug("in-place recovery: could not mark the job finished in %s", self.folder, exc_info=True)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Replace the record (the other half first, then the header)."""
-        if self.path is None:
+        """Replace the record (the other half first, then the header), and its copy in the store."""
+        if self.path is None and self.mirror is None:
             return
         with self._lock:
             self._write(dumps(record))
@@ -80,6 +80,8 @@ class Slot:
     def _write(self, data: bytes) -> None:
         if self.mirror is not None:
             self.mirror(data)
+        if self.path is None:  # the store's copy alone (a group restart's records: memory.py)
+            return
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -134,6 +136,14 @@ def load(data: bytes | None) -> dict[str, Any] | None:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
         log.warning("in-place recovery: this rank's copied record is unreadable", exc_info=True)
         return None
+
+
+def covers(record: dict[str, Any] | None) -> tuple[int, ...]:
+    """The steps (newest first) at which `record` holds the rank's own streams and buffers as a step's end
+    left them: where the rank can go on exactly with another rank's copy of the (replicated) state."""
+    if not record:
+        return ()
+    return tuple(sorted(set(record.get("afters", {})) & set(record.get("buffers", {})), reverse=True))
 
 
 class Mirror:

@@ -48,33 +48,40 @@ class Plan:
 
 @dataclass(frozen=True)
 class Copies:
-    """The steps of this rank's two copies in memory (-1: none), and whether a rank without a copy of its
-    own may resume from another rank's (`LAUNCHER_STATE_IN_MEMORY=any`: its random streams then differ)."""
+    """The steps of this rank's two copies in memory (-1: none); the steps at which the store holds its own
+    streams and buffers (a rank without a copy goes on exactly from another rank's copy there); and whether
+    it may resume from another rank's copy without them (`LAUNCHER_STATE_IN_MEMORY=any`: other streams)."""
 
     newest: int = -1
     before: int = -1
     anywhere: bool = False
+    records: tuple[int, ...] = ()
 
 
 def plan(has_state: bool, step: int, device: torch.device, copies: Copies = Copies()) -> Plan:
     """Agree, with every rank, on who sends the state and who receives it; where no rank holds it, on
     the step of the copies in memory (`copies`: this rank's) the group resumes at."""
     world = dist.get_world_size()
-    mine = torch.tensor([int(has_state), step, copies.newest, copies.before], dtype=torch.int64, device=device)
+    records = [*copies.records[:2], -1, -1][:2]
+    mine = torch.tensor([int(has_state), step, copies.newest, copies.before, *records], dtype=torch.int64)
+    mine = mine.to(device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine)
     told = [tuple(int(x) for x in row.tolist()) for row in rows]
     holders = [r for r, (held, *_) in enumerate(told) if held]
     if not holders:
-        held = [{s for s in row[2:] if s >= 0} for row in told]
-        best = resumed_at(held, copies.anywhere)
+        held = [{s for s in row[2:4] if s >= 0} for row in told]
+        best = resumed_at(held, copies.anywhere, [{s for s in row[4:] if s >= 0} for row in told])
         if best < 0 and any(held) and dist.get_rank() == 0:
             lacking = ", ".join(str(r) for r, steps in enumerate(held) if not steps)
+            why = lacking and (
+                f" (rank(s) {lacking} hold none: a node lost whole, and the store no record of their own random "
+                "streams at a step the others hold)"
+            )
             log.warning(
                 "the group starts from the script's own state, not from the copies in memory: no step is held "
-                f"by every rank{f' (rank(s) {lacking} hold none: a node lost whole)' if lacking else ''}, and "
-                "another rank's copy would give a rank other random streams than an undisturbed run "
-                "(LAUNCHER_STATE_IN_MEMORY=any resumes from it all the same)"
+                f"by every rank{why}, and another rank's copy would give a rank other random streams than an "
+                "undisturbed run (LAUNCHER_STATE_IN_MEMORY=any resumes from it all the same)"
             )
         if best < 0:  # the job's first round, or no step every rank holds: the script's own state
             return Plan(-1, (), step)
@@ -85,12 +92,15 @@ def plan(has_state: bool, step: int, device: torch.device, copies: Copies = Copi
     return Plan(source, tuple(r for r, (held, s, *_) in enumerate(told) if not held or s < best), best)
 
 
-def resumed_at(held: list[set[int]], anywhere: bool) -> int:
+def resumed_at(held: list[set[int]], anywhere: bool, records: list[set[int]] | None = None) -> int:
     """The step the group resumes at from the copies in memory (`held`: each rank's steps; -1: none). The
-    newest every rank holds a copy of (each loads its own: exact); else, `anywhere`, the newest any rank
-    holds (sent to the others, who go on with the sender's random streams)."""
-    common, some = set.intersection(*held), set.union(*held)
-    return max(common or (some if anywhere else set()), default=-1)
+    newest some rank holds a copy of and every other rank a copy or, in `records`, its own streams and
+    buffers at (each loads its own copy, or receives the state and takes up its own record: exact); else,
+    `anywhere`, the newest any rank holds (sent to the others, who go on with the sender's streams)."""
+    records = records or [set() for _ in held]
+    some = set.union(*held)
+    exact = set.intersection(*(h | r for h, r in zip(held, records))) & some
+    return max(exact or (some if anywhere else set()), default=-1)
 
 
 def send(kept: Mapping[str, Any], meta: dict, to: tuple[int, ...], device: torch.device) -> int:
