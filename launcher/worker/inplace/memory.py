@@ -23,8 +23,10 @@ the step waits for its copy.
 
 A copy belongs to one run id, one world size and rank, and a round at or before the reader's; any other
 is ignored with one line. Which step the group resumes at is agreed in transfer.plan: the newest that
-every rank holds (each holds its last two steps, and no rank is more than one step ahead of another),
-else the newest any rank holds, which the others then receive from it over the group.
+every rank holds (each holds its last two steps, and no rank is more than one step ahead of another);
+else (a node lost whole) the newest some rank holds and each rank without a copy has its own streams
+and buffers of in the store (Job's record, kept across rounds by the agent), which the others receive
+from it over the group; else, where told (`any`), the newest any rank holds, with its sender's streams.
 """
 
 from __future__ import annotations
