@@ -181,3 +181,18 @@ def test_a_record_covers_the_steps_it_holds_both_streams_and_buffers_at():
     assert slots.covers(None) == () and slots.covers({}) == ()
     assert slots.covers({"afters": {5: 0, 6: 0}, "buffers": {6: {}, 5: {}}}) == (6, 5)
     assert slots.covers({"afters": {5: 0, 6: 0}, "buffers": {6: {}}}) == (6,)  # no buffers at 5: not there
+
+
+def test_a_group_restarts_records_learn_the_buffers_a_step_changes():
+    from launcher.worker.inplace.step import Snapshot
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    model.register_buffer("mask", torch.ones(4))  # a buffer no step changes (a causal mask, a table)
+    snap = Snapshot()
+    snap.watch([model])
+    assert snap.moving(model.mask)  # before a step is seen: every buffer, assumed to
+    model(torch.randn(3, 2))  # a step's forward: the batch-norm statistics move
+    snap.watch([model])
+    assert (
+        not snap.moving(model.mask) and snap.moving(model[1].running_mean) and snap.moving(model[1].num_batches_tracked)
+    )

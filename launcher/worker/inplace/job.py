@@ -321,6 +321,8 @@ class Job:
     def _keep_record(self, after: int | None = None) -> None:
         """This rank's own streams and buffers as the steps done leave them, for its replacement (slots.py)."""
         if self._records:
+            if not self.in_place:  # in place, each step's start learns it (`Snapshot.take`)
+                self._snapshot.watch([m for m in self._kept.values() if isinstance(m, torch.nn.Module)])
             at = self.step if after is None else after
             # By step, the newest two (a step drawn, the one before it done): a node lost whole resumes at
             # the newest step every other rank holds a copy of, which may be the one before.

@@ -162,6 +162,17 @@ class Snapshot:
             for buf, copy in self.buffers:
                 buf.copy_(copy)
 
+    def watch(self, modules: list[torch.nn.Module]) -> None:
+        """At each step's end, where no step runs again in place (a group restart's records): learn which
+        buffers change in a step, as `take` does, copying them once (at the first step's end) only."""
+        every = [b for m in modules for b in m.buffers()]
+        if self._moving is None and not self.buffers:
+            self.buffers = [(b, b.detach().clone()) for b in every]
+        else:
+            self._learn(every)
+            self.buffers = []
+        self._versions = [(b, b._version) for b in every]
+
     def _learn(self, every: list[torch.Tensor]) -> None:
         """After the first step, copy only the buffers that changed in it (or whose version moved since)."""
         if self._moving is None:
