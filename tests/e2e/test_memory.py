@@ -89,8 +89,11 @@ def assert_resumed(got: Outcome, ref: Outcome, at: int) -> None:
 def test_a_death_after_the_optimizer_step_restarts_the_group_at_the_last_step(tmp_path, undisturbed):
     """Rank 1 dies after step 5's optimizer step, before the loss all_reduce: every rank's newest whole
     copy is step 4's end (5 steps done); step 5 runs again, once, and nothing else does."""
-    got = run(tmp_path, DIE_AT="1 5 after")
+    got = run(tmp_path, DIE_AT="1 5 after", RESUMES="1")
     assert_resumed(got, undisturbed, 5)
+    # told before any load: the first round's processes start fresh, the restarted ones from memory
+    said = re.findall(r"resumes from memory: (\w+)", got.err)
+    assert sorted(said) == ["False"] * WORLD + ["True"] * WORLD, got.err
     assert got.applied[1].count(5) == 2, got.applied  # rank 1 applied step 5 before it died, and again
 
 

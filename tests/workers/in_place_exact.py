@@ -17,6 +17,7 @@ the recovery (after the forward): the replacement then runs that step a second t
 JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
 FROZEN=1: a frozen module is kept too (no parameter of it trained: the same weights).
+RESUMES=1: each process prints what `job.resumes()` says (whether the group resumes from the copies in memory).
 STATEFUL=1: the loader is torchdata's StatefulDataLoader (the job resumes it from its state_dict), over the
 same sampler: the same batches, so the same weights as the DataLoader's run.
 """
@@ -81,6 +82,8 @@ model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropou
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 frozen = {"frozen": nn.Linear(4, 4).requires_grad_(False)} if e.get("FROZEN") else {}  # a fine-tune's frozen part
 job.keep(model=model, optimizer=optimizer, **frozen)
+if e.get("RESUMES"):  # where a script would skip loading its own checkpoint
+    print(f"rank {rank}: resumes from memory: {job.resumes()}", flush=True)
 job.ddp(model)
 epochs, step_time = int(e.get("EPOCHS", "2")), float(e.get("STEP_TIME", "0"))
 

@@ -91,6 +91,7 @@ class Job:
         self._layout: list[list[int]] | None = None  # the DDP's buckets, to make it again as it was (ddp.py)
         self._recorder: Any = None  # ddp.Recorder: learns them in the first DDP's first backward
         self._buffers: dict[str, torch.Tensor] | None = None  # this rank's own, to take up after the sync
+        self._early: tuple[int, transfer.Plan] | None = None  # (round, plan) agreed by `resumes()`
         self._addr, self._port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
         # What `keep` holds, copied to the agent's memory at each step's end: any restart resumes there (memory.py).
         self._memory, self._held = memory.Memory.open(env, self.rank, self.world_size, self._lost), []
@@ -187,6 +188,17 @@ class Job:
             yield from self._pass(what)
         if self._memory is not None:  # what follows the loop (an eval, the end) finds its last step in memory
             self._memory.wait()
+
+    def resumes(self) -> bool:
+        """Whether the group resumes from the launcher's copies in memory (docs/memory.md): they replace a
+        checkpoint the script would load (newer, taken at every step), so it can skip its own load. Call
+        it on every rank at the same point, after `keep` (it agrees with the others over the group)."""
+        if self.joining or self._holds_state or self._memory is None or not self._kept:
+            return False  # a replacement in place receives the state; nothing kept: nothing copied
+        if self._early is None or self._early[0] != self.round:
+            copies = memory.steps(self)
+            self._early = (self.round, transfer.plan(False, self.step, self.device, copies))
+        return self._early[1].memory >= 0
 
     def recover(self) -> Recovery:
         """Leave the broken group, join the agent's newest round, and bring the state to whoever lacks it."""
@@ -443,7 +455,11 @@ class Job:
         recovering = marks is not None
         began = time.monotonic() if began is None else began
         marks = [("joined", self._joined_at)] if marks is None else marks
-        plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device, memory.steps(self))
+        early, self._early = self._early, None  # `resumes()` agreed on this round's plan already
+        if early is not None and early[0] == self.round and not self._holds_state:
+            plan = early[1]
+        else:
+            plan = transfer.plan(self._holds_state and bool(self._kept), self.step, self.device, memory.steps(self))
         if plan.memory >= 0 and self.rank not in plan.to:  # no rank holds the state: the copies in memory do
             memory.resume(self, plan.memory)
         marks.append(("planned", time.time()))
@@ -576,13 +592,3 @@ class Job:
         self._leaving = True
         leaving.say(self.rank, f"{why}; leaving, the group restarts")
         raise SystemExit(keys.LEAVE_EXIT)
-
-    def _stuck(self, rnd: int) -> None:
-        """From the watcher: the main thread cannot leave a join of round `rnd`: this process is replaced."""
-        self._leaving = True
-        leaving.say(
-            self.rank,
-            f"its join of round {rnd} waits on a rank lost since (a peer refusing every "
-            "connection); starting again in the next round",
-        )
-        os._exit(keys.REJOIN_EXIT)

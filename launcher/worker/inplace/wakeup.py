@@ -4,11 +4,12 @@ lost), it flags the job and wakes the main thread wherever it blocks (a collecti
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 from ...tcpstore.client import StoreClient, StoreError
-from . import abort, keys
+from . import abort, keys, leaving
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,17 @@ def watch(job: Any, client: StoreClient) -> None:
             if joining and job._settling and time.monotonic() >= deadline:
                 # Past the store, gloo connects to each peer's address until its timeout, and a peer
                 # lost since it published one refuses every try: nothing this thread can wake.
-                job._stuck(rnd)
+                stuck(job, rnd)
             job._moved.wait(max(0.1, deadline - time.monotonic()) if joining else None)
             job._moved.clear()
+
+
+def stuck(job: Any, rnd: int) -> None:
+    """The main thread cannot leave a join of round `rnd`: this process is replaced (it exits at once)."""
+    job._leaving = True
+    leaving.say(
+        job.rank,
+        f"its join of round {rnd} waits on a rank lost since (a peer refusing every connection); starting "
+        "again in the next round",
+    )
+    os._exit(keys.REJOIN_EXIT)
