@@ -82,7 +82,7 @@ blob = Blob(size_mb, job.joining)
 script.append(("allocated", time.time()))
 job.keep(model=net, optimizer=opt, blob=blob)
 ckpt = f"{{out}}/ckpt.pt"
-if not job.in_place and attempt > 0 and os.path.exists(ckpt):
+if not job.in_place and attempt > 0 and os.path.exists(ckpt) and not job.resumes():  # else the copy replaces it
     state = torch.load(ckpt)
     net.load_state_dict(state["model"]), opt.load_state_dict(state["optimizer"]), blob.load_state_dict(state["blob"])
     job.step = state["step"]
