@@ -127,7 +127,7 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
     try:
         agent = launch.start(
             "--nproc_per_node", "2", "--rdzv_id", run_id, "--no-live", WORKER,
-            env={"STEP_LOG": str(tmp_path / "steps"), "HOLD_AT": "3"},
+            env={"STEP_LOG": str(tmp_path / "steps"), "HOLD_AT": "3", "WIDTH": "2048"},
         )  # fmt: skip
         seen = ""
         while seen.count("holding rank=") < 2:
@@ -135,6 +135,12 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
         (folder,) = left(run_id)
         copies = sorted(os.listdir(folder))
         assert {"state.0.0", "state.0.1", "state.1.0", "state.1.1"} <= set(copies), copies  # two per rank
+        # The DDP's replicas once for the node: in local rank 0's copies (the parameters and their momentum,
+        # 2 x 90 kB), not in rank 1's (its own batch-norm statistics, streams and record).
+        sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in copies}
+        replicas = 2 * 4 * (8 * 2048 + 2048 + 2048 * 3 + 3)
+        assert min(sizes["state.0.0"], sizes["state.0.1"]) > replicas, sizes
+        assert max(sizes["state.1.0"], sizes["state.1.1"]) < replicas / 3, sizes
         agent.send_signal(sig)
         agent.wait(30)
         wait_for(lambda: left(run_id) == [], 10, "the folder removed")  # by the guard after a SIGKILL

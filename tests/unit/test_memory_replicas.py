@@ -1,6 +1,6 @@
 """The replicas' state copied once per node (launcher/worker/inplace/memory.py), in process with a tmp
-folder: where the job's DDP runs over the default group, only local rank 0's file holds the DDP's
-parameters and their optimizer's state; another local rank's file holds its own part alone, its copy
+folder: where the job's DDP runs over the default group, only local rank 0's file holds the kept
+parameters and optimizer state; another local rank's file holds its own part alone, its copy
 of a step is whole only where local rank 0's file holds the same step of the same history, and it loads
 the replicas from there and its own buffers from its own file. Without that DDP, each rank's whole."""
 
@@ -39,7 +39,9 @@ class Rank:
 
     def __init__(self, folder: str, local_rank: int, ddp: bool = True, since: int = 0, rank: int | None = None):
         self.model, self.optimizer = state()
-        self.kept = {"model": self.model, "optimizer": self.optimizer}
+        # The rest of a model's state, outside the DDP (a frozen part): the same on every rank too.
+        self.frozen = torch.nn.Linear(128, 128).requires_grad_(False)
+        self.kept = {"model": self.model, "optimizer": self.optimizer, "frozen": self.frozen}
         self.ddp = DistributedDataParallel(self.model) if ddp else None
         rank = local_rank if rank is None else rank
         self.memory = Memory(folder, rank, 4, "job", local_rank, local_world=2, since=since)
@@ -55,6 +57,12 @@ class Rank:
         self.memory.wait()
 
 
+def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict]:
+    """A new process's kept objects (before a load)."""
+    model, optimizer = state()
+    return model, optimizer, {"model": model, "optimizer": optimizer, "frozen": torch.nn.Linear(128, 128)}
+
+
 def steps(memory: Memory, rnd: int = 0) -> list[int]:
     return [h.step for h in memory.held(rnd)]
 
@@ -65,24 +73,25 @@ def test_local_rank_0_alone_holds_the_replicas_and_another_rank_loads_them_with_
     for index in (1, 2, 3):
         lead.step(index)
         other.step(index)
-    params = sum(p.numel() * 4 for p in lead.model.parameters())
+    params = sum(p.numel() * 4 for p in [*lead.model.parameters(), *lead.frozen.parameters()])
     sizes = {name: os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path)}
     assert sizes["state.0.1"] > params and sizes["state.1.1"] < params / 4, sizes  # no parameter bytes
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "a copy, two per node (the replicas' state once for the node's 2 ranks; " in lines[0]
     held = other.memory.held(0)
     assert [h.step for h in held] == [3, 2] and held[0].lead.endswith("state.0.1")
-    fresh, fresh_optimizer = state()
-    got, _ = other.memory.load(held[0], {"model": fresh, "optimizer": fresh_optimizer})
+    fresh_model, fresh_optimizer, kept = fresh()
+    got, _ = other.memory.load(held[0], kept)
     assert got["step"] == 3
-    for key, value in fresh.state_dict().items():
+    for key, value in fresh_model.state_dict().items():
         assert torch.equal(value, other.model.state_dict()[key]), key  # the replicas, and its own buffers
-    assert not torch.equal(fresh[1].running_mean, lead.model[1].running_mean)
+    assert not torch.equal(fresh_model[1].running_mean, lead.model[1].running_mean)
+    assert torch.equal(kept["frozen"].weight, other.frozen.weight)
     for key, value in fresh_optimizer.state_dict()["state"][0].items():
         assert torch.equal(value, other.optimizer.state_dict()["state"][0][key]), key
-    fresh, fresh_optimizer = state()
-    lead.memory.load(lead.memory.held(0)[0], {"model": fresh, "optimizer": fresh_optimizer})
-    for key, value in fresh.state_dict().items():
+    fresh_model, _, kept = fresh()
+    lead.memory.load(lead.memory.held(0)[0], kept)
+    for key, value in fresh_model.state_dict().items():
         assert torch.equal(value, lead.model.state_dict()[key]), key
 
 
@@ -125,18 +134,21 @@ def test_a_load_finds_local_rank_0s_copy_rewritten_since_it_was_held_and_refuses
     held = other.memory.held(0)
     lead.step(3)  # into the half of step 1
     lead.step(4)  # into step 2's half: the one held
-    fresh, fresh_optimizer = state()
     with pytest.raises(RuntimeError, match="changed while it was loaded"):
-        other.memory.load(held[0], {"model": fresh, "optimizer": fresh_optimizer})
+        other.memory.load(held[0], fresh()[2])
 
 
-@pytest.mark.parametrize("how", ["no DDP", "a group of its own", "one rank on the node"])
+@pytest.mark.parametrize("how", ["no DDP", "a group of its own", "parameters it ignores", "one rank on the node"])
 def test_without_a_ddp_over_the_default_group_each_rank_copies_its_whole_state(tmp_path, how):
     lead, other = Rank(str(tmp_path), 0, ddp=how != "no DDP"), Rank(str(tmp_path), 1, ddp=how != "no DDP")
     if how == "a group of its own":
         own = dist.new_group([0])
         lead.ddp = DistributedDataParallel(lead.model, process_group=own)
         other.ddp = DistributedDataParallel(other.model, process_group=own)
+    if how == "parameters it ignores":  # an expert's per rank, say: DDP leaves them to the script
+        for one in (lead, other):
+            one.model._ddp_params_and_buffers_to_ignore = ["2.bias"]
+            one.ddp = DistributedDataParallel(one.model)
     if how == "one rank on the node":
         other.memory.local_world = lead.memory.local_world = 1
     for index in (1, 2):
@@ -161,7 +173,7 @@ def test_a_renamed_rank_goes_on_from_its_old_ranks_copy_and_that_nodes_local_ran
     renamed = Memory(str(tmp_path), 1, 4, "job", 1, anywhere=True, local_world=2)
     held = renamed.held(1)
     assert [(h.step, h.meta["rank"]) for h in held] == [(2, 3), (1, 3)] and held[0].lead.endswith("state.2.0")
-    fresh, fresh_optimizer = state()
-    renamed.load(held[0], {"model": fresh, "optimizer": fresh_optimizer})
-    for key, value in fresh.state_dict().items():
+    fresh_model, _, kept = fresh()
+    renamed.load(held[0], kept)
+    for key, value in fresh_model.state_dict().items():
         assert torch.equal(value, other.model.state_dict()[key]), key

@@ -13,7 +13,7 @@ place; memfile.py). The header is cleared before a copy and written last, with t
 torn copy is never loaded.
 
 The replicas once per node: where the job's DDP (`job.ddp`, or `job.wrap`'s) runs over the default group
-and the node has more than one rank, every rank of the node holds the same DDP parameters and their kept
+and the node has more than one rank, every rank of the node holds the same kept parameters and kept
 optimizers' state. Decided once, at the first copy (`replicas`). Only the node's local rank 0 writes those
 (first in its file, at the places every rank's record names); each rank writes its own part (buffers,
 random streams, the job's record, anything else). A rank's copy of a step is whole only where its own
@@ -68,7 +68,7 @@ OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"
 @dataclass(frozen=True)
 class Held:
     """One whole copy of this rank's state: the steps done when it was taken, and its file; where the node's
-    local rank 0 holds its replicas' tensors (see `Memory.replicas`), that rank's file of the same step and
+    local rank 0 holds its replicas' tensors (see `replicas`), that rank's file of the same step and
     its header as read (the load checks it unchanged after)."""
 
     step: int
@@ -97,8 +97,9 @@ class Memory:
         self.local_rank, self.anywhere, self.local_world = local_rank, anywhere, local_world
         # The round this process began in: its copies' history is the group's since then (see `memfile.pairs`).
         self.since = since
-        # The kept parameters DDP holds the same on every rank (see `replicas`); None: not decided yet.
-        self._replicas: tuple[torch.Tensor, ...] | None = None
+        # Whether the node's ranks hold the kept parameters and optimizer state alike (see `replicas`);
+        # None: not decided yet.
+        self._replicas: bool | None = None
         self._own = 0  # the bytes of each rank's own part of a copy (said in the size line)
         self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
         self._seq = 0
@@ -156,14 +157,14 @@ class Memory:
                         param.register_post_accumulate_grad_hook(lambda _: self.wait())
         if self._replicas is None:
             # Once, before the first copy (every rank of the node decides alike: the same script, the same DDP).
-            self._replicas = replicas(model, kept) if self.local_world > 1 else ()
+            self._replicas = self.local_world > 1 and replicas(model, kept)
         tensors: list[torch.Tensor] = []
         structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "local_rank": self.local_rank}
         record.update(round=rnd, step=meta["step"], since=self.since, lead=self.lead)
         record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
         owners = _stepped(kept)
-        shared = self._shared(kept, owners)
+        shared = set(owners) if self._replicas else set()
         # The replicas' tensors first, at the same places in every rank's layout: local rank 0's file holds
         # them, the others' files their own part alone (from DATA on), and the replicas' places name them.
         common = [i for i, t in enumerate(tensors) if t.data_ptr() in shared]
@@ -197,21 +198,6 @@ class Memory:
         # Not a daemon: an interpreter that exits waits for it (the step's copy ends whole).
         self._flight = threading.Thread(target=self._write, args=copy, name="launcher-state-copy")
         self._flight.start()
-
-    def _shared(self, kept: dict[str, Any], owners: dict[int, torch.Tensor]) -> set[int]:
-        """The addresses of the tensors the node's ranks hold alike (local rank 0's file holds them): the
-        replicated parameters and the kept optimizers' state of those, where only the optimizers' step
-        changes them (`owners`; none without a kept optimizer)."""
-        if not self._replicas or not owners:
-            return set()
-        ids = {id(p) for p in self._replicas}
-        found = {p.data_ptr() for p in self._replicas}
-        for obj in kept.values():
-            if isinstance(obj, torch.optim.Optimizer):
-                for param, state in obj.state.items():
-                    if id(param) in ids:
-                        found.update(t.data_ptr() for t in state.values() if torch.is_tensor(t))
-        return found & owners.keys()
 
     def _dropped(self) -> bool:
         """The copy in flight gives up: dropped, or a peer lost (the backward waiting for it would hold the
@@ -404,13 +390,13 @@ class Memory:
         common = {i for i, _, _ in record.get("replicas", ())} if held.lead else set()
         # Read only at the group's first sync, before any rank's first step ends: local rank 0 writes its
         # next copy after that step's commit, whose all-reduce needs every rank's backward, after its load.
-        replicas = memfile.mapped(held.lead) if common else data
+        lead = memfile.mapped(held.lead) if common else data
         tensors = []
         with torch.no_grad():
             for s, target in zip(slots, targets):
                 at = places[s.index]
                 nbytes = math.prod(s.shape) * s.dtype.itemsize
-                source = replicas if s.index in common else data
+                source = lead if s.index in common else data
                 view = source[at : at + nbytes].view(s.dtype).view(s.shape)
                 # Else a copy: the job's own memory (the file is written again at the next step).
                 tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
@@ -419,18 +405,21 @@ class Memory:
         return transfer.put(structure, tensors, targets, kept), sum(t.numel() * t.element_size() for t in tensors)
 
 
-def replicas(model: Any, kept: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    """The kept modules' parameters that every rank holds alike, where that is sure: those of `model`, a
-    DistributedDataParallel over the default process group (`job.ddp(module)`, or one `job.wrap` made),
-    less those it was told to ignore. None otherwise: no DDP, a group of its own (`process_group=`, a
-    device mesh: ranks in other groups hold other values), a pipeline's stage per rank."""
+def replicas(model: Any, kept: dict[str, Any]) -> bool:
+    """Whether every rank holds the kept modules' parameters and the kept optimizers' state alike, where that
+    is sure: `model` (the job's) is a DistributedDataParallel over the default process group of a kept
+    module (`job.ddp(module)`, or one `job.wrap` made), told to ignore none of its parameters. Then
+    the rest of the kept state is the replicas' too: in place already sends a newcomer a survivor's whole
+    state, and a node lost whole resumes from another node's. Not otherwise: no DDP, a group of its own
+    (`process_group=`, a device mesh: ranks in other groups hold other values), a pipeline's stage per rank,
+    parameters DDP leaves to the script (an expert's per rank)."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     if not isinstance(model, DistributedDataParallel) or not dist.is_initialized():
-        return ()
-    if model.process_group is not dist.distributed_c10d._get_default_group():
-        return ()
+        return False
+    if model.process_group is not dist.distributed_c10d._get_default_group() or model.parameters_to_ignore:
+        return False
     ours = {id(p) for obj in kept.values() if isinstance(obj, torch.nn.Module) for p in obj.parameters()}
-    return tuple(p for p in getattr(model, "_module_parameters", ()) if id(p) in ours)
+    return any(id(p) in ours for p in model.module.parameters())
 
 
 def _stepped(kept: dict[str, Any]) -> dict[int, torch.Tensor]:
