@@ -95,6 +95,16 @@ def test_a_death_after_the_optimizer_step_restarts_the_group_at_the_last_step(tm
 
 
 @pytest.mark.timeout(300)
+def test_local_rank_0s_death_restarts_the_group_from_the_replicas_it_copied(tmp_path, undisturbed):
+    """Rank 0, the node's local rank 0, the one that copies the replicas (the parameters and momentum), dies
+    after step 5's optimizer step: ranks 1 and 2 resume from their own parts and its copy of step 5, exact."""
+    got = run(tmp_path, DIE_AT="0 5 after")
+    assert "two per node (the replicas' state once for the node's 3 ranks; " in got.err, got.err
+    assert_resumed(got, undisturbed, 5)
+    assert got.applied[0].count(5) == 2, got.applied
+
+
+@pytest.mark.timeout(300)
 def test_a_declined_in_place_recovery_resumes_from_memory(tmp_path, undisturbed):
     """In place, a peer lost outside `with step:` (an eval's all_reduce at epoch 0's end) restarts the group:
     it resumes at the epoch's end (12 steps done), not at step 0."""
