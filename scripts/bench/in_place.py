@@ -49,7 +49,10 @@ TOOLS = {
     "restart, --preload, no copy in memory": [PY, "-m", "launcher", "--preload"],
     "torchrun": [TORCHRUN, "--standalone"],
 }
-NO_MEMORY = {"restart, --preload, no copy in memory", "in place, no copy in memory"}  # LAUNCHER_STATE_IN_MEMORY=0: the checkpoint file alone
+NO_MEMORY = {
+    "restart, --preload, no copy in memory",
+    "in place, no copy in memory",
+}  # LAUNCHER_STATE_IN_MEMORY=0: the checkpoint file alone
 
 WORKER = f"""
 import time

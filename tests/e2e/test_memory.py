@@ -98,6 +98,16 @@ def test_a_death_after_the_optimizer_step_restarts_the_group_at_the_last_step(tm
 
 
 @pytest.mark.timeout(300)
+def test_local_rank_0s_death_restarts_the_group_from_the_replicas_it_copied(tmp_path, undisturbed):
+    """Rank 0, the node's local rank 0, the one that copies the replicas (the parameters and momentum), dies
+    after step 5's optimizer step: ranks 1 and 2 resume from their own parts and its copy of step 5, exact."""
+    got = run(tmp_path, DIE_AT="0 5 after")
+    assert "two per node (the replicas' state once for the node's 3 ranks; " in got.err, got.err
+    assert_resumed(got, undisturbed, 5)
+    assert got.applied[0].count(5) == 2, got.applied
+
+
+@pytest.mark.timeout(300)
 def test_a_declined_in_place_recovery_resumes_from_memory(tmp_path, undisturbed):
     """In place, a peer lost outside `with step:` (an eval's all_reduce at epoch 0's end) restarts the group:
     it resumes at the epoch's end (12 steps done), not at step 0."""
@@ -130,7 +140,7 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
     try:
         agent = launch.start(
             "--nproc_per_node", "2", "--rdzv_id", run_id, "--no-live", WORKER,
-            env={"STEP_LOG": str(tmp_path / "steps"), "HOLD_AT": "3"},
+            env={"STEP_LOG": str(tmp_path / "steps"), "HOLD_AT": "3", "WIDTH": "2048"},
         )  # fmt: skip
         seen = ""
         while seen.count("holding rank=") < 2:
@@ -138,6 +148,12 @@ def test_the_copies_go_when_the_agent_is_stopped(tmp_path, sig):
         (folder,) = left(run_id)
         copies = sorted(os.listdir(folder))
         assert {"state.0.0", "state.0.1", "state.1.0", "state.1.1"} <= set(copies), copies  # two per rank
+        # The DDP's replicas once for the node: in local rank 0's copies (the parameters and their momentum,
+        # 2 x 90 kB), not in rank 1's (its own batch-norm statistics, streams and record).
+        sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in copies}
+        replicas = 2 * 4 * (8 * 2048 + 2048 + 2048 * 3 + 3)
+        assert min(sizes["state.0.0"], sizes["state.0.1"]) > replicas, sizes
+        assert max(sizes["state.1.0"], sizes["state.1.1"]) < replicas / 3, sizes
         agent.send_signal(sig)
         agent.wait(30)
         wait_for(lambda: left(run_id) == [], 10, "the folder removed")  # by the guard after a SIGKILL

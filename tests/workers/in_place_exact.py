@@ -16,6 +16,7 @@ DIE_REDO=RANK: that rank (a first-round process) dies again at DIE_AT's step whe
 the recovery (after the forward): the replacement then runs that step a second time.
 JOIN_DELAY=S: a process started after the first round waits S s before `Job()`.
 FLAT=1: `job.steps(n)` over EPOCHS * 12 steps, each batch a function of the step (the API before loaders).
+WIDTH=N: the model's hidden layer N wide (16: the default), a state big enough to see in the copies' sizes.
 FROZEN=1: a frozen module is kept too (no parameter of it trained: the same weights).
 RESUMES=1: each process prints what `job.resumes()` says (whether the group resumes from the copies in memory).
 STATEFUL=1: the loader is torchdata's StatefulDataLoader (the job resumes it from its state_dict), over the
@@ -78,7 +79,8 @@ else:
     loader = DataLoader(data, batch_size=8, sampler=sampler)
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+width = int(e.get("WIDTH", "16"))
+model = nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, 3))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 frozen = {"frozen": nn.Linear(4, 4).requires_grad_(False)} if e.get("FROZEN") else {}  # a fine-tune's frozen part
 job.keep(model=model, optimizer=optimizer, **frozen)

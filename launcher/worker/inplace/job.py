@@ -270,7 +270,7 @@ class Job:
                 step.commit()
             if self.step > step.index:  # committed, here or by the rank this one received from
                 if self._memory is not None:  # the step's state, whole: where a restart of the group resumes
-                    self._memory.save(self._kept, self._meta(), self.round)
+                    self._memory.save(self._kept, self._meta(), self.round, self.model)
                 return
             step.entered = step.committed = step.drawn = False
             step.stepped.clear()

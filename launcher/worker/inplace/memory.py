@@ -9,8 +9,17 @@ A worker's death does not free it; a new worker of the same rank reads it back.
 Two copies per rank, written in turn (`state.<rank>.0` and `.1`): a rank killed while it copies leaves
 the other whole. Each file is a header (its first 4 kB), the tensors' bytes (mapped, written in place: a
 memory copy, or a device-to-host one, never a disk), then the structure (pickled, tensors named by their
-place). The header is cleared before a copy and written last, with the structure's sha256: a torn copy
-is never loaded.
+place; memfile.py). The header is cleared before a copy and written last, with the structure's sha256: a
+torn copy is never loaded.
+
+The replicas once per node: where the job's DDP (`job.ddp`, or `job.wrap`'s) runs over the default group
+and the node has more than one rank, every rank of the node holds the same kept parameters and kept
+optimizers' state. Decided once, at the first copy (`replicas`). Only the node's local rank 0 writes those
+(first in its file, at the places every rank's record names); each rank writes its own part (buffers,
+random streams, the job's record, anything else). A rank's copy of a step is whole only where its own
+file and local rank 0's file of the same step are (`memfile.pairs`: the same step and layout, the same
+history), and it loads the replicas from that file. Every rank's copy of a step is whole before any rank
+commits the next: local rank 0's backward, too, waits for its copy.
 
 Off the training path: at the step's end, what the next step's forward and backward may change (the
 buffers, the random streams: small) is cloned at once; the kept modules' parameters and the kept
@@ -31,30 +40,26 @@ from it over the group; else, where told (`any`), the newest any rank holds, wit
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import math
 import os
 import pickle
-import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-from . import keys, rng, transfer
+from . import keys, memfile, rng, transfer
+from .memfile import DATA, HEADER, MAGIC
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LMEMv1\0\0"
-HEADER = struct.Struct("<8sQQQQ32s")  # magic, seq (0: being written), step, structure's offset, length, sha256
-DATA = 4096  # the tensors' bytes start here
-ALIGN = 64  # each tensor's offset: any dtype's view of the bytes is aligned
 # "0": no copy (a job whose state does not fit twice in host memory); "any": a rank without a copy of its
 # own resumes from another rank's (its random streams then that rank's); else only where every rank has its own.
 OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"
@@ -62,11 +67,15 @@ OFF_VAR = "LAUNCHER_STATE_IN_MEMORY"
 
 @dataclass(frozen=True)
 class Held:
-    """One whole copy of this rank's state: the steps done when it was taken, and its file."""
+    """One whole copy of this rank's state: the steps done when it was taken, and its file; where the node's
+    local rank 0 holds its replicas' tensors (see `replicas`), that rank's file of the same step and
+    its header as read (the load checks it unchanged after)."""
 
     step: int
     path: str
     meta: dict
+    lead: str = ""
+    header: bytes = b""
 
 
 class Memory:
@@ -81,9 +90,17 @@ class Memory:
         local_rank: int,
         anywhere: bool = False,
         lost: threading.Event | None = None,
+        local_world: int = 1,
+        since: int = 0,
     ):
         self.folder, self.rank, self.world, self.run_id = folder, rank, world, run_id
-        self.local_rank, self.anywhere = local_rank, anywhere
+        self.local_rank, self.anywhere, self.local_world = local_rank, anywhere, local_world
+        # The round this process began in: its copies' history is the group's since then (see `memfile.pairs`).
+        self.since = since
+        # Whether the node's ranks hold the kept parameters and optimizer state alike (see `replicas`);
+        # None: not decided yet.
+        self._replicas: bool | None = None
+        self._own = 0  # the bytes of each rank's own part of a copy (said in the size line)
         self.paths = [os.path.join(folder, f"state.{rank}.{half}") for half in (0, 1)]
         self._seq = 0
         self._maps: list[tuple[int, torch.Tensor] | None] = [None, None]  # (bytes, the file mapped) per half
@@ -108,13 +125,21 @@ class Memory:
         if not folder or environ.get(OFF_VAR) == "0" or not os.path.isdir(folder):
             return None
         run_id, anywhere = environ.get("TORCHELASTIC_RUN_ID", ""), environ.get(OFF_VAR) == "any"
-        return cls(folder, rank, world, run_id, int(environ.get("LOCAL_RANK", "0")), anywhere, lost)
+        local, local_world = int(environ.get("LOCAL_RANK", "0")), int(environ.get("LOCAL_WORLD_SIZE", "1"))
+        since = int(environ.get("LAUNCHER_ROUND", environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        return cls(folder, rank, world, run_id, local, anywhere, lost, local_world, since)
+
+    @property
+    def lead(self) -> int:
+        """The rank of this node's local rank 0 (the agent numbers a node's ranks in a row)."""
+        return self.rank - self.local_rank
 
     # ------------------------------------------------------------------ the copy
 
-    def save(self, kept: dict[str, Any], meta: dict, rnd: int) -> None:
+    def save(self, kept: dict[str, Any], meta: dict, rnd: int, model: Any = None) -> None:
         """Copy the kept objects' state and the job's `meta` (its `step` names the copy) into the older half:
-        beside the next step where a kept optimizer's step is the only change to the big tensors, else now."""
+        beside the next step where a kept optimizer's step is the only change to the big tensors, else now.
+        `model` (the job's, e.g. its DDP): at the first copy, whether the node's ranks hold replicas."""
         self.wait()  # the copy before it: whole, or given up (it wrote the other half)
         for obj in kept.values():
             if id(obj) in self._hooked:
@@ -125,33 +150,48 @@ class Memory:
             elif isinstance(obj, torch.nn.Module):
                 # And the backward, at its first gradient: no peer's step can commit (its gradients' all-reduce
                 # needs this rank's) before this rank's copy is whole, so every rank holds a step in common.
+                # Local rank 0's copy holds the node's replicas: no step commits before that one is whole either.
                 self._hooked.add(id(obj))
                 for param in obj.parameters():
                     if param.requires_grad:
                         param.register_post_accumulate_grad_hook(lambda _: self.wait())
+        if self._replicas is None:
+            # Once, before the first copy (every rank of the node decides alike: the same script, the same DDP).
+            self._replicas = self.local_world > 1 and replicas(model, kept)
         tensors: list[torch.Tensor] = []
         structure = {name: transfer.strip(obj.state_dict(), tensors) for name, obj in kept.items()}
         record = {"run_id": self.run_id, "world": self.world, "rank": self.rank, "local_rank": self.local_rank}
-        record.update(round=rnd, step=meta["step"])
+        record.update(round=rnd, step=meta["step"], since=self.since, lead=self.lead)
         record.update(state=structure, meta=transfer.strip(meta, tensors))  # its tensors: the random streams
         owners = _stepped(kept)
+        shared = set(owners) if self._replicas else set()
+        # The replicas' tensors first, at the same places in every rank's layout: local rank 0's file holds
+        # them, the others' files their own part alone (from DATA on), and the replicas' places name them.
+        common = [i for i, t in enumerate(tensors) if t.data_ptr() in shared]
+        mine = [i for i, t in enumerate(tensors) if t.data_ptr() not in shared]
+        places, end = [0] * len(tensors), DATA
+        for i in common:
+            places[i], end = end, end + memfile.aligned(tensors[i])
+        record["replicas"] = tuple((i, places[i], memfile.nbytes(tensors[i])) for i in common)
+        start = end = end if self.local_rank == 0 else DATA
+        for i in mine:
+            places[i], end = end, end + memfile.aligned(tensors[i])
+        record["places"] = places
+        written = range(len(tensors)) if self.local_rank == 0 else mine
+        tensors, at = [tensors[i] for i in written], [places[i] for i in written]
         later = owners if self.beside else {}
         marks = [_mark(owners.get(t.data_ptr())) for t in tensors]  # read before any clone below
         versions = [(t, t._version) for t in tensors if t.data_ptr() in later]
         if versions:  # read beside the next step; what its forward changes (batch-norm statistics), or may
             # (what is not a kept module's parameter or a kept optimizer's state), is copied now: small.
             tensors = [t if t.data_ptr() in later else t.clone() for t in tensors]
-        places, end = [], DATA
-        for t in tensors:
-            places.append(end)
-            end += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
-        record["places"] = places
         blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        self._own = end - start + len(blob) if common else 0
         ready = None
         if versions and any(t.is_cuda for t in tensors):  # the side stream starts after the clones above
             ready = torch.cuda.Event()
             ready.record()
-        copy = (self._seq + 1, tensors, places, end, blob, meta["step"], versions, ready, marks)
+        copy = (self._seq + 1, tensors, at, end, blob, meta["step"], versions, ready, marks)
         if not versions:
             self._write(*copy)
             return
@@ -215,7 +255,7 @@ class Memory:
                 os.pwrite(fd, HEADER.pack(MAGIC, seq, step, end, len(blob), digest), 0)
             finally:
                 os.close(fd)
-        except _Dropped:  # a recovery took the cores: the other half holds the step before
+        except memfile.Dropped:  # a recovery took the cores: the other half holds the step before
             return
         except OSError:  # the folder is gone (the agent ends the job): nothing to keep it for any more
             log.debug("state in memory: could not write %s", path, exc_info=True)
@@ -230,9 +270,15 @@ class Memory:
         self.written = sum(t.numel() * t.element_size() for t, s in zip(tensors, same) if not s)
         if not self._said and self.local_rank == 0:
             self._said = True
+            where = (
+                f"two per node (the replicas' state once for the node's {self.local_world} ranks; "
+                f"{memfile.size(self._own)} of each rank's own)"
+                if self._own
+                else "two per rank"
+            )
             log.info(
-                f"rank {self.rank}: the kept state is copied to memory at each step's end: {_size(end)} a copy"
-                f", two per rank ({self.folder})"
+                f"rank {self.rank}: the kept state is copied to memory at each step's end: {memfile.size(end)} a copy"
+                f", {where} ({self.folder})"
             )
 
     def _copy(self, fd: int, half: int, end: int, tensors: list[torch.Tensor], places: list[int], ready: Any) -> None:
@@ -249,7 +295,7 @@ class Memory:
                 if not nbytes:
                     continue
                 if t.device.type == "cpu" and t.is_contiguous():
-                    _pwrite(fd, t.data_ptr(), nbytes, at, self._dropped)
+                    memfile.pwrite(fd, t.data_ptr(), nbytes, at, self._dropped)
                 else:
                     self._map(half, end)[at : at + nbytes].view(t.dtype).view(t.shape).copy_(t)
         if stream is not None:
@@ -269,18 +315,19 @@ class Memory:
     def held(self, rnd: int) -> list[Held]:
         """This rank's whole copies that fit this job (another job's or world's are said in one line); where
         the node's same local rank wrote newer ones as another rank (the re-formed group gave this node other
-        ranks), those: the replicas' state is the same, the random streams that rank's (said in one line)."""
+        ranks), those: the replicas' state is the same, the random streams that rank's (said in one line).
+        A copy whose replicas local rank 0's file holds is whole only where that file holds them at its step."""
         self.wait()
         found: list[Held] = []
         for path in self.paths:
-            record = _read(path)
+            record = memfile.read(path)
             if record is None:
                 continue
             why = self._misfit(record, rnd)
             if why:
                 log.warning(f"rank {self.rank}: the state's copy in memory {path} is {why}: ignored")
                 continue
-            found.append(Held(record["step"], path, record))
+            found.extend(self._whole(path, record, rnd))
         renamed = self._renamed(rnd) if self.anywhere else []
         if renamed and renamed[0].step > max((h.step for h in found), default=-1):
             was = renamed[0].meta["rank"]
@@ -299,12 +346,25 @@ class Memory:
             path = os.path.join(self.folder, name)
             if not name.startswith("state.") or path in self.paths:
                 continue
-            record = _read(path)
+            record = memfile.read(path)
             if record is None or record.get("local_rank") != self.local_rank or self._misfit(record, rnd, anyrank=True):
                 continue
-            by_rank.setdefault(record["rank"], []).append(Held(record["step"], path, record))
-        newest = max(by_rank.values(), key=lambda copies: max(h.step for h in copies), default=[])
+            by_rank.setdefault(record["rank"], []).extend(self._whole(path, record, rnd))
+        newest = max((c for c in by_rank.values() if c), key=lambda c: max(h.step for h in c), default=[])
         return sorted(newest, key=lambda h: -h.step)
+
+    def _whole(self, path: str, record: dict, rnd: int) -> list[Held]:
+        """[the copy in `path`] where it is whole: its own file, and local rank 0's copy of the same step where
+        that one holds its replicas' tensors; else []."""
+        if not record.get("replicas") or record.get("local_rank") == 0:
+            return [Held(record["step"], path, record)]
+        for half in (0, 1):
+            lead = os.path.join(self.folder, f"state.{record['lead']}.{half}")
+            header = memfile.header(lead)
+            other = memfile.read(lead)
+            if other is not None and memfile.pairs(record, other, rnd) and memfile.header(lead) == header:
+                return [Held(record["step"], path, record, lead, header)]
+        return []
 
     def _misfit(self, record: dict, rnd: int, anyrank: bool = False) -> str:
         if record.get("run_id") != self.run_id:
@@ -319,46 +379,47 @@ class Memory:
         return ""
 
     def load(self, held: Held, kept: dict[str, Any]) -> tuple[dict, int]:
-        """Put copy `held` into the kept objects; returns the job's record and the bytes read."""
+        """Put copy `held` into the kept objects (its replicas from local rank 0's file of the same step, where
+        that one holds them); returns the job's record and the bytes read."""
         record = held.meta
         places: list[int] = record["places"]
         structure = {"state": record["state"], "meta": record["meta"]}
         # Copied straight into the tensors the job holds already (its parameters) where it has them.
         slots, targets = transfer.landing(structure, kept)
-        size = os.path.getsize(held.path)
-        data = torch.from_file(held.path, shared=False, size=size, dtype=torch.uint8)
+        data = memfile.mapped(held.path)
+        common = {i for i, _, _ in record.get("replicas", ())} if held.lead else set()
+        # Read only at the group's first sync, before any rank's first step ends: local rank 0 writes its
+        # next copy after that step's commit, whose all-reduce needs every rank's backward, after its load.
+        lead = memfile.mapped(held.lead) if common else data
         tensors = []
         with torch.no_grad():
             for s, target in zip(slots, targets):
                 at = places[s.index]
                 nbytes = math.prod(s.shape) * s.dtype.itemsize
-                view = data[at : at + nbytes].view(s.dtype).view(s.shape)
+                source = lead if s.index in common else data
+                view = source[at : at + nbytes].view(s.dtype).view(s.shape)
                 # Else a copy: the job's own memory (the file is written again at the next step).
                 tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
+        if common and memfile.header(held.lead) != held.header:  # never: a rewrite clears the header first
+            raise RuntimeError(f"rank {self.rank}: local rank 0's copy {held.lead} changed while it was loaded")
         return transfer.put(structure, tensors, targets, kept), sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _size(nbytes: int) -> str:
-    if nbytes >= 1e9:
-        return f"{nbytes / 1e9:.2f} GB"
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
-
-
-CHUNK = 64 << 20  # a copy looks whether it is dropped between writes of this many bytes
-
-
-class _Dropped(Exception):
-    """The copy in flight was given up (`Memory.drop`): its half stays torn, never loaded."""
-
-
-def _pwrite(fd: int, address: int, nbytes: int, at: int, dropped: Callable[[], bool]) -> None:
-    """The `nbytes` at `address` (a live tensor's) into the file at `at` (the GIL released meanwhile)."""
-    view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-    done = 0
-    while done < nbytes:
-        if dropped():
-            raise _Dropped
-        done += os.pwrite(fd, view[done : done + CHUNK], at + done)
+def replicas(model: Any, kept: dict[str, Any]) -> bool:
+    """Whether every rank holds the kept modules' parameters and the kept optimizers' state alike, where that
+    is sure: `model` (the job's) is a DistributedDataParallel over the default process group of a kept
+    module (`job.ddp(module)`, or one `job.wrap` made), told to ignore none of its parameters. Then
+    the rest of the kept state is the replicas' too: in place already sends a newcomer a survivor's whole
+    state, and a node lost whole resumes from another node's. Not otherwise: no DDP, a group of its own
+    (`process_group=`, a device mesh: ranks in other groups hold other values), a pipeline's stage per rank,
+    parameters DDP leaves to the script (an expert's per rank)."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    if not isinstance(model, DistributedDataParallel) or not dist.is_initialized():
+        return False
+    if model.process_group is not dist.distributed_c10d._get_default_group() or model.parameters_to_ignore:
+        return False
+    ours = {id(p) for obj in kept.values() if isinstance(obj, torch.nn.Module) for p in obj.parameters()}
+    return any(id(p) in ours for p in model.module.parameters())
 
 
 def _stepped(kept: dict[str, Any]) -> dict[int, torch.Tensor]:
@@ -394,27 +455,6 @@ def _unchanged(was: tuple[Any, int, int, int] | None, mark: tuple[Any, int, int]
         and was[1:3] == mark[1:]
         and was[3] == owner.numel() * owner.element_size()
     )
-
-
-def _read(path: str) -> dict | None:
-    """The structure of the whole copy in `path` (None: none, torn, or unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            magic, seq, step, at, length, digest = HEADER.unpack(f.read(HEADER.size))
-            if magic != MAGIC or seq == 0:
-                return None
-            f.seek(at)
-            blob = f.read(length)
-        if hashlib.sha256(blob).digest() != digest:
-            return None
-        record = pickle.loads(blob)
-        record["seq"] = seq
-        return record if record.get("step") == step else None
-    except FileNotFoundError:
-        return None
-    except (OSError, struct.error, pickle.UnpicklingError, EOFError, ValueError, AttributeError):
-        log.warning("state in memory: the copy %s is unreadable", path, exc_info=True)
-        return None
 
 
 def steps(job: Any) -> transfer.Copies:
@@ -465,5 +505,5 @@ def resume(job: Any, step: int) -> None:
     job._holds_state = True
     log.info(
         f"rank {job.rank}: resumed at step {job.step} from its copy in memory "
-        f"({_size(nbytes)} in {time.monotonic() - began:.2f} s)"
+        f"({memfile.size(nbytes)} in {time.monotonic() - began:.2f} s)"
     )
