@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .api import Cause, JobParams, RendezvousHandler
-from .etcd.settings import EtcdSettings, parse_etcd
 from .settings import C10dSettings, Flags, LocalSettings, StaticSettings, parse_c10d, parse_local, parse_static
 
-Settings = LocalSettings | StaticSettings | C10dSettings | EtcdSettings
+TYPE_CHECKING = False  # not typing's: typing's import costs a launch's start ~4 ms
+if TYPE_CHECKING:
+    from .etcd.settings import EtcdSettings
+
+    Settings = LocalSettings | StaticSettings | C10dSettings | EtcdSettings
 
 
 class Backend:
@@ -50,6 +53,13 @@ def _torch(settings, job: JobParams) -> RendezvousHandler:
     return TorchHandlerRendezvous(settings, job)
 
 
+def _parse_etcd(flags: Flags) -> Settings:
+    # Imported only here: the etcd settings (two dataclasses) cost every other launch's start ~2 ms.
+    from .etcd.settings import parse_etcd
+
+    return parse_etcd(flags)
+
+
 def _built_by_config(flags: Flags) -> Settings:
     raise AssertionError("config builds a torchrun.handlers backend's settings itself")
 
@@ -58,7 +68,7 @@ BACKENDS: dict[str, Backend] = {
     "local": Backend(parse_local, _local),
     "static": Backend(parse_static, _local),
     "c10d": Backend(parse_c10d, _c10d),
-    "etcd": Backend(parse_etcd, _etcd),
+    "etcd": Backend(_parse_etcd, _etcd),
     "torch": Backend(_built_by_config, _torch),  # a torchrun.handlers plugin (torch_adapter.py)
 }
 
