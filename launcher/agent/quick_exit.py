@@ -103,6 +103,13 @@ def exit_worker(run: Callable[[], None]) -> NoReturn:
         _print_uncaught()
         code = 1
     _mark_returned(code)
+    leave(code, interrupted)
+
+
+def leave(code: int, interrupted: bool = False, free_main: bool = True) -> NoReturn:
+    """Python's exit steps once the program is done, then `os._exit(code)`, the interpreter not finalised:
+    join the non-daemon threads, run the atexit handlers, free `__main__`'s globals (`free_main`), flush
+    every file and C's buffers; die of SIGINT where `interrupted`. The agent leaves so too (`cli.start`)."""
     threading = sys.modules.get("threading")  # as Py_FinalizeEx: no threading module, no thread to join
     if threading is not None:
         try:
@@ -110,7 +117,8 @@ def exit_worker(run: Callable[[], None]) -> NoReturn:
         except BaseException:
             sys.excepthook(*sys.exc_info())
     atexit._run_exitfuncs()  # prints a failing handler's traceback and goes on, as at a normal exit
-    _finalise_main()
+    if free_main:
+        _finalise_main()
     _flush_open_files()
     _flush_c_stdio()
     if interrupted:  # as python does for an uncaught KeyboardInterrupt: die of SIGINT
