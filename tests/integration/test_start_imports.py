@@ -3,6 +3,7 @@ loads before the script runs: start-up time (scripts/bench/RESULTS.md, "Issue 43
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -46,6 +47,17 @@ def test_a_spawned_workers_main_file_loads_next_to_nothing(tmp_path):
     quick = loaded([sys.executable, "-u", cfg.QUICK_EXIT, str(script)])
     # built-in modules (and __future__'s few lines): no threading, signal, ctypes, runpy, nor `quick_exit` itself
     assert quick - bare <= {"__future__", "atexit", "gc"}
+
+
+def test_a_spawned_worker_runs_under_safe_path(tmp_path):
+    # -P / PYTHONSAFEPATH: python leaves the main file's folder off sys.path, where quick_exit is found
+    script = tmp_path / "script.py"
+    script.write_text("import sys; print(sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    out = subprocess.run(
+        [sys.executable, "-u", cfg.QUICK_EXIT, str(script), "a"], env=env, capture_output=True, text=True
+    )
+    assert (out.returncode, out.stdout) == (0, "['a']\n"), out.stderr
 
 
 def test_the_local_run_id_is_a_uuid4():
