@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..config import JOIN_TOKEN_ENV
-from ..rendezvous.etcd.settings import ETCD_PASSWORD_ENV
+from ..rendezvous.settings import ETCD_PASSWORD_ENV
 from ..spec import AGENT_ID_VAR, Round, Worker
 
 PROGRESS_VAR = (

@@ -18,7 +18,6 @@ import signal
 import stat
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -128,5 +127,8 @@ def from_environ(environ: Mapping[str, str]) -> FileTimer | None:
     fresh path in the temporary folder; None otherwise."""
     if environ.get(ENABLE_VAR) != "1":
         return None
+    # Imported only here: uuid (and platform with it) cost every other launch's start ~3 ms.
+    import uuid
+
     path = environ.get(FILE_VAR) or os.path.join(tempfile.gettempdir(), f"watchdog_timer_{uuid.uuid4()}")
     return FileTimer(path)

@@ -23,7 +23,7 @@ from .env import WorkerSpec, worker_env, workers_of
 from .logs import Console, LogRouter, Routing, Stream
 from .logs_specs import Placement, PluginLogs, RankLogs, default_placement
 from .oom import oom_reason
-from .worker_exit import RETURNED_SUFFIX  # not zygote.messages: a launch without --preload never loads it
+from .quick_exit import RETURNED_SUFFIX  # not zygote.messages: a launch without --preload never loads it
 
 LAST_LINE_WAIT = 1.0  # seconds a failed round's root cause's stderr is given to reach its end
 RATE_WINDOW = 10.0  # seconds of step samples a step rate is measured over

@@ -12,13 +12,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import net
+from ..spec import RecoveryMode
 from ..telemetry.board import Monitor
 from . import process
 from .filetimer import FileTimer
 from .logs import Console, LogRouter
 from .logs_specs import PluginLogs
 
+TYPE_CHECKING = False  # not typing's: a plain launch imports no typing
+if TYPE_CHECKING:
+    from ..config import LaunchConfig
+    from .recovery import Host, InPlace
+
 Sink = Callable[[str, dict], None]  # receives every event: the events file, sd_notify, the view
+
+
+def in_place(host: Host, config: LaunchConfig, environ: dict[str, str]) -> InPlace | None:
+    """`host`'s in-place recoveries where `config` asks for them (--recovery in-place); `environ`: the workers'."""
+    if config.recovery is not RecoveryMode.IN_PLACE:
+        return None
+    # Imported only here: recovery and its store client cost every other launch's start ~3 ms.
+    from .recovery import in_place
+
+    return in_place(host, config, environ)
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,10 @@ class InPlace:
         self._ask(joining, Cause.MEMBERSHIP, None)
         return True
 
+    def owns(self, event: object) -> bool:
+        """Whether `event` is one of this recovery's own (handed to `on`)."""
+        return isinstance(event, (Joined, Recovered))
+
     def on(self, event: Joined | Recovered) -> None:
         """What a thread of this recovery posted to the supervisor's loop."""
         if isinstance(event, Joined):

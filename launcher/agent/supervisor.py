@@ -50,8 +50,7 @@ from .members import (
     worker_spec,
 )
 from .oom import oom_kills
-from .parts import Identity, Launching, Observers
-from .recovery import Joined, Recovered, in_place
+from .parts import Identity, Launching, Observers, in_place
 from .signals import SignalReceived, capture_signals
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ class Supervisor:
             self.emit("spare_lost", node=event.node)
         elif isinstance(event, Flagged):
             self.flag_stragglers(event)
-        elif isinstance(event, (Joined, Recovered)) and self.in_place and self.state is GroupState.RUNNING:
+        elif self.in_place and self.in_place.owns(event) and self.state is GroupState.RUNNING:
             self.in_place.on(event)
         elif isinstance(event, MembershipChanged) and self.state is GroupState.RUNNING:
             if self.in_place and self.in_place.follow(event):

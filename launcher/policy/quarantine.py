@@ -16,7 +16,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+
+TYPE_CHECKING = False  # not typing's: typing's import costs a launch's start ~4 ms
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # the type checker's; at run time a plain base
 
 log = logging.getLogger(__name__)
 MAX_RECORD = 1024  # bytes: a host name, a one-line reason and two times

@@ -5,10 +5,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..spec import Round, Verdict
 from .store import Store
+
+TYPE_CHECKING = False  # not typing's: typing's import costs a launch's start ~4 ms
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # the type checker's; at run time a plain base
 
 
 class Cause(enum.Enum):

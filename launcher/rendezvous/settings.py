@@ -66,6 +66,11 @@ RDZV_KEYS = {
     "replace_timeout": "replace_timeout",
     "is_host": "is_host",
 }
+# `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
+ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol", "engine")
+ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
+# (These three here, not in etcd.settings, which loads only for etcd: the config's table of known keys
+# and the workers' environment, which never holds the password, name them on every launch.)
 
 
 def parse_rdzv_settings(conf: Mapping[str, str]) -> RendezvousSettings:

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
 
 from ..errors import RendezvousError
 from ..net import hostname
@@ -91,7 +90,8 @@ class Board:
     def forget(self, old: Sequence[tuple[int, int]]) -> None:
         """Delete these (round, group rank) reports where the store can: a long job keeps O(1) per node."""
         if old and Capability.DELETE in capabilities_of(self.store):
-            cast(DeletingStore, self.store).delete([self.report_key(r, g) for r, g in old])
+            store: DeletingStore = self.store  # type: ignore[assignment]  # (its capabilities say so)
+            store.delete([self.report_key(r, g) for r, g in old])
 
     def close(self) -> None:
         self.store.close()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # not typing's: typing's import costs a launch's start ~4 ms
 if TYPE_CHECKING:
     from .reports import NodeReport
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from ..worker_exit import exit_worker
+from ..quick_exit import exit_worker
 from .server import become_worker, main, run_worker
 
 _job = main(sys.argv)  # returns only in a forked worker

@@ -9,7 +9,7 @@ from __future__ import annotations
 import marshal
 from dataclasses import asdict, dataclass, field
 
-from ..worker_exit import RETURNED_SUFFIX  # noqa: F401  # re-exported: the agent's name for the marker
+from ..quick_exit import RETURNED_SUFFIX  # noqa: F401  # re-exported: the agent's name for the marker
 
 ENTRY = "launcher.agent.zygote"  # `python -m launcher.agent.zygote`: also how tests and sweeps tell the zygote in ps
 

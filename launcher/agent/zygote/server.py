@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..process import PR_SET_PDEATHSIG, prctl, set_name
-from ..worker_exit import run_program
+from ..quick_exit import run_program
 from .messages import ForkRequest, Job, Reply, ZygoteArgs
 
 

@@ -9,12 +9,17 @@ from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ...parsers import parse_endpoint
-from ..settings import RDZV_KEYS, Flags, RendezvousSettings, parse_rdzv_settings
+from ..settings import (
+    ETCD_KEYS,
+    ETCD_PASSWORD_ENV,
+    ETCD_USER_ENV,
+    RDZV_KEYS,
+    Flags,
+    RendezvousSettings,
+    parse_rdzv_settings,
+)
 
 ETCD_PORT = 2379
-# `--rdzv_conf` keys of the etcd backend beside the rendezvous settings; a password never is one (ps shows it).
-ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "protocol", "engine")
-ETCD_USER_ENV, ETCD_PASSWORD_ENV = "LAUNCHER_ETCD_USER", "LAUNCHER_ETCD_PASSWORD"
 
 
 @dataclass(frozen=True)
