@@ -468,9 +468,11 @@ class Job:
         sent, received, moved = 0, False, time.monotonic()
         if plan.to and self.rank == plan.source:
             sent = transfer.send(self._kept, self._meta(), plan.to, self.device)
-        elif self.rank in plan.to and memory.settled(self):  # (its copy in flight reads what is received into)
+        elif self.rank in plan.to:
+            memory.settled(self)  # its copy in flight reads what is received into
             self._adopt(transfer.receive(self._kept, plan.source, self.device), plan.source)
-            received = memory.received(self, plan.source, plan.memory)
+            memory.received(self, plan.source, plan.memory)
+            received = True
         moved = time.monotonic() - moved
         marks.append(("moved", time.time()))
         for obj in self._kept.values():

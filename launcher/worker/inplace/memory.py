@@ -264,10 +264,8 @@ class Memory:
             log.warning("state in memory: the copy to %s failed", path, exc_info=True)
             return
         self._seq, self.copied = seq, time.monotonic() - began
-        self._same[half] = {
-            at: (*mark, t.numel() * t.element_size()) for t, at, mark in zip(tensors, places, marks) if mark
-        }
-        self.written = sum(t.numel() * t.element_size() for t, s in zip(tensors, same) if not s)
+        self._same[half] = {at: (*mark, memfile.nbytes(t)) for t, at, mark in zip(tensors, places, marks) if mark}
+        self.written = sum(memfile.nbytes(t) for t, s in zip(tensors, same) if not s)
         if not self._said and self.local_rank == 0:
             self._said = True
             where = (
@@ -291,7 +289,7 @@ class Memory:
             stream.wait_event(ready)
         with torch.no_grad(), torch.cuda.stream(stream):  # None: the current one
             for t, at in zip(tensors, places):
-                nbytes = t.numel() * t.element_size()
+                nbytes = memfile.nbytes(t)
                 if not nbytes:
                     continue
                 if t.device.type == "cpu" and t.is_contiguous():
@@ -402,7 +400,7 @@ class Memory:
                 tensors.append(target.copy_(view) if target is not None else view.to(s.device, copy=True))
         if common and memfile.header(held.lead) != held.header:  # never: a rewrite clears the header first
             raise RuntimeError(f"rank {self.rank}: local rank 0's copy {held.lead} changed while it was loaded")
-        return transfer.put(structure, tensors, targets, kept), sum(t.numel() * t.element_size() for t in tensors)
+        return transfer.put(structure, tensors, targets, kept), sum(memfile.nbytes(t) for t in tensors)
 
 
 def replicas(model: Any, kept: dict[str, Any]) -> bool:
@@ -449,12 +447,7 @@ def _unchanged(was: tuple[Any, int, int, int] | None, mark: tuple[Any, int, int]
     if was is None or mark is None:
         return False
     owner = mark[0]()
-    return (
-        owner is not None
-        and was[0]() is owner
-        and was[1:3] == mark[1:]
-        and was[3] == owner.numel() * owner.element_size()
-    )
+    return owner is not None and was[0]() is owner and was[1:3] == mark[1:] and was[3] == memfile.nbytes(owner)
 
 
 def steps(job: Any) -> transfer.Copies:
@@ -470,22 +463,20 @@ def steps(job: Any) -> transfer.Copies:
     return transfer.Copies(found[0], found[1], memory.anywhere, () if job._held else job._own_steps())
 
 
-def settled(job: Any) -> bool:
-    """True once this rank's copy in flight is whole: the state is about to be received into the tensors it reads."""
+def settled(job: Any) -> None:
+    """Until this rank's copy in flight is whole: the state is about to be received into the tensors it reads."""
     if job._memory is not None:
         job._memory.wait()
-    return True
 
 
-def received(job: Any, source: int, step: int) -> bool:
+def received(job: Any, source: int, step: int) -> None:
     """Say, where the group resumed from the copies in memory at `step` (-1: it did not), that this rank
-    (holding none: its node was lost whole) received `source`'s and took up its own streams. True."""
+    (holding none: its node was lost whole) received `source`'s and took up its own streams."""
     if step >= 0 and step in (job._own or {}).get("afters", {}):
         log.info(
             f"rank {job.rank}: resumed at step {step} from rank {source}'s copy in memory (this rank holds none), "
             "with its own random streams and buffers from the launcher's store"
         )
-    return True
 
 
 def resume(job: Any, step: int) -> None:

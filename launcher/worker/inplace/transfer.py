@@ -63,8 +63,8 @@ def plan(has_state: bool, step: int, device: torch.device, copies: Copies = Copi
     the step of the copies in memory (`copies`: this rank's) the group resumes at."""
     world = dist.get_world_size()
     records = [*copies.records[:2], -1, -1][:2]
-    mine = torch.tensor([int(has_state), step, copies.newest, copies.before, *records], dtype=torch.int64)
-    mine = mine.to(device)
+    row = [int(has_state), step, copies.newest, copies.before, *records]
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine)
     told = [tuple(int(x) for x in row.tolist()) for row in rows]
