@@ -128,6 +128,7 @@ TRACEBACK = b"Traceback (most recent call last):"
 QUIET = 0.5  # s without a line that end the traceback of a worker still running: printed whole then
 AFTER_EXIT = 1.0  # s an exited worker's traceback waits for the launcher to name the failure it stops for
 MAX_HELD = 2000  # lines: more is no traceback, printed as it comes
+PUMP_BACKOFF = 0.1  # s between the pump's turns while each of them fails
 
 
 class LogRouter:
@@ -251,32 +252,49 @@ class LogRouter:
 
     def _pump(self) -> None:
         streams: dict[int, Stream] = {}
+        failed = 0
         while True:
-            with self._lock:
-                pending, self._pending = self._pending, []
-            for s in pending:
-                streams[s.fd] = s
-                self._selector.register(s.fd, selectors.EVENT_READ, s)
-            if self._closing:
-                for s in list(streams.values()):
-                    self._read(s)  # whatever is already in the pipe
-                    self._finish(s)
-                for s in list(self._holding):
-                    self._release(s, whole=True)
-                return
-            self._judge_held()
-            wait = min((AFTER_EXIT if s.ended else QUIET) for s in self._holding) if self._holding else None
-            for key, _ in self._selector.select(wait / 4 if wait else None):
-                if key.data is None:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    continue
-                stream = key.data
-                if not self._read(stream):
-                    self._finish(stream)
-                    del streams[stream.fd]
+            try:
+                if not self._turn(streams):
+                    return
+                failed = 0
+            except Exception:
+                # A bug here must not silently end every worker's output for the rest of the job (and
+                # block workers on full pipes): say it with its trace once, and go on pumping.
+                if not failed:
+                    log.exception("relaying worker output failed (a launcher bug); going on")
+                failed += 1
+                if failed > 1:  # it fails turn after turn: no busy loop
+                    time.sleep(PUMP_BACKOFF)
+
+    def _turn(self, streams: dict[int, Stream]) -> bool:
+        """One turn of the pump: take new pipes, judge held tracebacks, move what is readable. False: closed."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for s in pending:
+            streams[s.fd] = s
+            self._selector.register(s.fd, selectors.EVENT_READ, s)
+        if self._closing:
+            for s in list(streams.values()):
+                self._read(s)  # whatever is already in the pipe
+                self._finish(s)
+            for s in list(self._holding):
+                self._release(s, whole=True)
+            return False
+        self._judge_held()
+        wait = min((AFTER_EXIT if s.ended else QUIET) for s in self._holding) if self._holding else None
+        for key, _ in self._selector.select(wait / 4 if wait else None):
+            if key.data is None:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                continue
+            stream = key.data
+            if not self._read(stream):
+                self._finish(stream)
+                del streams[stream.fd]
+        return True
 
     def _read(self, s: Stream) -> bool:
         """Move one chunk; False at end of file."""
@@ -369,8 +387,10 @@ class LogRouter:
             if not s.ended:
                 if now - s.held_at >= QUIET:  # a worker still running printed it: whole
                     self._release(s, whole=True)
-            elif root is not None or now - s.held_at >= AFTER_EXIT:
-                self._release(s, whole=root is None or root[0] == s.rank)
+            elif root is None and now - s.held_at >= AFTER_EXIT:
+                self._release(s, whole=True)
+            elif root is not None:
+                self._release(s, whole=root[0] == s.rank, root=root)
 
     def _keep(self, s: Stream, held: list[bytes]) -> str | None:
         """Write a held traceback to `s.keep` (the stream has no file of its own); its path, None if it cannot."""
@@ -385,17 +405,19 @@ class LogRouter:
             return None
         return s.keep
 
-    def _release(self, s: Stream, whole: bool) -> None:
+    def _release(self, s: Stream, whole: bool, root: tuple[int, str] | None = None) -> None:
+        """Print `s`'s held traceback: whole, or as one line naming `root` (the failure as judged: read
+        once, since the supervisor's `new_round` may clear `self.root` meanwhile)."""
         held, s.held = s.held or [], None
         if s in self._holding:
             self._holding.remove(s)
-        where = None if whole else (s.path if s.path and s.file is not None else self._keep(s, held))
+        where = None if whole or root is None else (s.path if s.path and s.file is not None else self._keep(s, held))
         if where is None:
             self._write(s, held)
         else:
             error = next((line for line in reversed(held) if line.strip()), b"")
             error = _bare(s, error)
-            rank, what = self.root  # type: ignore[misc]
+            rank, what = root  # type: ignore[misc]
             after = f"rank {rank} {what}" if rank >= 0 else what
             note = f"  (after {after}; the whole traceback is in {where})".encode()
             self._write(s, [error[:300] + (b"..." if len(error) > 300 else b"") + note])

@@ -60,3 +60,36 @@ def test_the_root_causes_own_traceback_and_an_unjudged_one_are_printed_whole(tmp
 def test_a_running_workers_traceback_is_printed_whole_once_quiet(tmp_path):
     out, _ = run(tmp_path, TRACE, root=(1, "killed by SIGKILL"), end=False)
     assert out.count("\n") == 4 and "Traceback" in out
+
+
+class NextRoundMeanwhile(LogRouter):
+    """The supervisor starts the next round (`new_round`) just as the pump releases a judged traceback."""
+
+    def _release(self, s, whole, *args, **kwargs):
+        self.new_round()
+        super()._release(s, whole, *args, **kwargs)
+
+
+def test_a_round_started_while_a_traceback_is_judged_loses_no_output(tmp_path):
+    console, router = io.BytesIO(), NextRoundMeanwhile()
+    try:
+        r, w = os.pipe()
+        with os.fdopen(r, "rb", buffering=0) as pipe:
+            s = router.add(pipe, "[rank0]: ", console, None, rank=0, name="stderr", keep=str(tmp_path / "tb.log"))
+            os.write(w, TRACE)
+            os.close(w)
+            router.failed_first(1, "exited with code 1")
+            assert router.drain([s], timeout=5.0)
+        r, w = os.pipe()  # the next round's worker: its lines still reach the console
+        with os.fdopen(r, "rb", buffering=0) as pipe:
+            s = router.add(pipe, "[rank0]: ", console, None, rank=0, name="stdout")
+            os.write(w, b"joined restart=1\n")
+            os.close(w)
+            assert router.drain([s], timeout=5.0)
+    finally:
+        router.close()
+    assert console.getvalue().decode().splitlines() == [
+        "[rank0]: RuntimeError: Read error [127.0.0.1]:56719: Connection reset by peer  (after rank 1 exited "
+        f"with code 1; the whole traceback is in {tmp_path / 'tb.log'})",
+        "[rank0]: joined restart=1",
+    ]
