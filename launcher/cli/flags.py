@@ -105,7 +105,10 @@ LAUNCH: tuple[Flag, ...] = (
         "preload-modules",
         group=RUN,
         metavar="MODS",
-        help="More modules for --preload to import, e.g. transformers,mypkg.model (implies --preload).",
+        help=(
+            "More modules for --preload to import, e.g. transformers,mypkg.model; -NAME drops one it imports "
+            "by default, e.g. -torch._dynamo (implies --preload)."
+        ),
     ),
     Flag(
         "worker-exit",

@@ -13,7 +13,7 @@ group, and every rank of attempt 1 stamps its first step again, runs 3 more and 
   resume = max(attempt-1 first-step stamps) - rank 1's death stamp
 A restart that does not reach every rank's first step within --resume-timeout s is "never" (torchrun
 2.13's restart on its own store fails with gloo, pytorch#135712). The zygote's own import time is
-measured too: a fresh interpreter importing the preload set (launcher.agent.zygote.client.DEFAULT_MODULES) the
+measured too: a fresh interpreter importing the preload set (launcher.parsers.PRELOAD_DEFAULTS) the
 way the zygote does, from its start to the end of the imports. Tools alternate within each repetition; figures are medians over --reps.
 
 Targets (issue 16): resume <= 0.3 s at 4 ranks; launch <= zygote import + 0.5 s and >= 2x faster
@@ -68,8 +68,8 @@ dist.destroy_process_group()
 
 # Start-up and imports only: os._exit skips the ~0.6 s an interpreter with torch takes to tear down.
 ZYGOTE_IMPORT = (
-    "import os; from launcher.agent.zygote.client import DEFAULT_MODULES; from launcher.agent.zygote.server import preload; "
-    "r = preload(DEFAULT_MODULES); assert not r.error, r; os._exit(0)"
+    "import os; from launcher.parsers import PRELOAD_DEFAULTS; from launcher.agent.zygote.server import preload; "
+    "r = preload(PRELOAD_DEFAULTS); assert not r.error, r; os._exit(0)"
 )
 
 

@@ -18,6 +18,32 @@ from support.paths import LAUNCHER, ROOT
 from support.processes import is_helper, kill_leftovers, parent_pid, procs_with_token, wait_gone
 
 
+def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict | None) -> dict:
+    """The environment of a launcher a test starts: its TEST_TOKEN, the checkout on PYTHONPATH, and with
+    `preload` PET_PRELOAD=1. The zygote preloads torch only where the script run imports it: otherwise
+    `-torch` (a torch import is ~1.5 s of CPU, and most test workers never use it; test_preload and the
+    in-place and example tests keep the whole set)."""
+    env = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env.pop("PET_PRELOAD", None)
+    if preload:
+        env["PET_PRELOAD"] = "1"
+        if not any(_imports_torch(a) for a in args):
+            env["PET_PRELOAD_MODULES"] = "-torch"
+    env.update(extra or {})
+    return env
+
+
+def _imports_torch(arg: str) -> bool:
+    """`arg` is a Python file that imports torch (or a `launcher.worker...` module, which may)."""
+    if arg.startswith("launcher.worker"):
+        return True
+    if not arg.endswith(".py") or not os.path.isfile(arg):
+        return False
+    with open(arg) as f:
+        return re.search(r"^\s*(import|from) torch\b", f.read(), re.M) is not None
+
+
 class Launch:
     """Runs `python -m launcher ARGS` with a unique TEST_TOKEN and kills leftovers at teardown.
 
@@ -29,25 +55,19 @@ class Launch:
         self.preload = preload
         self.procs: list[subprocess.Popen] = []
 
-    def env(self, extra: dict | None = None) -> dict:
-        env = dict(os.environ, TEST_TOKEN=self.token, PYTHONPATH=str(ROOT))
-        env.pop("PYTEST_CURRENT_TEST", None)
-        env.pop("PET_PRELOAD", None)
-        if self.preload:
-            env["PET_PRELOAD"] = "1"
-        env.update(extra or {})
-        return env
+    def env(self, extra: dict | None = None, args: tuple[str, ...] = ()) -> dict:
+        return launcher_env(self.token, self.preload, args, extra)
 
     def run(self, *args: str, timeout: float = 60, env: dict | None = None, cwd: str | None = None):
         """Run to completion; returns CompletedProcess with text stdout/stderr."""
         return subprocess.run(
-            [*LAUNCHER, *args], capture_output=True, text=True, timeout=timeout, env=self.env(env), cwd=cwd
+            [*LAUNCHER, *args], capture_output=True, text=True, timeout=timeout, env=self.env(env, args), cwd=cwd
         )
 
     def start(self, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
         """Start in the background (stdout/stderr piped, text)."""
         p = subprocess.Popen(
-            [*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(env), **kw
+            [*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(env, args), **kw
         )
         self.procs.append(p)
         return p
@@ -136,12 +156,7 @@ class Cluster:
 
     def start(self, *args: str, env: dict | None = None, netns: str | None = None, name: str = "") -> Agent:
         token = uuid.uuid4().hex
-        full = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
-        full.pop("PYTEST_CURRENT_TEST", None)
-        full.pop("PET_PRELOAD", None)
-        if self.preload:
-            full["PET_PRELOAD"] = "1"
-        full.update(env or {})
+        full = launcher_env(token, self.preload, args, env)
         cmd = [*LAUNCHER, *args]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]

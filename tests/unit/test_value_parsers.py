@@ -12,6 +12,7 @@ from launcher.config import JOIN_TOKEN_ENV, read_join_token
 from launcher.errors import ConfigError
 from launcher.parsers import (
     MAX_SECONDS,
+    PRELOAD_DEFAULTS,
     count_gpus,
     parse_endpoint,
     parse_fraction,
@@ -244,10 +245,17 @@ def test_bad_signals(text, needle):
 
 def test_preload_modules():
     assert parse_preload(False, None) is None
-    assert parse_preload(True, None) == ()
-    assert parse_preload(False, "transformers, mypkg.model") == ("transformers", "mypkg.model")  # implies --preload
+    assert parse_preload(True, None) == PRELOAD_DEFAULTS
+    more = parse_preload(False, "transformers, mypkg.model")  # implies --preload
+    assert more == (*PRELOAD_DEFAULTS, "transformers", "mypkg.model")
+    assert parse_preload(False, "-torch._dynamo") == PRELOAD_DEFAULTS[:-1]  # a job without torch.compile
+    assert parse_preload(False, "-torch, json") == ("json",)  # torch and all under it: a job without torch
     with pytest.raises(ConfigError, match="is not a module name"):
         parse_preload(True, "my-pkg")
+    with pytest.raises(ConfigError, match="is not a module name"):
+        parse_preload(True, "-my-pkg")
+    with pytest.raises(ConfigError, match="^--preload_modules -numpy drops nothing; the modules --preload imports"):
+        parse_preload(True, "-numpy")
 
 
 def test_log_level_and_fraction():

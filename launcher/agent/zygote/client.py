@@ -2,7 +2,8 @@
 
 It starts the zygote the moment the agent starts, in parallel with the rendezvous: `python -m
 launcher.agent.zygote` imports torch, the modules a DDP job would otherwise load lazily in every worker
-(`torch._dynamo` alone ~0.85 s), and the user's `--preload_modules`, then waits on a unix socket.
+(`torch._dynamo` alone ~0.85 s; `parsers.PRELOAD_DEFAULTS`), and the user's `--preload_modules`, then
+waits on a unix socket.
 For each worker the agent sends a `ForkRequest` (argv, environment, working directory) with its
 stdin and two pipe ends (SCM_RIGHTS); the zygote forks it (see `server`), re-parented to the agent
 (a child subreaper), so that the agent waits on it as on a spawned worker: its own process group,
@@ -29,17 +30,6 @@ from .messages import ForkRequest, Program, Reply, ZygoteArgs
 
 log = logging.getLogger(__name__)
 
-# What `import torch` leaves for the first DDP step to load: measured with a one-rank gloo step
-# (824 modules, mostly sympy through torch._dynamo, and torch.distributed's own).
-DEFAULT_MODULES = (
-    "torch",
-    "torch.distributed",
-    "torch.distributed.distributed_c10d",
-    "torch.distributed.elastic.multiprocessing.errors",
-    "torch.nn.parallel",
-    "torch.optim",
-    "torch._dynamo",
-)
 # Read once, when an interpreter or a native library starts: a worker whose environment differs
 # from the zygote's in one of these is spawned, so that it gets exactly what it asked for.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO_", "KMP_", "GOMP_", "LD_", "MALLOC_", "LC_", "LANG")
@@ -81,7 +71,7 @@ class Preloaded:
     ):
         self.program = tuple(program)  # interpreter, flags and script (or -m and module): the prefix of every argv
         self.target = Program(target=self.program[-1], module=module)  # what every forked worker runs
-        self.modules = tuple(dict.fromkeys([*DEFAULT_MODULES, *modules]))
+        self.modules = tuple(modules)  # config.preload_modules: the defaults, less and plus the user's
         self.env = dict(env)
         self.fallback = fallback or Spawner()
         self.ready_timeout = ready_timeout
