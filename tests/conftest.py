@@ -27,6 +27,31 @@ ONE_START = {"test_faults", "test_faults_nodes", "test_faults_store", "test_exam
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
+# scripts/test.sh distributes single tests over pytest-xdist's workers (`--dist loadgroup`), so that a
+# file of long scenarios no longer runs on one worker while the others wait at the end. These modules keep
+# their tests on one worker each: a module fixture that costs (an undisturbed reference run, torch's own
+# store server, the Slurm cluster, an sshd) is made once, not once per worker.
+ONE_WORKER = {
+    "test_tcpstore",
+    "test_zygote_cuda_probe",
+    "test_memory_replicas",
+    "test_memory",
+    "test_slurm",
+    "test_policy_slurm",
+    "test_in_place_exact",
+    "test_c10d_store_agents",
+    "test_examples",
+    "test_launch_hosts",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if name in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(name))
+
+
 def pytest_generate_tests(metafunc):
     if "workers_from" not in metafunc.fixturenames:
         return
