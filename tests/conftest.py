@@ -27,34 +27,6 @@ ONE_START = {"test_faults", "test_faults_nodes", "test_faults_store", "test_exam
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
-# scripts/test.sh distributes single tests over pytest-xdist's workers (`--dist loadgroup`), so that a
-# file of long scenarios no longer runs on one worker while the others wait at the end. These modules keep
-# their tests on one worker each: a module fixture that costs (an undisturbed reference run, torch's own
-# store server, the Slurm cluster, an sshd) is made once, not once per worker. Modules of one group share
-# a fixture: the Slurm cluster is stopped by the module that started it, so both of its modules keep to one
-# worker, one after the other.
-ONE_WORKER = {
-    "test_tcpstore": "tcpstore",
-    "test_zygote_cuda_probe": "zygote_cuda_probe",
-    "test_memory_replicas": "memory_replicas",
-    "test_memory": "memory",
-    "test_slurm": "slurm",
-    "test_policy_slurm": "slurm",
-    "test_in_place_exact": "in_place_exact",
-    "test_c10d_store_agents": "c10d_store_agents",
-    "test_examples": "examples",
-    "test_launch_hosts": "launch_hosts",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
-def pytest_collection_modifyitems(items):
-    for item in items:
-        group = ONE_WORKER.get(item.module.__name__.rpartition(".")[2] if item.module else "")
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_generate_tests(metafunc):
     if "workers_from" not in metafunc.fixturenames:
         return
