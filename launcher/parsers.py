@@ -287,9 +287,9 @@ def parse_preload(preload: bool, modules: str | None) -> tuple[str, ...] | None:
     listed = [m.strip() for m in (modules or "").split(",") if m.strip()]
     if not preload and not listed:
         return None
+    parse_modules(",".join(m.removeprefix("-") for m in listed))
     drop = [m[1:].strip() for m in listed if m.startswith("-")]
-    add = parse_modules(",".join(m for m in listed if not m.startswith("-")))
-    parse_modules(",".join(drop))
+    add = [m for m in listed if not m.startswith("-")]
     for name in drop:
         if not any(_under(d, name) for d in PRELOAD_DEFAULTS):
             defaults = ", ".join(PRELOAD_DEFAULTS)
