@@ -73,6 +73,10 @@ stop_all() {
   kill_pids "${pids[@]}"
   if p=$(pid_of "$D/munge/munged.pid" /usr/sbin/munged); then log "kill $p (munged)"; kill_pids "$p"; fi
   rm -f "$D/munge/munged.pid"
+  # A munged whose pid file is gone (a stop racing another) still holds the socket's lock, and the
+  # next start fails on it: find ours by the socket it was started on
+  local stray; stray=$(pgrep -u munge -f -- "--socket=$MUNGE_SOCK" || true)
+  if [ -n "$stray" ]; then log "kill $(echo $stray) (munged without a pid file)"; kill_pids $stray; fi
 }
 status() {
   local f e p
