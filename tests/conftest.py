@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
 
 import pytest
 from support.etcd import Member, Members
@@ -16,6 +18,24 @@ from support.rendezvous import serve_store
 # processes the tests start get a terminal's Ctrl-C however the suite itself was started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_pytests_tree(tmp_path_factory):
+    """TMPDIR for this xdist worker and everything it starts, inside pytest's own temporary tree (which
+    keeps the last three runs): a failed job's log folder is kept by design, and the suite's ~500 a run
+    would otherwise pile up in /tmp."""
+    path = str(tmp_path_factory.mktemp("tmp"))
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None  # gettempdir() caches its first answer
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
 
 # These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with
 # workers forked from the --preload zygote; nothing they check may differ (signals and exits, where a

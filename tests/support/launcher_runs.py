@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from support.paths import LAUNCHER, ROOT
-from support.processes import is_helper, kill_leftovers, parent_pid, procs_with_token, wait_gone
+from support.processes import is_helper, kill_leftovers, let_guards_finish, parent_pid, procs_with_token, wait_gone
 
 
 def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict | None) -> dict:
@@ -182,10 +182,17 @@ class Cluster:
         return left
 
     def cleanup(self) -> None:
-        for a in self.agents:
+        for a in self.agents:  # the agents first: their guards then kill their workers and remove their folders
             if os.environ.get("FAULTS_DEBUG"):  # FAULTS_DEBUG=1 pytest -s: every agent's output
                 print(f"\n===== {a.name} rc={a.popen.poll()}\n{a.stdout[-4000:]}\n----- stderr\n{a.stderr[-6000:]}")
-            for pid in [a.pid, *procs_with_token(a.token)]:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(a.pid, sig)
+                except OSError:
+                    pass
+        for a in self.agents:
+            let_guards_finish(a.token)
+            for pid in procs_with_token(a.token):
                 for sig in (signal.SIGCONT, signal.SIGKILL):
                     try:
                         os.kill(pid, sig)

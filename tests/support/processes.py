@@ -29,12 +29,13 @@ def procs_with_token(token: str) -> list[int]:
 
 
 def kill_leftovers(procs: list[subprocess.Popen], token: str, settle: float = 0.0) -> None:
-    """Teardown: kill what a test started, give the rest `settle` s to go, then SIGKILL every process
-    that still carries `token`."""
+    """Teardown: kill what a test started, let the agents' guards clean up after them, give the rest
+    `settle` s to go, then SIGKILL every process that still carries `token`."""
     for p in procs:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+    let_guards_finish(token)
     if settle:
         wait_gone(token, settle)
     for pid in procs_with_token(token):
@@ -42,6 +43,14 @@ def kill_leftovers(procs: list[subprocess.Popen], token: str, settle: float = 0.
             os.kill(pid, 9)
         except OSError:
             pass
+
+
+def let_guards_finish(token: str, timeout: float = 5.0) -> None:
+    """Wait (bounded) for the guards of agents just killed to finish: each SIGKILLs its agent's workers
+    and removes its folder in /dev/shm, which a SIGKILL of the guard too would leave behind."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(is_guard(pid) for pid in procs_with_token(token)):
+        time.sleep(0.02)
 
 
 def wait_gone(token: str, timeout: float = 5.0) -> list[int]:
@@ -62,6 +71,15 @@ def parent_pid(pid: int) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return -1
+
+
+def is_guard(pid: int) -> bool:
+    """Whether `pid` is an agent's guard."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "launcher-guard"
+    except OSError:
+        return False
 
 
 def is_helper(pid: int) -> bool:
