@@ -107,7 +107,7 @@ LAUNCH: tuple[Flag, ...] = (
         metavar="MODS",
         help=(
             "More modules for --preload to import, e.g. transformers,mypkg.model; -NAME drops one it imports "
-            "by default, e.g. -torch._dynamo (implies --preload)."
+            "by default, e.g. -torch for a script without torch (implies --preload)."
         ),
     ),
     Flag(

@@ -27,12 +27,12 @@ def test_killed_worker_is_replaced_alone(tmp_path):
     try:
         agent = launch.start(
             "--nproc_per_node", "4", "--recovery", "in-place", "--max_restarts", "2", "--events_file", str(ev),
-            EXAMPLE, "--steps", "150", "--step-time", "0.05",
+            "--preload", EXAMPLE, "--steps", "80", "--step-time", "0.05",
         )  # fmt: skip
         out = []
         for line in agent.stdout:  # rank 0 says step 50: kill rank 2 mid-run
             out.append(line)
-            if "step 50/150" in line:
+            if "step 50/80" in line:
                 break
         victim = next(e["pid"] for e in events(ev) if e["event"] == "spawn" and e["rank"] == 2)
         os.kill(victim, signal.SIGKILL)

@@ -175,7 +175,7 @@ def test_a_node_lost_whole_resumes_exactly_from_the_other_nodes_copies(tmp_path)
     logs = tmp_path / "steps"
     logs.mkdir()
     port = free_port()
-    cluster = Cluster()
+    cluster = Cluster(preload=True)
     cluster.store("127.0.0.1", port)
     flags = c10d(port, "2", nproc=2, run_id=f"mem{uuid.uuid4().hex[:8]}", conf="is_host=false")
 
