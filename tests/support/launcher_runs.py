@@ -20,16 +20,17 @@ from support.processes import is_helper, kill_leftovers, let_guards_finish, pare
 
 def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict | None) -> dict:
     """The environment of a launcher a test starts: its TEST_TOKEN, the checkout on PYTHONPATH, and with
-    `preload` PET_PRELOAD=1. A zygote (`preload`, or --preload among `args`) preloads torch only where the
-    script run imports it: otherwise `-torch` (a torch import is ~2 s of CPU here, and most test workers
-    never use it). Where it does, the whole default set: torch._dynamo too, which torch.optim imports as
-    soon as an optimizer is made, so a worker forked without it would import it again, each one."""
+    `preload` PET_PRELOAD=1. The zygote then preloads torch only where the script run imports it:
+    otherwise `-torch` (a torch import is ~2 s of CPU here, and most test workers never use it). Where it
+    does, the whole default set: torch._dynamo too, which torch.optim imports as soon as an optimizer is
+    made, so a worker forked without it would import it again, each one. A test that passes --preload
+    itself gets the defaults (test_preload compares such a run's environment with a spawned one's)."""
     env = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
     env.pop("PYTEST_CURRENT_TEST", None)
     env.pop("PET_PRELOAD", None)
     if preload:
         env["PET_PRELOAD"] = "1"
-    if (preload or "--preload" in args) and not any(_imports_torch(a) for a in args):
+    if preload and not any(_imports_torch(a) for a in args):
         env["PET_PRELOAD_MODULES"] = "-torch"
     env.update(extra or {})
     return env
