@@ -24,7 +24,8 @@ the correctness checks, the bandwidth probes), then prints one row per rank and 
 anything is wrong every rank exits 1, the ranks to blame first (so the launcher's summary names one).
 
 Test hooks: LAUNCHER_PREFLIGHT_CORRUPT_RANK=R makes rank R add 1 to its all_reduce input;
-LAUNCHER_PREFLIGHT_SLOW_RANK=R makes rank R sleep 20 ms before every probe all_reduce.
+LAUNCHER_PREFLIGHT_SLOW_RANK=R makes rank R sleep 100 ms before every probe all_reduce
+(5 times a loaded 2-core host's slowest 1M all_reduce: no noise makes it look healthy).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 sync()
                 t0 = time.perf_counter()
                 if os.environ.get(SLOW_VAR) == str(rank):
-                    time.sleep(0.02)
+                    time.sleep(0.1)
                 dist.all_reduce(buf, group=group)
                 sync()
                 best = min(best, time.perf_counter() - t0)
