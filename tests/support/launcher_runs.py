@@ -30,8 +30,8 @@ def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict |
     env.pop("PET_PRELOAD", None)
     if preload:
         env["PET_PRELOAD"] = "1"
-    if preload and not any(_imports_torch(a) for a in args):
-        env["PET_PRELOAD_MODULES"] = "-torch"
+        if not any(_imports_torch(a) for a in args):
+            env["PET_PRELOAD_MODULES"] = "-torch"
     env.update(extra or {})
     return env
 
