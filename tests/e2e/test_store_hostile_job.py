@@ -67,6 +67,7 @@ def procs():
 def test_a_two_node_job_finishes_beside_every_attack_on_its_store(procs, tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SLEEP": "12", "FAIL_RANK": "0", "FAIL_AFTER": "3"}
+    env["PYTHONFAULTHANDLER"] = "1"  # a node that never ends is sent SIGABRT below: its stacks say where it waits
     for is_host in ("true", "false"):
         args = [
             "--nnodes", "2", "--nproc_per_node", "1", "--max_restarts", "1", "--rdzv_backend", "c10d",
@@ -95,11 +96,10 @@ def test_a_two_node_job_finishes_beside_every_attack_on_its_store(procs, tmp_pat
     )
     procs.append(attacker)
     outs: list[tuple[str, str]] = [("", "")] * 2
-    readers = [
-        threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate(timeout=120))) for i in range(2)
-    ]
+    readers = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate())) for i in range(2)]
     for t in readers:
         t.start()
+    ends = time.monotonic() + 120
     fresh, errors, peak = [], [], 0
     while host.poll() is None or attacker.poll() is None:
         peak = max(peak, peak_rss(host.pid))
@@ -116,6 +116,11 @@ def test_a_two_node_job_finishes_beside_every_attack_on_its_store(procs, tmp_pat
                 except subprocess.TimeoutExpired:
                     errors.append(str(e))
         time.sleep(1.0)
+    for p in procs[:2]:
+        try:
+            p.wait(max(1.0, ends - time.monotonic()))
+        except subprocess.TimeoutExpired:  # a node that never ends: its threads' stacks into its stderr
+            os.kill(p.pid, signal.SIGABRT)
     for t in readers:
         t.join(30)
     counts = json.loads(attacker.communicate(timeout=30)[0].strip().splitlines()[-1])
@@ -124,7 +129,7 @@ def test_a_two_node_job_finishes_beside_every_attack_on_its_store(procs, tmp_pat
         f"host peak RSS {peak >> 20} MiB"
     )
     codes = [p.returncode for p in procs[:2]]
-    assert codes == [0, 0], [e[-3000:] for _, e in outs]
+    assert codes == [0, 0], [e[-12000:] for _, e in outs]
     for out, err in outs:
         assert re.findall(r"restart=(\d) bootstrapped", out) == ["0", "1"], out
         for bad in ("stopped heartbeating", "died", "lost the rendezvous store", "gave up reconnecting"):
