@@ -72,15 +72,17 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     # Not shorter: a forked (--preload) worker's exit finalises the zygote's preloaded heap, as a
     # spawned one does (test_preload_exit): 0.7 s per worker here, over 2 s with four exiting at
     # once on a loaded machine, and a --hang_timeout that short calls a finished worker's exit a hang.
+    events = [tmp_path / f"events{i}.jsonl" for i in range(2)]
     agents = [
         cluster.start(
             *c10d(port, "2", "--max_restarts", "1", "--hang_timeout", "5", "--log_dir", str(logs), nproc=2),
+            "--events_file",
+            str(events[i]),
             STEPS,
             env=env,
-        )
-        for _ in range(2)
+        )  # fmt: skip
+        for i in range(2)
     ]
-    t0 = time.monotonic()
     rcs = [a.wait(120) for a in agents]
     assert rcs == [0, 0], "\n=====\n".join(a.stderr[-3000:] for a in agents)
     hung = next(a for a in agents if re.search(r" rank1\]: start", a.stdout))
@@ -93,7 +95,11 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     dumps = [p for p in logs.glob("*/attempt_0/1/stderr.log") if "in stuck_in_collective" in p.read_text()]
     assert len(dumps) == 1, list(logs.rglob("*"))  # the stacks are in the hung rank's log file too
     assert checkpoint(tmp_path)["step"] == 60
-    assert time.monotonic() - t0 < 60
+    for path in events:  # the stop of round 0 never waited out its grace, hung rank or not
+        log = [json.loads(line) for line in path.read_text().splitlines()]
+        stop = next(e for e in log if e["event"] == "stopping")
+        gone = [e["time"] for e in log if e["event"] == "exit" and e["time"] >= stop["time"]][:2]
+        assert len(gone) == 2 and max(gone) - stop["time"] < stop["grace"], log
     assert cluster.leftovers() == {}
 
 
