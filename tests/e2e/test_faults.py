@@ -80,7 +80,7 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
             str(events[i]),
             STEPS,
             env=env,
-        )  # fmt: skip
+        )
         for i in range(2)
     ]
     rcs = [a.wait(120) for a in agents]

@@ -73,22 +73,23 @@ def parent_pid(pid: int) -> int:
         return -1
 
 
-def is_guard(pid: int) -> bool:
-    """Whether `pid` is an agent's guard."""
+def comm(pid: int) -> str:
+    """The process name of `pid` (what ps shows), "" once it is gone."""
     try:
         with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() == "launcher-guard"
+            return f.read().strip()
     except OSError:
-        return False
+        return ""
+
+
+def is_guard(pid: int) -> bool:
+    """Whether `pid` is an agent's guard."""
+    return comm(pid) == "launcher-guard"
 
 
 def is_helper(pid: int) -> bool:
     """Whether `pid` is one of an agent's helpers (its guard or its zygote), not a worker."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() in ("launcher-guard", "launcher-zygote")
-    except OSError:
-        return False
+    return comm(pid) in ("launcher-guard", "launcher-zygote")
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "a condition", proc: subprocess.Popen | None = None):
