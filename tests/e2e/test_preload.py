@@ -9,7 +9,7 @@ import signal
 
 import pytest
 from support.paths import ROOT, worker
-from support.processes import procs_with_token, wait_for, wait_gone
+from support.processes import comm, procs_with_token, wait_for, wait_gone
 
 # What legitimately differs between two launches of the same job (a fresh run folder, port, ids).
 PER_LAUNCH = {
@@ -37,14 +37,7 @@ def _dump(launch, tmp_path, name: str, args: list[str], env: dict) -> dict:
 
 
 def _zygote_of(token: str) -> int | None:
-    for pid in procs_with_token(token):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "launcher-zygote":
-                    return pid
-        except OSError:
-            continue
-    return None
+    return next((pid for pid in procs_with_token(token) if comm(pid) == "launcher-zygote"), None)
 
 
 @pytest.mark.parametrize("omp, nproc", [(None, 1), (None, 2), ("1", 2), ("4", 2)])
