@@ -218,17 +218,18 @@ def mark_stragglers(members: Sequence[Member], event: Flagged, host: str, c: Lau
         if slow == m.straggler or m.state is not WorkerState.RUNNING:
             continue
         m.straggler = slow
+        # The event goes on file before the line is said: whoever reads the line finds the event.
         if slow:
             rate = event.ranks[m.worker.rank]
+            emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
             log.warning(
                 f"rank {m.worker.rank} on {host} is a straggler: {rate:.2f} steps/s, "
                 f"below {c.straggler_threshold:g} of the job's median {event.median:.2f} "
                 f"for {c.straggler_period:g} s (--straggler_threshold)"
             )
-            emit("straggler", rank=m.worker.rank, rate=rate, median=event.median)
         else:
-            log.info(f"rank {m.worker.rank} on {host} caught up with the job's median step rate")
             emit("straggler_cleared", rank=m.worker.rank)
+            log.info(f"rank {m.worker.rank} on {host} caught up with the job's median step rate")
 
 
 def route(
