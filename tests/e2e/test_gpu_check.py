@@ -1,5 +1,10 @@
 """scripts/gpu_check.sh in CPU mode (CUDA hidden): every GPU item SKIPs with its reason, the CPU items
-pass, exit 0; and a failing item makes the exit status non-zero."""
+pass, exit 0; and a failing item makes the exit status non-zero.
+
+Of the CPU items the suite runs the two that exercise the script's own logic (train_ddp and
+check_train, shared with the NCCL items, on the zygote's path; and the NUMA item's no-GPU line). The
+others run commands other tests run already (test_examples: train_ddp.py spawned and collectives.py;
+test_workloads: `check` and `bench allreduce`), each a torch job of its own (~50 s of CPU in all)."""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ GPU_ITEMS = {
     "nvml_health",
     "in_place_nccl",
 }
+RUN_CPU_ITEMS = {"train_ddp_gloo_preload", "numa_binding_no_gpu"}
 LINE = re.compile(r"^(PASS|FAIL|SKIP)  (\S+) +(.+)$")
 
 
@@ -62,19 +68,25 @@ def gpu_check(logs: Path, timeout: float, **extra: str) -> tuple[int, dict[str, 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_without_cuda_every_gpu_item_skips_and_the_cpu_items_pass(tmp_path):
-    rc, items, out = gpu_check(tmp_path / "logs", 840)
-    assert set(items) == CPU_ITEMS | GPU_ITEMS, out
+    rc, items, out = gpu_check(tmp_path / "logs", 840, GPU_CHECK_ONLY=",".join(sorted(GPU_ITEMS | RUN_CPU_ITEMS)))
+    assert set(items) == GPU_ITEMS | RUN_CPU_ITEMS, out
     for name in GPU_ITEMS:
         verdict, reason = items[name]
         assert verdict == "SKIP" and reason.strip(), out
     assert items["train_ddp_nccl"][1].startswith("no GPU: "), out
     nvidia = "/proc/driver/nvidia/gpus"
     has_gpus = os.path.isdir(nvidia) and bool(os.listdir(nvidia))  # then the no-GPU NUMA item has nothing to show
-    for name in CPU_ITEMS:
+    for name in RUN_CPU_ITEMS:
         assert items[name][0] == ("SKIP" if has_gpus and name == "numa_binding_no_gpu" else "PASS"), out
     assert rc == 0, out
     assert re.search(rf"gpu_check: \d+ passed, 0 failed, {len(GPU_ITEMS)} skipped; logs in ", out), out
-    assert (tmp_path / "logs" / "train_ddp_gloo.log").exists()
+    assert (tmp_path / "logs" / "train_ddp_gloo_preload.log").exists()
+
+
+def test_the_script_has_exactly_the_items_named_here():
+    """Every item the script can run, CPU or GPU, is one this file knows (the full run is on a GPU machine)."""
+    assert set(re.findall(r"^if wanted (\w+)", SCRIPT.read_text(), re.M)) == CPU_ITEMS | GPU_ITEMS
+    assert RUN_CPU_ITEMS <= CPU_ITEMS
 
 
 def test_a_failing_item_fails_the_script_with_its_reason(tmp_path):

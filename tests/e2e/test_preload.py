@@ -40,8 +40,9 @@ def _zygote_of(token: str) -> int | None:
     return next((pid for pid in procs_with_token(token) if comm(pid) == "launcher-zygote"), None)
 
 
-@pytest.mark.parametrize("omp, nproc", [(None, 1), (None, 2), ("1", 2), ("4", 2)])
-@pytest.mark.parametrize("as_module", [False, True])
+# Pairwise, not the full product: each OMP_NUM_THREADS setting, each world size and script and module
+# are met (each case is two torch jobs, ~9 s of CPU here).
+@pytest.mark.parametrize("omp, nproc, as_module", [(None, 1, False), (None, 2, True), ("1", 2, False), ("4", 2, True)])
 def test_forked_worker_matches_a_spawned_one(launch, tmp_path, monkeypatch, omp, nproc, as_module):
     env = {"OMP_NUM_THREADS": omp} if omp else {}
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # unset: the launcher's own rule decides

@@ -504,7 +504,10 @@ class FakeStore:
         self.conns.append(conn)
         hello = b""
         while len(hello) < 10:
-            hello += conn.recv(10 - len(hello))
+            chunk = conn.recv(10 - len(hello))
+            if not chunk:  # the client left: a loop on b"" would spin a core for the rest of the session
+                return
+            hello += chunk
         conn.sendall(hello[6:10])  # the nonce
         while True:
             try:
