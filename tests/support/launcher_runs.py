@@ -22,28 +22,34 @@ def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict |
     """The environment of a launcher a test starts: its TEST_TOKEN, the checkout on PYTHONPATH, and with
     `preload` PET_PRELOAD=1. The zygote then preloads torch only where the script run imports it:
     otherwise `-torch` (a torch import is ~2 s of CPU here, and most test workers never use it). Where it
-    does, the whole default set: torch._dynamo too, which torch.optim imports as soon as an optimizer is
-    made, so a worker forked without it would import it again, each one. A test that passes --preload
-    itself gets the defaults (test_preload compares such a run's environment with a spawned one's)."""
+    does, the whole default set for a script that makes a DDP or an optimizer (each imports torch._dynamo,
+    so a worker forked without it would import it again, each one), else `-torch._dynamo` (~2 s more per
+    zygote). A test that passes --preload itself gets the defaults (test_preload compares such a run's
+    environment with a spawned one's)."""
     env = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
     env.pop("PYTEST_CURRENT_TEST", None)
     env.pop("PET_PRELOAD", None)
     if preload:
         env["PET_PRELOAD"] = "1"
-        if not any(_imports_torch(a) for a in args):
+        sources = [_torch_source(a) for a in args]
+        if not any(sources):
             env["PET_PRELOAD_MODULES"] = "-torch"
+        elif not any(re.search(r"DistributedDataParallel|\boptim\b", s) for s in sources if s):
+            env["PET_PRELOAD_MODULES"] = "-torch._dynamo"
     env.update(extra or {})
     return env
 
 
-def _imports_torch(arg: str) -> bool:
-    """`arg` is a Python file that imports torch (or a `launcher.worker...` module, which may)."""
+def _torch_source(arg: str) -> str | None:
+    """The text of `arg` where it is a Python file that imports torch (a `launcher.worker...` module, which
+    may: "optim", the defaults kept), else None."""
     if arg.startswith("launcher.worker"):
-        return True
+        return "optim"
     if not arg.endswith(".py") or not os.path.isfile(arg):
-        return False
+        return None
     with open(arg) as f:
-        return re.search(r"^\s*(import|from) torch\b", f.read(), re.M) is not None
+        text = f.read()
+    return text if re.search(r"^\s*(import|from) torch\b", text, re.M) else None
 
 
 class Launch:
