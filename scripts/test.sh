@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up (if needed), lint, and run the whole test suite; extra arguments go to pytest.
 # ruff first (check and format --check, config in pyproject.toml): a lint failure ends the run at once.
-# The tests mostly wait on real processes, so pytest runs a worker more than there are cores, three
-# at least (one test file each at a time: module fixtures such as the Slurm cluster stay single);
-# TEST_WORKERS overrides.
+# The tests mostly wait on real processes (timeouts, heartbeats, Slurm), so pytest runs two workers a
+# core and one more, 12 at most (one test file each at a time: module fixtures such as the Slurm
+# cluster stay single); on 2 cores 5 workers took 660 s where 3 took 808 s. TEST_WORKERS overrides.
 # Layers: tests/unit (in process, seconds), tests/integration, tests/e2e; e.g. `scripts/test.sh tests/unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +15,4 @@ LINTED=(launcher tests scripts examples)
 # launcher, zygote and worker processes compiled what it imports again (setup.sh writes it at install).
 .venv/bin/python -m compileall -q -j 0 launcher tests >/dev/null
 cores=$(nproc 2>/dev/null || echo 2)
-exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores > 2 ? cores + 1 : 3))}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores * 2 + 1 > 12 ? 12 : cores * 2 + 1))}" --dist loadfile "$@"

@@ -22,7 +22,7 @@ def client(port: int):
     return TCPStoreAdapter("127.0.0.1", port, SETTINGS.read_timeout, connect_timeout=20)
 
 
-def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list:
+def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job", settings: RendezvousSettings = SETTINGS) -> list:
     """`n` ElasticRendezvous nodes (nproc 2, --nnodes lo:hi) on the store at `port`."""
     from launcher.rendezvous.protocol import ElasticRendezvous
     from launcher.rendezvous.records import Node
@@ -32,7 +32,7 @@ def agents(port: int, n: int, lo: int, hi: int, run_id: str = "job") -> list:
             client(port),
             run_id,
             Node(node_id=f"n{i}", addr="127.0.0.1", nproc=2, min_nodes=lo, max_nodes=hi, max_restarts=3),
-            SETTINGS,
+            settings,
             port_picker=lambda: 23456,
         )
         for i in range(n)
