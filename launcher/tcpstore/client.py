@@ -159,10 +159,14 @@ class StoreClient:
         self._u8()  # resumed: a first connection's session is new, or a sibling's
         return version, boot
 
-    def _connect(self, patience: float, extra: bytes = b"", bounded: bool = False) -> socket.socket:
+    def _connect(
+        self, patience: float, extra: bytes = b"", bounded: bool = False, window: float | None = None
+    ) -> socket.socket:
         """A connection that passed the handshake (VALIDATE, PING), with `extra` frames sent along;
         a refused or dropped one is retried for `patience` s, and said so (INFO) after TELL_AFTER s
         and every TELL_EVERY s. `bounded` (a reconnect): its answer too, and a refused one ends it.
+        `window`: the time the error says was spent retrying (a reconnect's whole window, of which
+        `patience` is what was left of it), else `patience`.
 
         A server that hangs up on the PING (torch 2.4's, which has no such op) is greeted the old
         way from then on: VALIDATE, then a CHECK of no keys, which every server answers READY."""
@@ -224,7 +228,7 @@ class StoreClient:
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
-                raise StoreError(f"{why}, retried for {patience:.3g} s")
+                raise StoreError(f"{why}, retried for {window or patience:.3g} s")
             if not bounded and now - told >= TELL_EVERY:
                 told = now
                 log.info(
@@ -445,7 +449,8 @@ class StoreClient:
         try:
             if left <= 0:
                 raise StoreError(f"still broken after {self.reconnect:g} s")
-            self._connect(left, U8.pack(SESSION) + U64.pack(self.session) + U8.pack(SESSION_INFO), bounded=True)
+            session = U8.pack(SESSION) + U64.pack(self.session) + U8.pack(SESSION_INFO)
+            self._connect(left, session, bounded=True, window=self.reconnect)
             try:
                 version = U32.unpack(self._read(4))[0]
                 boot = U64.unpack(self._read(8))[0] if version >= 2 else None
