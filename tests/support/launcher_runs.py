@@ -31,25 +31,29 @@ def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict |
     env.pop("PET_PRELOAD", None)
     if preload:
         env["PET_PRELOAD"] = "1"
-        sources = [_torch_source(a) for a in args]
-        if not any(sources):
-            env["PET_PRELOAD_MODULES"] = "-torch"
-        elif not any(re.search(r"DistributedDataParallel|\boptim\b", s) for s in sources if s):
-            env["PET_PRELOAD_MODULES"] = "-torch._dynamo"
+        dropped = _DROPPED[max((_torch_need(a) for a in args), default=_NO_TORCH)]
+        if dropped:
+            env["PET_PRELOAD_MODULES"] = dropped
     env.update(extra or {})
     return env
 
 
-def _torch_source(arg: str) -> str | None:
-    """The text of `arg` where it is a Python file that imports torch (a `launcher.worker...` module, which
-    may: "optim", the defaults kept), else None."""
+_NO_TORCH, _TORCH, _DYNAMO = range(3)  # what a script needs preloaded, in increasing order
+_DROPPED = {_NO_TORCH: "-torch", _TORCH: "-torch._dynamo", _DYNAMO: None}  # --preload_modules for each
+
+
+def _torch_need(arg: str) -> int:
+    """What `arg` needs of the zygote: a Python file that makes a DDP or an optimizer (or a
+    `launcher.worker...` module, which may) `_DYNAMO`; one that imports torch only `_TORCH`."""
     if arg.startswith("launcher.worker"):
-        return "optim"
+        return _DYNAMO
     if not arg.endswith(".py") or not os.path.isfile(arg):
-        return None
+        return _NO_TORCH
     with open(arg) as f:
         text = f.read()
-    return text if re.search(r"^\s*(import|from) torch\b", text, re.M) else None
+    if not re.search(r"^\s*(import|from) torch\b", text, re.M):
+        return _NO_TORCH
+    return _DYNAMO if re.search(r"DistributedDataParallel|\boptim\b", text) else _TORCH
 
 
 class Launch:
