@@ -40,15 +40,24 @@ def temporary_files_in_pytests_tree(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_thread_left_spinning(request):
-    """After a module, nothing it started may keep a core busy in this xdist worker: a test server's thread
-    looping on a closed socket once burnt ~340 s of CPU, a quarter of the suite's, in the tests after it."""
+def no_thread_left_behind(request):
+    """After a module, nothing it started may keep a core busy in this xdist worker, nor may a launcher
+    thread it started outlive it: a test server's thread looping on a closed socket once burnt ~340 s
+    of CPU, a quarter of the suite's, in the tests after it; a store watch retrying a closed store for
+    30 s logged into a later test's capture and failed it."""
+    before = set(threading.enumerate())
     yield
     threads = threading.enumerate()
-    before, t0 = time.process_time(), time.monotonic()
+    start, t0 = time.process_time(), time.monotonic()
     time.sleep(0.1)
-    busy = (time.process_time() - before) / (time.monotonic() - t0)
+    busy = (time.process_time() - start) / (time.monotonic() - t0)
     assert busy < 0.8, f"{request.module.__name__} left a thread spinning ({busy:.0%} of a core): {threads}"
+    ours = [t for t in threads if t not in before and t.name.startswith("launcher-")]
+    deadline = time.monotonic() + 2.0  # a thread already ending (a round asked for as the test ended)
+    for t in ours:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in ours if t.is_alive()]
+    assert not left, f"{request.module.__name__} left launcher threads running: {left}"
 
 
 # These modules run every test that takes `launch` (or `cluster`) twice: with spawned workers, and with

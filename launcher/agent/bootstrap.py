@@ -102,7 +102,8 @@ class GroupWatch:
     """A thread that waits, on its own connection to the round's bootstrap store, for FORMED_KEY, and
     notes the time it came (`at`). It ends then, at `close()`, or when the store goes (the round ends)."""
 
-    POLL = 0.5  # seconds: each wait, so that `close()` is heard within it
+    POLL = 0.5  # seconds: each wait and each try to connect, so that `close()` is heard within it
+    CONNECT_FOR = 30.0  # seconds of tries to connect before the watch gives up
 
     def __init__(self, addr: str, port: int, clock: Callable[[], float]):
         self.at: float | None = None
@@ -124,8 +125,18 @@ class GroupWatch:
         client = None
         try:
             # the server is up before any worker starts (group rank 0); another node's may be a moment later
-            client = StoreClient(self._addr, self._port, timeout=10.0, connect_timeout=30.0)
-            while not self._closed.is_set():
+            deadline = time.monotonic() + self.CONNECT_FOR
+            while client is None and not self._closed.is_set():
+                try:
+                    # Tries of POLL s each, so that `close()` ends the thread: one 30 s try outlived its
+                    # round, saying "cannot reach the store" of a store closed on purpose. Each try is
+                    # within the client's TELL_AFTER, so it says nothing: an absent store is the
+                    # workers' to report, not this watch's.
+                    client = StoreClient(self._addr, self._port, timeout=10.0, connect_timeout=self.POLL)
+                except StoreError:
+                    if time.monotonic() >= deadline:
+                        raise
+            while client is not None and not self._closed.is_set():
                 if client.wait([FORMED_KEY], timeout=self.POLL):
                     self.at = self._clock()
                     return

@@ -101,7 +101,8 @@ class Monitor:
     """This agent's side of the board: report, judge, and post `Flagged` while rounds run.
 
     `store`: the rendezvous store (cloned once for this thread), or None without one. `clock` paces
-    the judge; `wall` stamps the reports (`launcher status` shows their age)."""
+    the judge; `wall` stamps the reports (`launcher status` shows their age); `background`: ticked by
+    a thread of its own (else by whoever calls `tick()`)."""
 
     def __init__(
         self,
@@ -113,11 +114,13 @@ class Monitor:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         annotate: Callable[[NodeReport], NodeReport] = lambda report: report,
+        background: bool = True,
     ):
         self._store, self.run_id, self.judge = store, run_id, judge
         self.node_id = node_id or f"{hostname()}:{os.getpid()}"
         self.clock, self.wall = clock, wall
         self.annotate = annotate  # adds what other modules report beside the supervisor (goodput)
+        self.background = background  # False: no thread, the caller calls `tick()` (tests)
         self.board: Board | None = None
         self._round: Round | None = None
         self._report: Callable[[], NodeReport | None] = lambda: None
@@ -137,7 +140,7 @@ class Monitor:
         """Round `rnd` runs: report `report()` (None while its workers start) and post to `post`."""
         with self._lock:
             self._round, self._report, self._post, self._shown = rnd, report, post, frozenset()
-        if self._thread is None and not self.idle:
+        if self._thread is None and self.background and not self.idle:
             self._thread = threading.Thread(target=self._run, name="launcher-board", daemon=True)
             self._thread.start()
 

@@ -81,3 +81,29 @@ def test_a_fresh_round_store_keeps_the_ranks_records_and_nothing_else():
         watch = store.watch
         store.close()
         watch.join(5)
+
+
+def test_a_watch_of_a_store_that_refuses_ends_at_close_and_says_nothing(caplog):
+    """Another node's round store that is gone (or not up yet): the watch retries quietly and its thread
+    ends within a poll of `close()`. (One 30 s try outlived its round, saying "cannot reach the store"
+    of a store closed on purpose, into a later test's log.)"""
+    import logging
+    import socket
+
+    from launcher.agent.bootstrap import GroupWatch
+
+    caplog.set_level(logging.DEBUG, logger="launcher.tcpstore.client")
+
+    def tried_for(seconds: float) -> bool:
+        tries = [r.created for r in caplog.records if "connecting to the store" in r.getMessage()]
+        return len(tries) > 1 and tries[-1] - tries[0] > seconds
+
+    with socket.socket() as held:  # bound, not listening: every connect is refused
+        held.bind(("127.0.0.1", 0))
+        watch = GroupWatch("127.0.0.1", held.getsockname()[1], time.monotonic)
+        wait_for(lambda: tried_for(1.5), timeout=10, what="the watch to retry past TELL_AFTER, in a second try")
+        watch.close()
+        watch.join(2 * GroupWatch.POLL + 1)
+        assert not watch._thread.is_alive()
+    assert watch.at is None
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.text

@@ -139,7 +139,9 @@ def test_a_node_of_very_many_workers_is_published_without_them():
 def monitors(store: DictStore, n: int, clock: FakeClock, threshold: float = 0.5) -> list[Monitor]:
     out = []
     for g in range(n):
-        m = Monitor(store, "job", Judge(threshold, 60), node_id=f"h:{g}", clock=clock, wall=lambda: 1.0)
+        m = Monitor(
+            store, "job", Judge(threshold, 60), node_id=f"h:{g}", clock=clock, wall=lambda: 1.0, background=False
+        )
         m.begin(round_of(g, n), lambda g=g: report_of(g, rate=0.1 if g == n - 1 else 1.0), lambda e: None)
         out.append(m)
     return out
@@ -175,7 +177,7 @@ def test_the_judge_flags_through_the_board_and_every_node_is_told_once():
 
 def test_without_a_store_the_node_judges_its_own_ranks():
     clock, posted = FakeClock(), []
-    m = Monitor(None, "job", Judge(0.5, 10), clock=clock)
+    m = Monitor(None, "job", Judge(0.5, 10), clock=clock, background=False)
     workers = tuple(
         WorkerReport(rank=i, local_rank=i, pid=i + 1, state="running", restarts=0, rate=0.1 if i == 2 else 1.0)
         for i in range(4)
@@ -190,7 +192,7 @@ def test_without_a_store_the_node_judges_its_own_ranks():
 
 def test_nothing_is_published_while_the_workers_start_and_the_last_report_comes_at_the_end():
     store, state = DictStore(), ["starting"]
-    m = Monitor(store, "job", Judge(0.0, 60), node_id="h:1", wall=lambda: 1.0)
+    m = Monitor(store, "job", Judge(0.0, 60), node_id="h:1", wall=lambda: 1.0, background=False)
     m.begin(round_of(0, 1), lambda: None if state[0] == "starting" else report_of(0, state=state[0]), lambda e: None)
     assert m.tick() == RETRY_EVERY and not store.data  # looked at again soon
     state[0] = "succeeded"
@@ -201,7 +203,7 @@ def test_nothing_is_published_while_the_workers_start_and_the_last_report_comes_
 
 def test_a_node_keeps_its_reports_of_the_last_two_rounds_only():
     store = DictStore()
-    m = Monitor(store, "job", Judge(0.0, 60), node_id="h:1")
+    m = Monitor(store, "job", Judge(0.0, 60), node_id="h:1", background=False)
     for r in range(4):
         m.begin(round_of(0, 1, r), lambda: report_of(0), lambda e: None)
         m.tick()
@@ -213,7 +215,7 @@ def test_a_store_error_never_reaches_the_job(caplog):
         def set(self, key, value):
             raise ConnectionError("the store went away")
 
-    m = Monitor(Broken(), "job", Judge(0.5, 60), node_id="h:1")
+    m = Monitor(Broken(), "job", Judge(0.5, 60), node_id="h:1", background=False)
     m.begin(round_of(0, 1), lambda: report_of(0), lambda e: None)
     with caplog.at_level("DEBUG", logger="launcher.telemetry.board"):
         assert m.tick() == REPORT_EVERY

@@ -13,6 +13,7 @@ import pytest
 from support.clock import FakeClock
 
 from launcher.agent import process
+from launcher.agent.bootstrap import DISABLE_VAR
 from launcher.agent.parts import Identity, Launching, Observers
 from launcher.agent.signals import SignalReceived
 from launcher.agent.supervisor import Supervisor
@@ -139,6 +140,11 @@ def no_process_sweep(monkeypatch):
     monkeypatch.setattr(process, "reap_adopted", lambda owned: None)
 
 
+# No bootstrap store: the workers are fakes, and a real server on the rounds' port 29500 would outlive the
+# test (it closes when `Supervisor.run` returns, which a rig that steps the loop never calls)
+RIG_ENVIRON = {"PATH": "/usr/bin", DISABLE_VAR: "1"}
+
+
 class Rig:
     def __init__(self, tmp_path, nproc: int = 2, max_restarts: int = 0, ignore: frozenset[int] = frozenset(), **flags):
         self.config = from_flags(
@@ -157,7 +163,7 @@ class Rig:
         self.sup = Supervisor(
             self.config,
             self.rdzv,
-            Launching(NoLogs(), str(tmp_path), process.Spawner(self.spawn), {"PATH": "/usr/bin"}),
+            Launching(NoLogs(), str(tmp_path), process.Spawner(self.spawn), RIG_ENVIRON),
             identity=Identity("unit", "testhost"),
             observers=Observers(sinks=[lambda kind, fields: self.events.append((kind, fields))]),
             clock=self.clock,
