@@ -82,32 +82,24 @@ def assert_exact(got: Outcome, ref: Outcome, restarts: int = 1) -> None:
     "case, die",
     [
         ("flat", "1 5 after"),  # after the optimizer step, before the loss all_reduce: was applied twice
-        ("loader", "1 5 before"),  # mid-epoch, before the commit: the step again, its dropout as before
-        ("loader", "2 11 after"),  # the epoch's last batch committed: the next epoch, its own shuffle
-        # torchdata's StatefulDataLoader, resumed from its state_dict: the DataLoader's batches, so its weights
-        ("stateful", "1 5 before"),
-        ("stateful", "0 16 after"),  # the sender's rank lost: the replacement takes a survivor's loader state
-        ("frozen", "1 5 before"),  # a kept module with no trained parameter (a fine-tune's frozen part)
+        # One job, three recoveries (each a few seconds; a job each cost a zygote and a torch import):
+        # mid-epoch before the commit (the step again, its dropout as before), the epoch's last batch
+        # committed (the next epoch, its own shuffle), and after the last step (the job finishes
+        # without running again), with a kept module no parameter of which is trained (a fine-tune's)
+        ("frozen", "1 5 before, 2 11 after, 0 23 end"),
+        # torchdata's StatefulDataLoader, resumed from its state_dict: the DataLoader's batches, so its
+        # weights; then the sender's rank lost: the replacement takes a survivor's loader state
+        ("stateful", "1 5 before, 0 16 after"),
     ],
 )
 def test_a_rank_lost_in_a_step_leaves_the_weights_as_an_undisturbed_run(tmp_path, undisturbed, case, die):
-    env = {
-        "DIE_AT": die,
-        **({"FLAT": "1"} if case == "flat" else {}),
-        **({case.upper(): "1"} if case in ("stateful", "frozen") else {}),
-    }
-    got = run(tmp_path, **env)
-    assert_exact(got, undisturbed["flat" if case == "flat" else "loader"])
-    spawns = [e for e in got.events if e["event"] == "spawn" and e["round"] == 1]
-    assert [e["rank"] for e in spawns] == [int(die.split()[0])], spawns  # the lost rank alone
-
-
-@pytest.mark.timeout(300)
-def test_a_rank_lost_after_its_last_step_finishes_the_job_without_running_it_again(tmp_path, undisturbed):
-    got = run(tmp_path, DIE_AT="1 23 end")
-    assert_exact(got, undisturbed["loader"])
-    replacement = [e["pid"] for e in got.events if e["event"] == "spawn" and e["round"] == 1]
-    assert len(replacement) == 1 and "in_place_failed" not in [e["event"] for e in got.events], got.err
+    faults = [int(entry.split()[0]) for entry in die.split(",")]
+    env = {"DIE_AT": die, **({"FLAT": "1"} if case == "flat" else {case.upper(): "1"})}
+    got = run(tmp_path, restarts=len(faults) + 1, **env)
+    assert_exact(got, undisturbed["flat" if case == "flat" else "loader"], restarts=len(faults))
+    spawns = [(e["round"], e["rank"]) for e in got.events if e["event"] == "spawn" and e["round"] > 0]
+    assert spawns == [(n, rank) for n, rank in enumerate(faults, 1)], spawns  # each lost rank alone, in turn
+    assert "in_place_failed" not in [e["event"] for e in got.events], got.err
 
 
 @pytest.mark.timeout(300)

@@ -37,12 +37,10 @@ class Nodes:
     """Agents of one job (--nnodes 2, 2 workers each) on a rendezvous store no node hosts, so that any node
     may be lost: a `launcher store` (c10d) or a real etcd; each agent's events file is NAME.events. The
     workers are forked from the --preload zygote (in place's fast path; torch imported once per node, not
-    once per worker and round), but in the group restart's test, which spawns them."""
+    once per worker and round)."""
 
-    def __init__(
-        self, tmp: Path, backend: str = "c10d", *extra: str, conf: str = "", script: tuple = (), env=None, preload=True
-    ):
-        self.tmp, self.cluster, self.etcd, self.extra = tmp, Cluster(preload=preload), None, extra
+    def __init__(self, tmp: Path, backend: str = "c10d", *extra: str, conf: str = "", script: tuple = (), env=None):
+        self.tmp, self.cluster, self.etcd, self.extra = tmp, Cluster(preload=True), None, extra
         self.script, self.env = script or (EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05"), env
         if backend == "etcd":
             self.etcd = Member(tmp).start()
@@ -86,13 +84,6 @@ def spawns(ev: Path) -> dict[int, int]:
 @pytest.fixture
 def nodes(tmp_path):
     n = Nodes(tmp_path)
-    yield n
-    n.cleanup()
-
-
-@pytest.fixture
-def spawned_nodes(tmp_path):
-    n = Nodes(tmp_path, preload=False)
     yield n
     n.cleanup()
 
@@ -145,8 +136,7 @@ def test_a_worker_then_a_member_lost_only_the_lost_part_starts_again(backend_nod
 
 
 @pytest.mark.timeout(240)
-def test_the_node_serving_the_store_lost_restarts_the_group(spawned_nodes):
-    nodes = spawned_nodes
+def test_the_node_serving_the_store_lost_restarts_the_group(nodes):
     (head, hev), (other, oev) = members(nodes)
     spare, sev = nodes.start("spare")
     spare.wait_for(r"waiting as a spare", stream="err", timeout=60)

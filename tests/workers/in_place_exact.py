@@ -11,6 +11,8 @@ STEP `end` (after the last step, before job.close()); DIE_TOO="RANK DELAY": anot
 after the first (both at DIE_AT's step). DIE_AT="RANK 0 start" dies at start-up, before `Job()`;
 DIE_AT="RANK EPOCH eval" at the end of that epoch, before an all_reduce outside `with step:` (an eval's);
 DIE_AT="RANK STEP hang": that rank blocks, silent, after the forward (its peers then wait on it).
+DIE_AT may list several entries, "R S P, R S P": one fault each, each of another rank's first process
+(several recoveries in one job); DIE_TOO and DIE_REDO go by the first.
 HOLD_AT=STEP: every rank prints "holding rank=R" at that step's start, and waits there until it is stopped.
 DIE_REDO=RANK: that rank (a first-round process) dies again at DIE_AT's step when it runs it again after
 the recovery (after the forward): the replacement then runs that step a second time.
@@ -36,10 +38,16 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 e = os.environ
 first_round = e.get("LAUNCHER_ROUND", "0") == "0" and e["TORCHELASTIC_RESTART_COUNT"] == "0"
-die = e.get("DIE_AT", "").split()
-die_rank, die_step, die_phase = (int(die[0]), int(die[1]), die[2]) if die else (-1, -1, "")
+die = [entry.split() for entry in e.get("DIE_AT", "").split(",") if entry.strip()]
+dies = {(int(r), int(s), p) for r, s, p in die}
+die_step, die_phase = (int(die[0][1]), die[0][2]) if die else (-1, "")
 too = e.get("DIE_TOO", "").split()
 rank_now = int(e["RANK"])
+
+
+def dies_at(step: int, phase: str) -> bool:
+    """Whether this process is to die at `step`'s `phase` (a first-round process, named by DIE_AT)."""
+    return first_round and (rank_now, step, phase) in dies
 
 
 def kill(after: float = 0.0) -> None:
@@ -48,7 +56,7 @@ def kill(after: float = 0.0) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if first_round and die_phase == "start" and rank_now == die_rank:
+if dies_at(0, "start"):
     kill()
 if first_round and too and int(too[0]) == rank_now and die_phase == "start":
     kill(float(too[1]))
@@ -104,7 +112,7 @@ def passes():
         sampler.set_epoch(epoch)
         torch.manual_seed(1000 * epoch + rank)  # each rank's own dropout masks, per epoch
         yield from job.steps(loader)
-        if first_round and rank == die_rank and epoch == die_step and die_phase == "eval":
+        if dies_at(epoch, "eval"):
             kill()
         dist.all_reduce(torch.ones(1))  # an eval's collective, outside `with step:`
 
@@ -116,10 +124,9 @@ for step in flat() if e.get("FLAT") else passes():
     with step:
         x, y, ids = step.batch
         out = job.model(x)
-        here = first_round and rank == die_rank and step.index == die_step
-        if here and die_phase == "before":
+        if dies_at(step.index, "before"):
             kill()
-        if here and die_phase == "hang":
+        if dies_at(step.index, "hang"):
             time.sleep(3600)
         redo = e.get("DIE_REDO") == str(rank) and first_round and step.index == die_step and job.round > 0
         if redo:
@@ -131,12 +138,12 @@ for step in flat() if e.get("FLAT") else passes():
         log.write(f"applied {step.index} {' '.join(map(str, ids.tolist()))}\n")
         if too and first_round and int(too[0]) == rank and step.index == die_step:
             threading.Thread(target=kill, args=(float(too[1]),), daemon=True).start()
-        if here and die_phase == "after":
+        if dies_at(step.index, "after"):
             kill()
         dist.all_reduce(loss.detach())  # the logged loss: a collective after the commit point
         time.sleep(step_time)
 
-if first_round and rank == die_rank and die_phase == "end":
+if first_round and any(r == rank_now and p == "end" for r, _, p in dies):
     kill()
 
 
