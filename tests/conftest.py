@@ -65,8 +65,17 @@ def no_thread_left_behind(request):
 # forked worker's differ).
 BOTH_STARTS = {"test_supervise"}
 # These run each such test once, forked and spawned in turn down the module, the first forked (the fast
-# path the faults strain most): both starts are covered at half the cost (each zygote imports torch).
-ONE_START = {"test_faults", "test_faults_nodes", "test_faults_store", "test_examples"}
+# path the faults strain most): both starts are covered at half the cost (each zygote imports torch once
+# for its node, where each spawned worker imports it again: test_launch 35 -> 21 CPU-s, test_bootstrap_store
+# 30 -> 15).
+ONE_START = {
+    "test_faults",
+    "test_faults_nodes",
+    "test_faults_store",
+    "test_examples",
+    "test_bootstrap_store",
+    "test_launch",
+}
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
