@@ -67,7 +67,7 @@ BOTH_STARTS = {"test_supervise"}
 # These run each such test once, forked and spawned in turn down the module, the first forked (the fast
 # path the faults strain most): both starts are covered at half the cost (each zygote imports torch once
 # for its node, where each spawned worker imports it again: test_launch 35 -> 21 CPU-s, test_bootstrap_store
-# 30 -> 15).
+# 30 -> 15, test_workloads 41 -> 31).
 ONE_START = {
     "test_faults",
     "test_faults_nodes",
@@ -75,6 +75,7 @@ ONE_START = {
     "test_examples",
     "test_bootstrap_store",
     "test_launch",
+    "test_workloads",
 }
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 

@@ -44,7 +44,10 @@ _DROPPED = {_NO_TORCH: "-torch", _TORCH: "-torch._dynamo", _DYNAMO: None}  # --p
 
 def _torch_need(arg: str) -> int:
     """What `arg` needs of the zygote: a Python file that makes a DDP or an optimizer (or a
-    `launcher.worker...` module, which may) `_DYNAMO`; one that imports torch only `_TORCH`."""
+    `launcher.worker...` module, which may) `_DYNAMO`; one that imports torch only `_TORCH`, as do the
+    workloads (`launcher check`, `launcher bench allreduce`: collectives, no DDP, no optimizer)."""
+    if arg in ("check", "bench"):
+        return _TORCH
     if arg.startswith("launcher.worker"):
         return _DYNAMO
     if not arg.endswith(".py") or not os.path.isfile(arg):
