@@ -4,8 +4,6 @@
 # The tests mostly wait on real processes (timeouts, heartbeats, Slurm), so pytest runs two workers a
 # core and one more, 12 at most (one test file each at a time: module fixtures such as the Slurm
 # cluster stay single); on 2 cores 5 workers took 660 s where 3 took 808 s. TEST_WORKERS overrides.
-# Files are handed out in the order collected (tests/conftest.py puts the longest first), not xdist's
-# default of the files with the most tests first, which handed out the longest files, few tests each, last.
 # Layers: tests/unit (in process, seconds), tests/integration, tests/e2e; e.g. `scripts/test.sh tests/unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +15,4 @@ LINTED=(launcher tests scripts examples)
 # launcher, zygote and worker processes compiled what it imports again (setup.sh writes it at install).
 .venv/bin/python -m compileall -q -j 0 launcher tests >/dev/null
 cores=$(nproc 2>/dev/null || echo 2)
-exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores * 2 + 1 > 12 ? 12 : cores * 2 + 1))}" --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-$((cores * 2 + 1 > 12 ? 12 : cores * 2 + 1))}" --dist loadfile "$@"

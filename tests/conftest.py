@@ -81,10 +81,9 @@ _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
 # The longest files first, longest at the head: xdist hands out whole files (--dist loadfile) in the
-# order collected (scripts/test.sh passes --no-loadscope-reorder: by default xdist hands out first the
-# files with the most tests, and these have few), and one of these handed out last kept a worker on it
-# ~100 s after the others ended (beside two busy loops at 05706fe: test_memory then test_in_place_nodes,
-# 224 s and 225 s, came last to one worker, which ended at 776 s of tests against 676-757 s). Measured, per file, with the suite's
+# order collected, and one of these handed out last kept a worker on it ~100 s after the others ended
+# (beside two busy loops at 05706fe: test_memory then test_in_place_nodes, 224 s and 225 s, came last
+# to one worker, which ended at 776 s of tests against 676-757 s). Measured, per file, with the suite's
 # wall-clock time beside two busy loops; a file not named keeps its place after these.
 LONGEST_FIRST = [
     "test_in_place_exact",
