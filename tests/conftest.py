@@ -80,42 +80,6 @@ ONE_START = {
 _turns: dict[str, int] = {}  # module -> its tests given one start so far
 
 
-# The longest files first, longest at the head: xdist hands out whole files (--dist loadfile) in the
-# order collected, and one of these handed out last kept a worker on it ~100 s after the others ended
-# (beside two busy loops at 05706fe: test_memory then test_in_place_nodes, 224 s and 225 s, came last
-# to one worker, which ended at 776 s of tests against 676-757 s). Measured, per file, with the suite's
-# wall-clock time beside two busy loops; a file not named keeps its place after these.
-LONGEST_FIRST = [
-    "test_in_place_exact",
-    "test_in_place_nodes",
-    "test_memory",
-    "test_preload",
-    "test_torchrun_compat",
-    "test_store_ops_hostile",
-    "test_chaos",
-    "test_faults",
-    "test_preload_exit",
-    "test_etcd",
-    "test_slurm",
-    "test_examples",
-    "test_goodput_timeline",
-    "test_faults_store",
-    "test_in_place",
-    "test_workloads",
-    "test_faults_nodes",
-    "test_supervise",
-    "test_status",
-    "test_spares_c10d",
-    "test_spares_etcd",
-]
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    # a stable sort: each file's tests stay together and in their order, the rest keep theirs
-    items.sort(key=lambda item: rank.get(getattr(item.module, "__name__", ""), len(rank)))
-
-
 def pytest_generate_tests(metafunc):
     if "workers_from" not in metafunc.fixturenames:
         return
