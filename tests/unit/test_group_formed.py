@@ -4,12 +4,14 @@ server and real clients on loopback."""
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 
 from support.ports import free_port
 from support.processes import wait_for
 
-from launcher.agent.bootstrap import BootstrapStore
+from launcher.agent.bootstrap import BootstrapStore, GroupWatch
 from launcher.spec import Round
 from launcher.tcpstore.client import StoreClient
 
@@ -87,11 +89,6 @@ def test_a_watch_of_a_store_that_refuses_ends_at_close_and_says_nothing(caplog):
     """Another node's round store that is gone (or not up yet): the watch retries quietly and its thread
     ends within a poll of `close()`. (One 30 s try outlived its round, saying "cannot reach the store"
     of a store closed on purpose, into a later test's log.)"""
-    import logging
-    import socket
-
-    from launcher.agent.bootstrap import GroupWatch
-
     caplog.set_level(logging.DEBUG, logger="launcher.tcpstore.client")
 
     def tried_for(seconds: float) -> bool:
