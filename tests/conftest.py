@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -13,6 +14,11 @@ from support.etcd import Member, Members
 from support.launcher_runs import Cluster, Launch
 from support.rendezvous import serve_store
 
+# pytest rewrites each test module's asserts as it imports it (~10 s of CPU for the suite), in every xdist
+# worker, and caches the result only where bytecode may be written: where PYTHONDONTWRITEBYTECODE is set,
+# each run rewrote every module five times over. This pytest process writes it; what it starts does not.
+sys.dont_write_bytecode = False
+
 # A shell without job control starts a background command (`bash scripts/test.sh &`, nohup, a CI
 # runner's step) with SIGINT ignored, and an ignored signal stays ignored across exec: every launcher
 # and worker the tests start would ignore the Ctrl-C they send (Python, and the launcher with it, keep
@@ -20,6 +26,34 @@ from support.rendezvous import serve_store
 # processes the tests start get a terminal's Ctrl-C however the suite itself was started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--file-times",
+        metavar="PATH",
+        help="write each test file's seconds to PATH at the end (tests/file_times.txt orders xdist's hand-out)",
+    )
+
+
+def pytest_configure(config):
+    """Under xdist (scripts/test.sh), `--dist loadfile` hands out the longest files first
+    (support/schedule.py); `--file-times` writes what each file took."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    from support import schedule
+
+    config.pluginmanager.register(_Scheduling(schedule.LongestFirst), "longest-files-first")
+    if config.getoption("--file-times") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(schedule.FileTimes(config.getoption("--file-times")), "file-times")
+
+
+class _Scheduling:
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        return self.scheduler(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session", autouse=True)
