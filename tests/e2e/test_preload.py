@@ -40,9 +40,10 @@ def _zygote_of(token: str) -> int | None:
     return next((pid for pid in procs_with_token(token) if comm(pid) == "launcher-zygote"), None)
 
 
-# Pairwise, not the full product: each OMP_NUM_THREADS setting, each world size and script and module
-# are met (each case is two torch jobs, ~9 s of CPU here).
-@pytest.mark.parametrize("omp, nproc, as_module", [(None, 1, False), (None, 2, True), ("1", 2, False), ("4", 2, True)])
+# Pairwise, not the full product: OMP_NUM_THREADS unset (one worker: left unset; two: the launcher's 1)
+# and the user's own, each world size, script and module are met (each case is two torch jobs, ~9 s of
+# CPU here; a user's "1" is the launcher's own 1 with two workers, and is not run again).
+@pytest.mark.parametrize("omp, nproc, as_module", [(None, 1, False), (None, 2, True), ("4", 2, False)])
 def test_forked_worker_matches_a_spawned_one(launch, tmp_path, monkeypatch, omp, nproc, as_module):
     env = {"OMP_NUM_THREADS": omp} if omp else {}
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # unset: the launcher's own rule decides

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import forks
 from support.processes import wait_for
 
 dist = pytest.importorskip("torch.distributed")
@@ -62,9 +63,13 @@ class Host:
 
     def __init__(self, kind: str, budget: int | None = BUDGET):
         self.kind = kind
-        args = [sys.executable, str(HOST), kind] + ([str(budget)] if budget else [])
+        args = [kind] + ([str(budget)] if budget else [])
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if kind == "libuv":  # forked from a process that imported torch once (support/forks.py)
+            self.proc = forks.popen(HOST.read_text(), *args, env=env)
+        else:
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+            self.proc = subprocess.Popen([sys.executable, str(HOST), *args], text=True, env=env, **pipes)
         self.port = int(self.proc.stdout.readline())
 
     def stats(self) -> dict[str, int]:

@@ -12,10 +12,9 @@ owes the client: every outcome is success or that timeout, a cancelled wait leav
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from support import forks
 from support.tcpstore import QUIET, torch_store_server
 
 from launcher.tcpstore import StoreServer
@@ -53,9 +52,7 @@ print(json.dumps(seen))
 
 
 def zero_waits(port: int) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(port), str(ROUNDS)], capture_output=True, text=True, timeout=240, env=QUIET
-    )
+    r = forks.run(CLIENT, str(port), str(ROUNDS), timeout=240, env=QUIET)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 

@@ -22,6 +22,7 @@ import time
 import uuid
 
 import pytest
+from support import forks
 from support.paths import ROOT
 from support.ports import free_port
 from support.processes import wait_for
@@ -311,9 +312,7 @@ print(json.dumps(out))
 
 
 def torch_client(port: int, k: str) -> list:
-    r = subprocess.run(
-        [sys.executable, "-c", TORCH_CLIENT, str(port), k], capture_output=True, text=True, env=QUIET, timeout=90
-    )
+    r = forks.run(TORCH_CLIENT, str(port), k, env=QUIET, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 

@@ -5,11 +5,10 @@ test acts once a client's WAIT or WAIT_CHANGE has reached the server instead of 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from support import forks
 from support.paths import ROOT
 
 TORCH_SERVER = """
@@ -23,12 +22,11 @@ QUIET = {**os.environ, "TORCH_CPP_LOG_LEVEL": "FATAL", "PYTHONPATH": str(ROOT)} 
 
 
 def torch_store_server(kind: str):
-    """For a fixture: torch's TCPStore server ("libuv" or "legacy") in a subprocess -> (kind, port),
-    killed after. torch runs only in subprocesses: its client keeps the GIL while it blocks."""
+    """For a fixture: torch's TCPStore server ("libuv" or "legacy") in a process of its own -> (kind, port),
+    killed after. torch runs only in other processes (forked: support/forks.py): its client keeps the GIL
+    while it blocks."""
     pytest.importorskip("torch")
-    p = subprocess.Popen(
-        [sys.executable, "-c", TORCH_SERVER, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=QUIET
-    )
+    p = forks.popen(TORCH_SERVER, kind, env=QUIET)
     try:
         yield kind, int(p.stdout.readline())
     finally:
