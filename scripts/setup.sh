@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # The editable install only changes when the packaging does: a stamp of setup.cfg, pyproject.toml,
-# this checkout's path and the extras lets a second run (demo.sh's) skip pip's ~5 s.
+# this checkout's path, the install's mode and the extras lets a second run (demo.sh's) skip pip's ~5 s.
 extras=$([ "${1:-}" = "--test" ] && echo '[test]' || true)
-stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)" $PWD ."
+stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)" $PWD compat ."
 installed=$(cat .venv/.launcher-installed 2>/dev/null || true)
 # pip says nothing unless it fails: its output (warnings about the host's pip configuration
 # included) is kept in a file and shown only then.
@@ -37,7 +37,10 @@ if [ "$installed" != "$stamp$extras" ] && [ "$installed" != "$stamp[test]" ]; th
         quietly .venv/bin/pip uninstall -q -y --disable-pip-version-check launcher
         rm -rf launcher.egg-info
     fi
-    quietly .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
+    # compat: a .pth file that puts the checkout on sys.path. The default mode's import hook, loaded
+    # from a .pth by every interpreter of .venv, cost each of them ~20 ms of start-up (pathlib, re,
+    # urllib.parse): every launcher, worker and test process, ~2,000 in a run of the suite.
+    quietly .venv/bin/pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e ".$extras"
     # The checkout's bytecode: pip compiles no editable install, and where PYTHONDONTWRITEBYTECODE=1
     # no launcher or worker process writes it, so each would compile what it imports again (1.0 s of
     # CPU to import the agent on a busy 2-core VM, 0.25 s from bytecode). scripts/test.sh keeps it fresh.

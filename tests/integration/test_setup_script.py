@@ -38,7 +38,8 @@ def setup_calls(repo, *args) -> list[str]:
 
 def test_setup_skips_reinstalling_an_unchanged_checkout(tmp_path):
     repo = fake_checkout(tmp_path)
-    assert any(c.startswith("pip install") and c.endswith("-e .") for c in setup_calls(repo))  # a fresh clone installs
+    installs = [c for c in setup_calls(repo) if c.startswith("pip install") and c.endswith("-e .")]
+    assert installs and "editable_mode=compat" in installs[0]  # a fresh clone installs, with no import hook
     assert setup_calls(repo) == []  # the second run (demo.sh's) starts at once
     with open(repo / "setup.cfg", "a") as f:
         f.write("\n# a new dependency\n")
