@@ -16,7 +16,8 @@ from support.rendezvous import serve_store
 
 # pytest rewrites each test module's asserts as it imports it (~10 s of CPU for the suite), in every xdist
 # worker, and caches the result only where bytecode may be written: where PYTHONDONTWRITEBYTECODE is set,
-# each run rewrote every module five times over. This pytest process writes it; what it starts does not.
+# each run rewrote every module five times over. This pytest process writes it (scripts/test.sh has two
+# write it before the workers start); what it starts does not.
 sys.dont_write_bytecode = False
 
 # A shell without job control starts a background command (`bash scripts/test.sh &`, nohup, a CI

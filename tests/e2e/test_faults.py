@@ -85,7 +85,8 @@ def test_hung_worker_stacks_dumped_group_restarts_job_finishes(cluster, tmp_path
     ]
     rcs = [a.wait(120) for a in agents]
     assert rcs == [0, 0], "\n=====\n".join(a.stderr[-3000:] for a in agents)
-    hung = next(a for a in agents if re.search(r" rank1\]: start", a.stdout))
+    # the node rank 1 ran on in attempt 0 (in attempt 1 the other node may take ranks 0 and 1)
+    hung = next(a for a in agents if re.search(r" rank1\]: start rank=1 world=4 restart=0 ", a.stdout))
     assert "rank 1 made no progress for" in hung.stderr and "(--hang_timeout); dumping its stacks" in hung.stderr, (
         hung.stderr
     )

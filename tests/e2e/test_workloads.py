@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from support import needs
 from support.paths import ROOT
 from support.processes import wait_gone
 
-pytest.importorskip("torch")
+pytestmark = needs.torch
 
 # "[rank0]:   size count type | time algbw busbw #wrong | time algbw busbw #wrong"
 ROW = re.compile(r"^\[rank0\]: +(\d+) +(\d+) +(\w+)" + r" +([0-9.]+) +([0-9.]+) +([0-9.]+) +(\d+)" * 2 + "$", re.M)

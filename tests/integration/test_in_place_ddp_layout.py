@@ -8,17 +8,16 @@ import datetime
 import socket
 
 import pytest
+from support import needs
 
-torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from launcher.worker.inplace import ddp  # noqa: E402
+pytestmark = needs.torch
+MODELS = ("sequential with batch norm", "several buckets")
 
 
 @pytest.fixture()
 def one_rank():
+    import torch.distributed as dist  # here, not at collection (support/needs.py)
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -28,26 +27,31 @@ def one_rank():
     dist.destroy_process_group()
 
 
-def models():
-    yield (
-        "sequential with batch norm",
-        nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)),
-        {},
-    )
+def built(name: str):
+    """(the module, DDP's keyword arguments, its input's width) for one of MODELS."""
+    from torch import nn
+
+    if name == "sequential with batch norm":
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)), {}, 8
     # several buckets: a 1 KB first bucket and 4 KB after it
     big = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)], nn.Linear(32, 3))
-    yield "several buckets", big, {"bucket_cap_mb": 4096 / 2**20}
+    return big, {"bucket_cap_mb": 4096 / 2**20}, 32
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", [name for name, _, _ in models()])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_recorder_predicts_the_buckets_ddp_rebuilds(one_rank, name):
-    module, kwargs = next((m, k) for n, m, k in models() if n == name)
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from launcher.worker.inplace import ddp
+
+    module, kwargs, width = built(name)
     model = DistributedDataParallel(module, **kwargs)
     recorder = ddp.Recorder(model)
     before = ddp.zeroed_layout(model)
     for _ in range(2):  # the rebuild happens at the second forward
-        model(torch.randn(4, 8 if name.startswith("seq") else 32)).sum().backward()
+        model(torch.randn(4, width)).sum().backward()
     assert recorder.layout() == ddp.zeroed_layout(model) != before
     assert len(recorder.layout()) > (2 if name == "several buckets" else 0)
     again = ddp.make(module, True, recorder.layout(), **kwargs)

@@ -11,9 +11,19 @@ import os
 import threading
 import time
 
-import torch
+import pytest
+from support import needs
 
-from launcher.worker.inplace.memory import HEADER, Memory
+pytestmark = needs.torch
+torch = HEADER = Memory = None  # imported when the module runs, not at collection (support/needs.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch():
+    global torch, HEADER, Memory
+    import torch
+
+    from launcher.worker.inplace.memory import HEADER, Memory
 
 
 def state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -24,15 +24,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support import forks
+from support import forks, needs
 from support.processes import wait_for
 
-dist = pytest.importorskip("torch.distributed")
+from launcher.tcpstore import MAGIC, StoreServer
+from launcher.tcpstore import server as server_mod
 
-from launcher.tcpstore import MAGIC, StoreServer  # noqa: E402
-from launcher.tcpstore import server as server_mod  # noqa: E402
-
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), needs.torch]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = Path(__file__).with_name("store_host.py")
@@ -113,6 +111,8 @@ def opened():
 
 
 def torch_client(port: int, timeout: float = 30):
+    import torch.distributed as dist  # here, not at collection (support/needs.py)
+
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import forks
+from support import forks, needs
 from support.tcpstore import QUIET, torch_store_server
 
 from launcher.tcpstore import StoreServer
 
-pytest.importorskip("torch")
+pytestmark = needs.torch
 
 ROUNDS = 6  # per server: each round checks a present key, a missing one, and what a cancel leaves behind
 

@@ -7,15 +7,26 @@ import inspect
 import os
 
 import pytest
-import torch
-import torch.distributed as dist
+from support import needs
 
 from launcher.config import from_flags
 from launcher.errors import ConfigError
 from launcher.parsers import parse_recovery
 from launcher.spec import RecoveryMode
 from launcher.telemetry.accounting import Accountant
-from launcher.worker.inplace import compat, keys, transfer
+from launcher.worker.inplace import keys
+
+pytestmark = needs.torch
+torch = dist = compat = transfer = None  # imported when the module runs, not at collection (support/needs.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch():
+    global torch, dist, compat, transfer
+    import torch
+    import torch.distributed as dist
+
+    from launcher.worker.inplace import compat, transfer
 
 
 def test_recovery_defaults_to_restart_and_takes_in_place():

@@ -10,16 +10,23 @@ import logging
 import os
 
 import pytest
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from support import needs
 
-from launcher.worker.inplace.memory import HEADER, Memory
+pytestmark = needs.torch
+# imported by `group`, when the module runs, not at collection (support/needs.py)
+torch = dist = DistributedDataParallel = HEADER = Memory = None
 
 
 @pytest.fixture(scope="module", autouse=True)
 def group():
     """A default process group of one rank (gloo, in process): what a DDP over it needs."""
+    global torch, dist, DistributedDataParallel, HEADER, Memory
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from launcher.worker.inplace.memory import HEADER, Memory
+
     made = not dist.is_initialized()
     if made:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
