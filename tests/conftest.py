@@ -50,6 +50,8 @@ def pytest_configure(config):
 
 
 class _Scheduling:
+    """The plugin that gives xdist its scheduler for `--dist loadfile` (another mode keeps xdist's own)."""
+
     def __init__(self, scheduler):
         self.scheduler = scheduler
 

@@ -13,6 +13,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,8 @@ class Forked:
                 line = self.conn.makefile().readline()
             except TimeoutError:
                 raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout) from None
+            if not line:
+                raise RuntimeError(f"the fork host ended before fork {self.pid} did")
             self.returncode = int(line)
             self.conn.close()
         return self.returncode
@@ -42,12 +45,14 @@ class Forked:
     def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # ended already; its status is on the way
 
 
 class Host:
+    """support/fork_host.py in a process of its own, listening on a socket in a folder of its own."""
+
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="forks-", dir="/tmp")  # a socket path has 107 bytes at most
         self.socket = os.path.join(self.folder, "host")
