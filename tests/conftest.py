@@ -44,19 +44,9 @@ def pytest_configure(config):
         return
     from support import schedule
 
-    config.pluginmanager.register(_Scheduling(schedule.LongestFirst), "longest-files-first")
+    config.pluginmanager.register(schedule.Scheduling(), "longest-files-first")
     if config.getoption("--file-times") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(schedule.FileTimes(config.getoption("--file-times")), "file-times")
-
-
-class _Scheduling:
-    """The plugin that gives xdist its scheduler for `--dist loadfile` (another mode keeps xdist's own)."""
-
-    def __init__(self, scheduler):
-        self.scheduler = scheduler
-
-    def pytest_xdist_make_scheduler(self, config, log):
-        return self.scheduler(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session", autouse=True)

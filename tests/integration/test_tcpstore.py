@@ -22,7 +22,7 @@ import time
 import uuid
 
 import pytest
-from support import forks
+from support import forks, needs
 from support.paths import ROOT
 from support.ports import free_port
 from support.processes import wait_for
@@ -317,8 +317,8 @@ def torch_client(port: int, k: str) -> list:
     return json.loads(r.stdout)
 
 
+@needs.torch
 def test_torch_client_gets_from_our_server_what_torch_server_gives(ours):
-    pytest.importorskip("torch")
     k = fresh()
     theirs, mine = torch_client(0, k), torch_client(ours.port, k)
     assert mine == theirs

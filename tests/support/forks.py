@@ -26,19 +26,27 @@ HOST = Path(__file__).with_name("fork_host.py")
 class Forked:
     """A snippet's process, as much of `subprocess.Popen` as the tests use."""
 
-    def __init__(self, conn: socket.socket, pid: int, stdin, stdout):
-        self.conn, self.pid, self.stdin, self.stdout, self.returncode = conn, pid, stdin, stdout, None
+    def __init__(self, conn: socket.socket):
+        self.conn, self.read, self.stdin, self.stdout, self.returncode, self.pid = conn, b"", None, None, None, None
+        self.pid = int(self._line(None))  # the host's first line; its second is the exit status
+
+    def _line(self, timeout: float | None) -> bytes:
+        # one buffer for both lines: a child that ends at once has its status sent right behind its pid
+        self.conn.settimeout(timeout)
+        while b"\n" not in self.read:
+            try:
+                chunk = self.conn.recv(64)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout) from None
+            if not chunk:
+                raise RuntimeError("the fork host ended before its child did")
+            self.read += chunk
+        line, self.read = self.read.split(b"\n", 1)
+        return line
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.conn.settimeout(timeout)
-            try:
-                line = self.conn.makefile().readline()
-            except TimeoutError:
-                raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout) from None
-            if not line:
-                raise RuntimeError(f"the fork host ended before fork {self.pid} did")
-            self.returncode = int(line)
+            self.returncode = int(self._line(timeout))
             self.conn.close()
         return self.returncode
 
@@ -67,8 +75,7 @@ class Host:
         conn.connect(self.socket)
         request = {"code": code, "args": list(args), "env": env, "cwd": cwd}
         socket.send_fds(conn, [json.dumps(request).encode()], streams)
-        pid = int(conn.makefile().readline())
-        return Forked(conn, pid, None, None)
+        return Forked(conn)
 
     def close(self) -> None:
         self.proc.stdin.close()  # the host kills what it still runs and ends

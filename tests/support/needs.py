@@ -10,4 +10,5 @@ from importlib.util import find_spec
 
 import pytest
 
-torch = pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed (pip install torch)")
+MISSING = "torch is not installed (pip install torch)" if find_spec("torch") is None else ""
+torch = pytest.mark.skipif(bool(MISSING), reason=MISSING)

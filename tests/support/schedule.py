@@ -40,6 +40,13 @@ class LongestFirst(LoadFileScheduling):
         super()._assign_work_unit(node)
 
 
+class Scheduling:
+    """The plugin that gives xdist `LongestFirst` for `--dist loadfile` (another mode keeps xdist's own)."""
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        return LongestFirst(config, log) if config.getoption("dist") == "loadfile" else None
+
+
 class FileTimes:
     """A plugin for the process that sees every report (xdist's controller, or pytest alone): sums each
     file's setup, call and teardown seconds and writes them to `path` at the end, the longest first."""
