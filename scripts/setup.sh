@@ -8,8 +8,8 @@
 # needs one (tests/support/system.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# The interpreter: PYTHON, else python3 or a faster build of its version (scripts/pick_python.sh).
+[ -x .venv/bin/python ] || "${PYTHON:-$(bash scripts/pick_python.sh)}" -m venv .venv
 # The editable install only changes when the packaging does: a stamp of setup.cfg, pyproject.toml,
 # this checkout's path, the install's mode and the extras lets a second run (demo.sh's) skip pip's ~5 s.
 extras=$([ "${1:-}" = "--test" ] && echo '[test]' || true)

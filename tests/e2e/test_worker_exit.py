@@ -70,10 +70,10 @@ def test_a_mode_that_does_not_exist_is_named_with_the_fix(launch, tmp_path):
 def test_torchs_teardown_race_does_not_reach_a_quick_exit(launch):
     # 4 ranks, gloo over env://, one all_reduce, no destroy_process_group: under plain `python -u` a rank
     # died of SIGABRT in 1 to 5 of 12 such launches on a busy host (scripts/bench/RESULTS.md); a quick
-    # exit never finalises the interpreter, so none may.
-    for attempt in range(2):
-        r = launch.run("--nproc_per_node", "4", worker("gloo_no_destroy.py"), timeout=140)
-        assert ABORT not in r.stdout + r.stderr, (attempt, r.stderr[-2000:])
-        assert r.returncode == 0, (attempt, r.stderr[-2000:])
-        for rank in range(4):
-            assert f"[rank{rank}]: done {rank}" in r.stdout, (attempt, r.stdout)
+    # exit never finalises the interpreter, so none may. One launch (four torch imports): that the quick
+    # exit is the one taken is checked for certain above ("quick" in each worker's argv).
+    r = launch.run("--nproc_per_node", "4", worker("gloo_no_destroy.py"), timeout=140)
+    assert ABORT not in r.stdout + r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in range(4):
+        assert f"[rank{rank}]: done {rank}" in r.stdout, r.stdout

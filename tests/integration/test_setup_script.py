@@ -1,11 +1,14 @@
 """scripts/setup.sh in a fake checkout (a .venv whose python and pip only log their calls): an
-unchanged checkout is not installed again; changed packaging or a stale venv is."""
+unchanged checkout is not installed again; changed packaging or a stale venv is. And the interpreter
+it makes .venv with (scripts/pick_python.sh), picked among this host's real ones."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
+import pytest
 from support.paths import ROOT
 
 
@@ -60,3 +63,39 @@ def test_a_venv_from_before_the_rename_loses_the_old_distribution(tmp_path):
     assert calls[1].startswith("pip install") and calls[1].endswith("-e ."), calls
     assert not (repo / "launcher.egg-info").exists()
     assert setup_calls(repo) == []  # the stamp: nothing again
+
+
+PROBE = 'import sys; print("%d.%d" % sys.version_info[:2], any("libpython" in l for l in open("/proc/self/maps")))'
+
+
+def built(python: str) -> tuple[str, bool]:
+    """(the interpreter's version, whether it runs on a shared libpython)."""
+    version, shared = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=30).stdout.split()
+    return version, shared == "True"
+
+
+def pick(path: str) -> subprocess.CompletedProcess:
+    script = str(ROOT / "scripts" / "pick_python.sh")
+    return subprocess.run(["bash", script], capture_output=True, text=True, timeout=60, env=dict(os.environ, PATH=path))
+
+
+def test_the_venv_gets_python3s_version_on_a_shared_libpython_only_where_no_other_build_of_it_is_here():
+    first = shutil.which("python3")
+    r = pick(os.environ["PATH"])
+    chosen = r.stdout.strip()
+    if chosen == "python3":
+        others = [c for c in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(c, os.X_OK) and c != first]
+        assert not built(first)[1] or all(built(c) != (built(first)[0], False) for c in others)
+        assert r.stderr == ""
+    else:  # another build of the same version, without the shared library: said in one line
+        assert built(chosen) == (built(first)[0], False) and built(first)[1], chosen
+        assert r.stderr.count("\n") == 1 and f"making .venv with {chosen}" in r.stderr, r.stderr
+
+
+def test_a_python3_that_runs_without_a_shared_libpython_is_kept_silently(tmp_path):
+    static = next((c for c in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(c, os.X_OK)), None)
+    if static is None or built(static)[1]:
+        pytest.skip("no python3 here runs without a shared libpython")
+    (tmp_path / "python3").symlink_to(static)
+    r = pick(f"{tmp_path}:/usr/bin:/bin")
+    assert (r.stdout.strip(), r.stderr) == ("python3", "")

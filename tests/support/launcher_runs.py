@@ -147,7 +147,11 @@ class Agent:
         )
 
     def wait(self, timeout: float = 60) -> int:
-        rc = self.popen.wait(timeout)
+        """Its exit code; a test fails with its output if it is still running after `timeout` s."""
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} did not end within {timeout} s\n{self.stdout[-2000:]}\n{self.stderr[-4000:]}")
         for t in self._readers:
             t.join(5)
         return rc
