@@ -50,6 +50,7 @@ ONE_NODE_NOTICE = 5.0  # seconds a worker waits for the agent's word after a pee
 NODES_NOTICE = 20.0  # ... across nodes: the store's session grace or lease, then the round's rendezvous
 TOGETHER = 1.0  # seconds: failures this close to the first are one fault (a node's GPUs, the OOM killer), one charge;
 # seen by the agent, whose look at exits a busy host delays: deaths 40-70 ms apart were seen 0.1-0.3 s apart
+END_WAIT = 1.0  # seconds the group's end waits for a pending round's wait to return (it has, as a rule)
 
 
 class Host(Protocol):
@@ -92,6 +93,7 @@ class Recovered:
     round: int
     ok: bool
     lost: str = ""  # why the wait ended early: the round's store went away (else the bound passed)
+    at: float | None = None  # when it ended, on the supervisor's clock (None: when the loop hears of it)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ class InPlace:
         self.joining: Joining | None = None
         self.pending: Pending | None = None
         self.ended: float | None = None  # when the last recovery ended, on the supervisor's clock
+        self._waiter: threading.Thread | None = None  # the pending round's wait (`_wait`)
+        self._heard: Recovered | None = None  # what it last ended with
         self.folder = environ.get(keys.SLOTS_VAR, "")  # the workers' memory folder (agent/slots.py)
         environ[keys.RECOVERY_VAR] = keys.IN_PLACE  # the workers' launcher.worker.inplace.Job reads them
         # A node lost whole (no last will) is known once the rendezvous store ends its session (5 s on
@@ -316,14 +320,31 @@ class InPlace:
         sup.announce_running(new, in_place=True)
         started = {m.proc.pid for m in sup.members if m.worker.rank in ranks} | joining.carried_pids
         self.pending = Pending(new.round, joining.began, tuple(sorted({*ranks, *joining.carried})), started)
-        threading.Thread(target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True).start()
+        self._waiter = threading.Thread(
+            target=self._wait, args=(client, new.round), name="launcher-inplace", daemon=True
+        )
+        self._waiter.start()
+
+    def at_end(self) -> None:
+        """The group succeeded with a recovery pending: its ranks stepped again and finished before this loop
+        heard the round's wait end (the workers' exits came first), so it ends now, said as any other."""
+        pending, waiter = self.pending, self._waiter
+        if pending is None:
+            return
+        if waiter is not None:
+            # Its wait ends as the last rank sets `ready`, which every rank did before it finished.
+            waiter.join(END_WAIT)
+        heard = self._heard
+        if heard is None or heard.round != pending.round or not heard.ok:
+            heard = Recovered(pending.round, True, at=self.sup.clock())
+        self._settle(heard)
 
     def _settle(self, event: Recovered) -> None:
         """The round's wait ended: say how long the job lost, or fall back to restarting the group."""
         sup, pending = self.sup, self.pending
         if pending is None or pending.round != event.round:
             return
-        self.pending, self.ended = None, sup.clock()
+        self.pending, self.ended = None, sup.clock() if event.at is None else event.at
         took = self.ended - pending.began
         if event.ok:
             log.info(f"round {pending.round}: every rank is stepping again, {took:.2f} s after the failure (in place)")
@@ -489,7 +510,8 @@ class InPlace:
             ok, lost = False, _store_gone(e)
         finally:
             client.close()
-        self.sup.post(Recovered(rnd, ok, lost))
+        self._heard = Recovered(rnd, ok, lost, at=self.sup.clock())
+        self.sup.post(self._heard)
 
 
 def _unreachable(rnd: Round) -> str:

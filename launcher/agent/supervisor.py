@@ -387,6 +387,8 @@ class Supervisor:
             why = Then.FAIL.value if spent else None
             self.stop_workers(signal.SIGTERM, self.config.shutdown_timeout, then=Then.RESTART, reason=why)
         elif all(m.state is WorkerState.SUCCEEDED for m in self.members):
+            if self.in_place:  # a recovery the workers finished after, before its wait was heard here
+                self.in_place.at_end()
             self.sweep(graceful=True)
             self._set_state(GroupState.SUCCEEDED)
 

@@ -21,20 +21,24 @@ def test_a_lost_lease_is_taken_again_with_its_keys(etcd):
     opts = EtcdOptions(endpoints=(("127.0.0.1", etcd.client_port),))
     lease = Lease(opts, ttl=2, interval=0.2)
     store = EtcdStore(opts, lease)
-    store.register("relet", "node-a", retry_for=10)
-    store.hold("relet/r0/alive1")
-    first = lease.id
     c = client(etcd)
-    c.revoke_lease(first)  # what etcd does to an agent it thought dead: its keys go
-    assert keys_of(etcd, "relet") == []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(keys_of(etcd, "relet")) < 2:
-        time.sleep(0.05)
-    assert sorted(keys_of(etcd, "relet")) == [b"/launcher/relet/agents/node-a", b"/launcher/relet/r0/alive1"]
-    assert lease.id != first and c.get("/launcher/relet/r0/alive1")[1].lease_id == lease.id
-    c.close()
-    store.leave("relet")
-    store.close()
+    try:
+        store.register("relet", "node-a", retry_for=10)
+        store.hold("relet/r0/alive1")
+        first = lease.id
+        c.revoke_lease(first)  # what etcd does to an agent it thought dead: its keys go
+        assert keys_of(etcd, "relet") == []
+        # the lease's thread puts the keys on the new lease, then takes its id: wait for both
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (len(keys_of(etcd, "relet")) < 2 or lease.id == first):
+            time.sleep(0.05)
+        assert sorted(keys_of(etcd, "relet")) == [b"/launcher/relet/agents/node-a", b"/launcher/relet/r0/alive1"]
+        assert lease.id != first and c.get("/launcher/relet/r0/alive1")[1].lease_id == lease.id
+        store.leave("relet")
+    finally:
+        lease.close()  # a failed assertion above must not leave its thread refreshing
+        c.close()
+        store.close()
     assert keys_of(etcd, "relet") == []
 
 

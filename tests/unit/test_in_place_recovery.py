@@ -222,6 +222,30 @@ def test_a_rank_lost_before_entering_a_pending_round_takes_its_seat_there_free(s
 
 
 @pytest.mark.timeout(30)
+def test_a_recovery_the_workers_finished_after_before_its_wait_was_heard_ends_with_the_group(sup, store):
+    """Every rank sets `ready` and finishes at once: the supervisor sees the workers' exits before the round's
+    wait is handed to its loop. The group's end says the recovery as any other, timed when the wait ended."""
+    rec = pending_round_one(sup)
+    c = client(store)
+    sup.clock.advance(0.4)
+    c.add(keys.joined(1), NPROC)
+    c.set(keys.ready(1), b"1")
+    heard = sup.posted.get(timeout=10)  # posted, never handed over: the loop ended first
+    assert isinstance(heard, Recovered) and heard.ok and heard.at == 100.4
+    sup.clock.advance(2.0)
+    rec.at_end()
+    assert ("recovered", {"round": 1, "ranks": [2], "seconds": 0.4}) in sup.events and rec.pending is None
+    rec.on(heard)  # handed over after all: heard once
+    assert sup.kinds().count("recovered") == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_group_that_ends_with_nothing_pending_says_no_recovery(sup):
+    sup.in_place.at_end()
+    assert "recovered" not in sup.kinds()
+
+
+@pytest.mark.timeout(30)
 def test_a_rank_lost_within_a_tenth_of_a_second_after_entering_the_pending_round_is_the_same_fault(sup, store):
     """Two ranks of a node lost 50 ms apart (its GPUs, the OOM killer), the second after it entered the round
     the first one's recovery took: the recovery goes on in place in the round after, charged once in all."""
