@@ -206,9 +206,13 @@ def test_the_report_of_a_spare_replacing_a_killed_node(tmp_path):
     x_lost = 254 + (gone - t0) / (t1 - t0) * 760
     assert x_lost < 950, "the job went on after b was lost"
     after = range(int(x_lost) + 12, 1005, 4)
-    green = (0x2E, 0x9D, 0x58)
-    lane = lambda i: [pixel(x, y) for y in range(143 + 34 * i, 160 + 34 * i, 4) for x in after]  # noqa: E731
-    assert sum(near(p, green) for p in lane(0)) > len(lane(0)) * 0.8, "lane a runs to the end"
+    green, stopping, forming = (0x2E, 0x9D, 0x58), (0xE0, 0x8A, 0x1E), (0xB8, 0xBE, 0xC6)
+    lane = lambda i, xs=after: [pixel(x, y) for y in range(143 + 34 * i, 160 + 34 * i, 4) for x in xs]  # noqa: E731
+    # Lane a stops its workers, forms the next round with the spare, and runs to the end: drawn throughout
+    # (how much of it is the restart depends on the host's load), the last of it green.
+    drawn = sum(any(near(p, c) for c in (green, stopping, forming)) for p in lane(0))
+    assert drawn > len(lane(0)) * 0.95, "lane a is drawn to the end"
+    assert all(near(p, green) for p in lane(0, range(993, 1005, 4))), "lane a runs to the end"
     assert not any(near(p, green) for p in lane(1)), "lane b does not run past its loss"
     marks = [pixel(x, y) for y in range(165, 181) for x in range(int(x_lost) - 12, int(x_lost) + 30)]
     assert any(near(p, (0x11, 0x11, 0x11), by=16) for p in marks), "the lost marker on lane b"
