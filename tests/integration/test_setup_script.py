@@ -65,12 +65,19 @@ def test_a_venv_from_before_the_rename_loses_the_old_distribution(tmp_path):
     assert setup_calls(repo) == []  # the stamp: nothing again
 
 
-PROBE = 'import sys; print("%d.%d" % sys.version_info[:2], any("libpython" in l for l in open("/proc/self/maps")))'
+PROBE = (
+    "import sys, ensurepip, venv; "
+    'print("%d.%d" % sys.version_info[:2], any("libpython" in l for l in open("/proc/self/maps")))'
+)
+OTHERS = ("/usr/bin/python3", "/usr/local/bin/python3")  # where pick_python.sh looks besides PATH's python3
 
 
-def built(python: str) -> tuple[str, bool]:
-    """(the interpreter's version, whether it runs on a shared libpython)."""
-    version, shared = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=30).stdout.split()
+def built(python: str) -> tuple[str, bool] | None:
+    """(the interpreter's version, whether it runs on a shared libpython); None if it cannot make a venv."""
+    out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    version, shared = out.stdout.split()
     return version, shared == "True"
 
 
@@ -80,22 +87,24 @@ def pick(path: str) -> subprocess.CompletedProcess:
 
 
 def test_the_venv_gets_python3s_version_on_a_shared_libpython_only_where_no_other_build_of_it_is_here():
-    first = shutil.which("python3")
-    r = pick(os.environ["PATH"])
+    first_path = shutil.which("python3")
+    if first_path is None:
+        pytest.skip("no python3 on PATH")
+    first, r = built(first_path), pick(os.environ["PATH"])
     chosen = r.stdout.strip()
     if chosen == "python3":
-        others = [c for c in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(c, os.X_OK) and c != first]
-        assert not built(first)[1] or all(built(c) != (built(first)[0], False) for c in others)
+        others = [c for c in OTHERS if os.access(c, os.X_OK) and c != first_path]
+        assert first is None or not first[1] or all(built(c) != (first[0], False) for c in others)
         assert r.stderr == ""
     else:  # another build of the same version, without the shared library: said in one line
-        assert built(chosen) == (built(first)[0], False) and built(first)[1], chosen
+        assert first is not None and first[1] and built(chosen) == (first[0], False), chosen
         assert r.stderr.count("\n") == 1 and f"making .venv with {chosen}" in r.stderr, r.stderr
 
 
 def test_a_python3_that_runs_without_a_shared_libpython_is_kept_silently(tmp_path):
-    static = next((c for c in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(c, os.X_OK)), None)
-    if static is None or built(static)[1]:
-        pytest.skip("no python3 here runs without a shared libpython")
+    static = next((c for c in OTHERS if os.access(c, os.X_OK) and built(c) and not built(c)[1]), None)
+    if static is None:
+        pytest.skip("no python3 here makes a venv without a shared libpython")
     (tmp_path / "python3").symlink_to(static)
     r = pick(f"{tmp_path}:/usr/bin:/bin")
     assert (r.stdout.strip(), r.stderr) == ("python3", "")
