@@ -106,6 +106,8 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
         assert torch.equal(want[name], got[name]), name
 
 
+# spawned: the one exactness test whose replacement imports torch itself (test_in_place_exact forks them)
+@pytest.mark.parametrize("workers_from", ["spawn"], indirect=True)
 def test_in_place_the_lost_worker_alone_resumes_at_its_batch_to_identical_weights(baseline, launch, tmp_path):
     """The same script with --recovery in-place: rank 1 killed halfway through epoch 3 comes back alone,
     the survivor keeps its process, nobody reads a checkpoint, and the final weights are the same."""
@@ -125,6 +127,7 @@ def test_in_place_the_lost_worker_alone_resumes_at_its_batch_to_identical_weight
     assert all(torch.equal(want[name], got[name]) for name in want), "the weights differ"
 
 
+@pytest.mark.parametrize("workers_from", ["preload"], indirect=True)  # three torch workers: one import
 @pytest.mark.parametrize("nproc", [3])  # an odd world: no op can pass by pairing ranks
 def test_collectives(launch, nproc):
     r = launch.run("--nproc_per_node", str(nproc), COLLECTIVES, timeout=90)

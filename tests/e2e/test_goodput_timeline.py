@@ -60,7 +60,9 @@ def test_a_restarted_job_against_its_timeline(launch, tmp_path, progress, preloa
     events = tmp_path / "events.jsonl"
     env = {**JOB, "CKPT_DIR": str(tmp_path), **({} if progress else {"NO_PROGRESS": "1"})}
     args = ["--nproc_per_node", "2", "--max_restarts", "1", "--events_file", str(events), "--no-live"]
-    r = launch.run(*args, *(["--preload"] if preload else []), worker("goodput_steps.py"), env=env, timeout=150)
+    # preloaded: torch, for an import the round waits for (the script itself needs none; torch._dynamo left out)
+    pre = ["--preload", "--preload_modules", "-torch._dynamo"] if preload else []
+    r = launch.run(*args, *pre, worker("goodput_steps.py"), env=env, timeout=150)
     assert r.returncode == 0, r.stderr[-3000:]
     ev = read_events(events)
     b = next(e for e in ev if e["event"] == "goodput")["node"]

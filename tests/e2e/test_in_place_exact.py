@@ -7,7 +7,8 @@ streams, re-seeded per epoch) over a DataLoader with a DistributedSampler (or to
 StatefulDataLoader over it), with a logged loss
 all_reduce after the optimizer step; each process logs the steps it applied and their sample ids.
 The workers are forked from the --preload zygote (torch imported once, not once per process: the
-suite's time), the undisturbed runs' too; the lost rank before the first step is tried spawned as well.
+suite's time), the undisturbed runs' too. A spawned replacement is held to the same weights by
+test_examples (the demo in place, spawned) and test_in_place_keys (its rounds, spawned).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ class Outcome:
     err: str
 
 
-def run(tmp: Path, preload: bool = True, restarts: int = 2, **env: str) -> Outcome:
+def run(tmp: Path, restarts: int = 2, **env: str) -> Outcome:
     logs = tmp / "steps"
     logs.mkdir(parents=True)
-    launch = Launch(preload=preload)
+    launch = Launch(preload=True)
     try:
         r = launch.run(
             "--nproc_per_node", str(WORLD), "--recovery", "in-place", "--max_restarts", str(restarts),
@@ -103,9 +104,8 @@ def test_a_rank_lost_in_a_step_leaves_the_weights_as_an_undisturbed_run(tmp_path
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("preload", [False, True], ids=["spawn", "preload"])
-def test_a_rank_lost_before_the_first_step_costs_one_restart_and_no_wait(tmp_path, undisturbed, preload):
-    got = run(tmp_path, preload=preload, DIE_AT="2 0 start")
+def test_a_rank_lost_before_the_first_step_costs_one_restart_and_no_wait(tmp_path, undisturbed):
+    got = run(tmp_path, DIE_AT="2 0 start")
     assert_exact(got, undisturbed["loader"])
     kinds = [e["event"] for e in got.events]
     assert "in_place_failed" not in kinds and "in_place_declined" not in kinds, got.err

@@ -97,7 +97,7 @@ def test_a_slow_preload_is_said_and_the_workers_still_fork(launch, tmp_path):
 def test_preload_module_that_fails_to_import_is_one_line(launch, tmp_path):
     r = launch.run(
         "--preload_modules",
-        "no_such_module_xyz",
+        "-torch,no_such_module_xyz",  # the failing module alone: torch's ~2.5 s of CPU would change nothing here
         "--nproc_per_node",
         "2",
         worker("parity.py"),
@@ -113,9 +113,8 @@ def test_preload_module_that_fails_to_import_is_one_line(launch, tmp_path):
 
 def test_preload_module_that_starts_a_thread_falls_back(launch, tmp_path):
     env = {"DUMP_DIR": str(tmp_path), "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'workers'}"}
-    p = launch.start(
-        "--preload_modules", "threadmod", "--nproc_per_node", "1", "--max_restarts", "0", worker("held.py"), env=env
-    )
+    args = ("--preload_modules", "-torch,threadmod", "--nproc_per_node", "1", "--max_restarts", "0")
+    p = launch.start(*args, worker("held.py"), env=env)
     wait_for(lambda: (tmp_path / "0-0").exists(), 60, "the worker")
     (tmp_path / "go").touch()
     _, err = p.communicate(timeout=60)

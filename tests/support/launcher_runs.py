@@ -24,16 +24,19 @@ def launcher_env(token: str, preload: bool, args: tuple[str, ...], extra: dict |
     otherwise `-torch` (a torch import is ~2 s of CPU here, and most test workers never use it). Where it
     does, the whole default set for a script that makes a DDP or an optimizer (each imports torch._dynamo,
     so a worker forked without it would import it again, each one), else `-torch._dynamo` (~2 s more per
-    zygote). A test that passes --preload itself gets the defaults (test_preload compares such a run's
-    environment with a spawned one's)."""
+    zygote). A test that passes --preload itself gets the defaults where its script imports torch
+    (test_preload compares such a run's environment with a spawned one's), else `-torch` too; its own
+    --preload_modules wins over both."""
     env = dict(os.environ, TEST_TOKEN=token, PYTHONPATH=str(ROOT))
     env.pop("PYTEST_CURRENT_TEST", None)
     env.pop("PET_PRELOAD", None)
+    need = max((_torch_need(a) for a in args), default=_NO_TORCH)
     if preload:
         env["PET_PRELOAD"] = "1"
-        dropped = _DROPPED[max((_torch_need(a) for a in args), default=_NO_TORCH)]
-        if dropped:
-            env["PET_PRELOAD_MODULES"] = dropped
+        if _DROPPED[need]:
+            env["PET_PRELOAD_MODULES"] = _DROPPED[need]
+    elif "--preload" in args and need == _NO_TORCH and any(a.endswith(".py") for a in args):  # a script read
+        env["PET_PRELOAD_MODULES"] = "-torch"
     env.update(extra or {})
     return env
 

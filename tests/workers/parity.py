@@ -1,6 +1,7 @@
 """Dump what a worker's start left it with to $DUMP_DIR/<RANK>.json: forked and spawned must agree."""
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ dump = {
     "parent_is_agent": os.getppid() == int(os.environ["LAUNCHER_AGENT_ID"].split("-")[0]),
     "cwd": os.getcwd(),
     "faulthandler": faulthandler.is_enabled(),
+    "gc": [gc.isenabled(), *gc.get_threshold()],  # the zygote preloads with the collector off
     "stdout_write_through": sys.stdout.write_through,
     "forked": "launcher.agent.zygote" in open("/proc/self/cmdline").read(),
 }

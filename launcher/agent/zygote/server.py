@@ -38,7 +38,7 @@ def main(argv: list[str]) -> Job:
         os._exit(0)
     import gc
 
-    gc.collect()
+    gc.collect()  # the preload's garbage, once (it ran with the collector off)
     gc.freeze()  # what the preload allocated stays out of the collector: fewer pages copied on write
     job = serve(sock)
     sock.close()  # in the worker only: the agent must see EOF when the zygote itself dies
@@ -47,19 +47,27 @@ def main(argv: list[str]) -> Job:
 
 
 def preload(modules: Sequence[str]) -> Reply:
-    """Import `modules` one by one; an import error or an unsafe thread is named, one line."""
+    """Import `modules` one by one, the cyclic collector off; an import error or an unsafe thread is
+    named, one line."""
+    import gc
     import importlib
 
     t0 = time.perf_counter()
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except BaseException as e:  # SystemExit and KeyboardInterrupt included: report, never die silently
-            first = (str(e).strip().splitlines() or [""])[0]
-            return Reply(error=f"module {name!r} failed to import ({type(e).__name__}: {first})")
-        why = unsafe_to_fork() or _cuda_driver_initialised()
-        if why:
-            return Reply(error=f"module {name!r} {why}")
+    # What an import makes lives as long as its module: each collection during the preload walks it all
+    # again and frees next to nothing (~0.3 s of the default set's ~2.2 s of CPU). The caller collects once.
+    gc.disable()
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException as e:  # SystemExit and KeyboardInterrupt included: report, never die silently
+                first = (str(e).strip().splitlines() or [""])[0]
+                return Reply(error=f"module {name!r} failed to import ({type(e).__name__}: {first})")
+            why = unsafe_to_fork() or _cuda_driver_initialised()
+            if why:
+                return Reply(error=f"module {name!r} {why}")
+    finally:
+        gc.enable()
     return Reply(seconds=round(time.perf_counter() - t0, 3))
 
 
