@@ -45,14 +45,14 @@ def sshd(tmp_path_factory):
         f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
-        "LogLevel ERROR\n"
+        "LogLevel ERROR\nAcceptEnv TMPDIR\n"  # the session's temporary files in pytest's tree, as the test's own
     )
     server = subprocess.Popen(
         [SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w")
     )
     ssh = (
         f"ssh -F /dev/null -p {port} -i {d / 'client_key'} -o StrictHostKeyChecking=no "
-        "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -o ConnectTimeout=10"
+        "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -o ConnectTimeout=10 -o SendEnv=TMPDIR"
     )
     try:
         deadline = time.monotonic() + 10

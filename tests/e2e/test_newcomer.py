@@ -18,8 +18,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "workers"
-# The environment a user's shell gives: none of the launcher's PET_* defaults from the test run.
-ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
+
+
+def user_env() -> dict[str, str]:
+    """The environment a user's shell gives: none of the launcher's PET_* defaults from the test run. Read
+    when a test runs: the session's TMPDIR (tests/conftest.py) is set after this module is imported."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
 
 
 def free_port() -> int:
@@ -32,7 +36,7 @@ def run(*args: str, timeout: float = 60, env: dict | None = None, python: list[s
     return subprocess.run(
         [*(python or [sys.executable]), "-m", "launcher", *args],
         cwd=ROOT,
-        env={**ENV, **(env or {})},
+        env={**user_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -54,7 +58,7 @@ def test_missing_psutil_and_torch_is_one_line_naming_the_fix():
     r = subprocess.run(
         [sys.executable, "-c", blocked, "--nproc_per_node", "1", str(WORKERS / "echo_args.py")],
         cwd=ROOT,
-        env=ENV,
+        env=user_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -69,7 +73,7 @@ def test_launch_without_click_is_one_line_too():
     r = subprocess.run(
         [sys.executable, "-S", "-m", "launcher.launch", "--nproc_per_node", "1", str(WORKERS / "echo_args.py")],
         cwd=ROOT,
-        env=ENV,
+        env=user_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -144,7 +148,7 @@ def interrupted(port: int, *flags: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "launcher", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d"]
         + ["--rdzv_endpoint", f"127.0.0.1:{port}", *flags, str(WORKERS / "echo_args.py")],
         cwd=ROOT,
-        env={**ENV, "LAUNCHER_LOG_LEVEL": "debug"},
+        env={**user_env(), "LAUNCHER_LOG_LEVEL": "debug"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -199,7 +203,7 @@ def test_two_nodes_on_one_host_say_the_rank_once_on_torchs_traceback(tmp_path):
             [sys.executable, "-m", "launcher", "--nnodes", "2", "--node_rank", str(n), "--nproc_per_node", "1"]
             + ["--master_addr", "127.0.0.1", "--master_port", str(port), "--no-live", str(script)],
             cwd=ROOT,
-            env=ENV,
+            env=user_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -230,7 +234,7 @@ def test_the_demo_loses_a_worker_resumes_and_a_second_run_trains_again():
             r = subprocess.run(
                 ["bash", str(ROOT / "scripts" / "demo.sh"), "--epochs", "3"],
                 cwd=ROOT,
-                env=ENV,
+                env=user_env(),
                 capture_output=True,
                 text=True,
                 timeout=110,
