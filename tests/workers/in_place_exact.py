@@ -34,13 +34,14 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from die_at import dies_of
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 e = os.environ
 first_round = e.get("LAUNCHER_ROUND", "0") == "0" and e["TORCHELASTIC_RESTART_COUNT"] == "0"
-die = [entry.split() for entry in e.get("DIE_AT", "").split(",") if entry.strip()]
-dies = {(int(r), int(s), p) for r, s, p in die}
-die_step, die_phase = (int(die[0][1]), die[0][2]) if die else (-1, "")
+die = dies_of(e.get("DIE_AT", ""), ("start", "before", "hang", "after", "eval", "end"))
+dies = {(d.rank, d.step, d.phase) for d in die}
+die_step, die_phase = (die[0].step, die[0].phase) if die else (-1, "")
 too = e.get("DIE_TOO", "").split()
 rank_now = int(e["RANK"])
 

@@ -33,11 +33,11 @@ import hashlib
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from die_at import dies_of
 
 import launcher
 from launcher.worker.inplace import Job
@@ -45,32 +45,11 @@ from launcher.worker.inplace import Job
 PHASES = ("startup", "before-commit", "after-commit", "teardown")
 
 
-@dataclass(frozen=True)
-class Die:
-    """One DIE_AT entry: where a rank SIGKILLs itself."""
-
-    rank: int
-    step: int
-    phase: str
-    delay: float = 0.0
-
-
-def dies_of(text: str) -> list[Die]:
-    """DIE_AT's entries."""
-    found = []
-    for entry in filter(None, (x.strip() for x in text.split(","))):
-        parts = entry.split()
-        if len(parts) not in (3, 4) or parts[2] not in PHASES:
-            raise SystemExit(f"DIE_AT: {entry!r} is not 'RANK STEP PHASE [DELAY]' with PHASE one of {PHASES}")
-        found.append(Die(int(parts[0]), int(parts[1]), parts[2], float(parts[3]) if len(parts) == 4 else 0.0))
-    return found
-
-
 e = os.environ
 steps, step_time, seed = int(e.get("STEPS", "40")), float(e.get("STEP_TIME", "0.05")), int(e.get("SEED", "0"))
 rank, world, pid = int(e["RANK"]), int(e["WORLD_SIZE"]), os.getpid()
 first_round = all(e.get(k, "0") == "0" for k in ("LAUNCHER_ROUND", "TORCHELASTIC_RESTART_COUNT"))
-mine = [d for d in dies_of(e.get("DIE_AT", "")) if d.rank == rank] if first_round else []
+mine = [d for d in dies_of(e.get("DIE_AT", ""), PHASES) if d.rank == rank] if first_round else []
 hang = e.get("HANG_AT", "").split()
 hang_ranks, hang_step = ({int(r) for r in hang[0].split(",")}, int(hang[1])) if hang and first_round else (set(), -1)
 log = open(os.path.join(e["STEP_LOG"], f"{rank}.{pid}"), "a", buffering=1)
