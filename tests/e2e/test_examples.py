@@ -106,7 +106,7 @@ def test_resume_after_lost_worker_gives_identical_weights(baseline, launch, tmp_
         assert torch.equal(want[name], got[name]), name
 
 
-# spawned: the one exactness test whose replacement imports torch itself (test_in_place_exact forks them)
+# spawned: the one in-place exactness test whose replacement imports torch itself (test_in_place_exact forks)
 @pytest.mark.parametrize("workers_from", ["spawn"], indirect=True)
 def test_in_place_the_lost_worker_alone_resumes_at_its_batch_to_identical_weights(baseline, launch, tmp_path):
     """The same script with --recovery in-place: rank 1 killed halfway through epoch 3 comes back alone,
