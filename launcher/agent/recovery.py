@@ -92,8 +92,8 @@ class Recovered:
 
     round: int
     ok: bool
+    at: float  # when it ended, on the supervisor's clock
     lost: str = ""  # why the wait ended early: the round's store went away (else the bound passed)
-    at: float | None = None  # when it ended, on the supervisor's clock (None: when the loop hears of it)
 
 
 @dataclass(frozen=True)
@@ -336,7 +336,7 @@ class InPlace:
             waiter.join(END_WAIT)
         heard = self._heard
         if heard is None or heard.round != pending.round or not heard.ok:
-            heard = Recovered(pending.round, True, at=self.sup.clock())
+            heard = Recovered(pending.round, True, self.sup.clock())
         self._settle(heard)
 
     def _settle(self, event: Recovered) -> None:
@@ -344,7 +344,7 @@ class InPlace:
         sup, pending = self.sup, self.pending
         if pending is None or pending.round != event.round:
             return
-        self.pending, self.ended = None, sup.clock() if event.at is None else event.at
+        self.pending, self.ended = None, event.at
         took = self.ended - pending.began
         if event.ok:
             log.info(f"round {pending.round}: every rank is stepping again, {took:.2f} s after the failure (in place)")
@@ -510,7 +510,7 @@ class InPlace:
             ok, lost = False, _store_gone(e)
         finally:
             client.close()
-        self._heard = Recovered(rnd, ok, lost, at=self.sup.clock())
+        self._heard = Recovered(rnd, ok, self.sup.clock(), lost)
         self.sup.post(self._heard)
 
 

@@ -102,7 +102,7 @@ def test_the_venv_gets_python3s_version_on_a_shared_libpython_only_where_no_othe
 
 
 def test_a_python3_that_runs_without_a_shared_libpython_is_kept_silently(tmp_path):
-    static = next((c for c in OTHERS if os.access(c, os.X_OK) and built(c) and not built(c)[1]), None)
+    static = next((c for c in OTHERS if os.access(c, os.X_OK) and (b := built(c)) and not b[1]), None)
     if static is None:
         pytest.skip("no python3 here makes a venv without a shared libpython")
     (tmp_path / "python3").symlink_to(static)

@@ -13,6 +13,7 @@ preloaded module tells a pool that cleans up after itself from a thread that wou
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -36,8 +37,6 @@ def main(argv: list[str]) -> Job:
     _send(sock, reply)
     if reply.error:
         os._exit(0)
-    import gc
-
     gc.collect()  # the preload's garbage, once (it ran with the collector off)
     gc.freeze()  # what the preload allocated stays out of the collector: fewer pages copied on write
     job = serve(sock)
@@ -49,7 +48,6 @@ def main(argv: list[str]) -> Job:
 def preload(modules: Sequence[str]) -> Reply:
     """Import `modules` one by one, the cyclic collector off; an import error or an unsafe thread is
     named, one line."""
-    import gc
     import importlib
 
     t0 = time.perf_counter()
