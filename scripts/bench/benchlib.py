@@ -9,13 +9,14 @@ import hashlib
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
+
+from launcher.net import free_port  # noqa: F401  (the scripts take it from here: a port below the ephemeral range)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -70,12 +71,6 @@ def private_network() -> None:
     os.execvp(
         "unshare", ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv]
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_snapshot() -> tuple[float, float, float]:

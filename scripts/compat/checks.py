@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,11 @@ from collections.abc import Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LAUNCHER = [sys.executable, "-m", "launcher"]
+# this checkout's launcher, as the runs take it (PYTHONPATH in `env`): its port picker stays below the
+# kernel's ephemeral range, where a picked-then-released port cannot go to an outgoing connection
+sys.path.insert(0, ROOT)
+from launcher.net import free_port  # noqa: E402
+
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 TIMEOUT = 240.0  # seconds for one launcher run (CUDA builds import slowly on a busy host)
 
@@ -42,12 +46,6 @@ def env() -> dict[str, str]:
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("OMP_NUM_THREADS", "1")
     return e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd: list[str], extra: dict[str, str] | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:

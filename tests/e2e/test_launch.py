@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 from support.paths import ROOT, worker
+from support.ports import free_port
 
 BAD_INPUT = [
     (["--nproc_per_node", "0", "x.py"], "--nproc_per_node"),
@@ -171,17 +171,11 @@ def test_omp_rule_and_user_values_pass_through(launch, tmp_path):
     assert ours[1]["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Forked from each node's zygote (torch and DDP imported once a node, not once a worker: 9 CPU-s, not
 # 16); the seed-style DDP script on one node alone was a strict part of this (same script, 2 workers).
 @pytest.mark.parametrize("workers_from", ["preload"], indirect=True)
 def test_static_two_nodes_on_one_host(launch):
-    port = str(_free_port())
+    port = str(free_port())
     nodes = [
         launch.start(
             "--nnodes",

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "workers"
@@ -24,12 +25,6 @@ def user_env() -> dict[str, str]:
     """The environment a user's shell gives: none of the launcher's PET_* defaults from the test run. Read
     when a test runs: the session's TMPDIR (tests/conftest.py) is set after this module is imported."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(*args: str, timeout: float = 60, env: dict | None = None, python: list[str] | None = None):

@@ -253,13 +253,9 @@ def test_etcd_script(jobs, tmp_path):
     etcd = system.which("etcd")
     if etcd is None:
         pytest.skip(system.missing("etcd", "etcd-server"))
-    import socket
+    from support.ports import free_port
 
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [free_port(), free_port()]
     client, peer = (f"http://127.0.0.1:{p}" for p in ports)
     server = subprocess.Popen(
         [

@@ -10,7 +10,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from launcher.tcpstore import StoreClient, StoreError
 
@@ -29,12 +29,6 @@ ATTACKER = ROOT / "tests" / "integration" / "store_attacker.py"
 FRESH_BOUND = 10.0
 AGENT_PEAK_RSS = 640 << 20  # the agent (~60 MiB) with its store's budget of unread replies (256 MiB) and slack
 ATTACKS = {"idle": 1100, "slow": 200, "trickle": 24, "big": 1, "nonread": 30}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def low_limit() -> None:

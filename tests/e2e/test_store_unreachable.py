@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,18 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "workers" / "node_info.py"
 SAID_WITHIN = 15.0  # TELL_AFTER (0.5 s) plus an interpreter's start on a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Agent:

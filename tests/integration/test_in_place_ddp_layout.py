@@ -5,7 +5,6 @@ undisturbed run's did (launcher/worker/inplace/ddp.py)."""
 from __future__ import annotations
 
 import datetime
-import socket
 
 import pytest
 from support import needs
@@ -18,10 +17,8 @@ MODELS = ("sequential with batch norm", "several buckets")
 def one_rank():
     import torch.distributed as dist  # here, not at collection (support/needs.py)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
+    # port 0: the store binds a port itself (a port picked and then released may be taken before it binds)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=30))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()

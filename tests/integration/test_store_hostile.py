@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 from support.processes import wait_for
 
 from launcher.tcpstore import MAGIC, StoreClient, StoreError, StoreServer
@@ -231,9 +232,7 @@ def low_limit() -> None:
 
 @pytest.fixture
 def store_process():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "store", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE,
