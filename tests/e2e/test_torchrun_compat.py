@@ -201,9 +201,13 @@ configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
 with expires(after=1, scope="fast"):
     pass
 if os.environ["RANK"] == "1":
+    while not os.path.exists("rank0.done"):  # rank 0's line first, however slow its start on a busy host
+        time.sleep(0.05)
     with expires(after=1, scope="stuck_step"):
         time.sleep(60)
 print("rank", os.environ["RANK"], "done", flush=True)
+if os.environ["RANK"] == "0":
+    open("rank0.done", "w").close()
 """
 
 
@@ -215,6 +219,7 @@ def test_file_timer_watchdog_ends_the_worker_like_a_failure(here):
     env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(here / "pipe")}
     theirs = run("torchrun", "--nproc-per-node=2", "timed.py", cwd=here, env=env)
     assert "rank 0 done" in theirs.stdout and "rank 1 done" not in theirs.stdout and theirs.returncode != 0
+    (here / "rank0.done").unlink()
     ours = run("launcher", "--nproc-per-node=2", "timed.py", cwd=here, env={**env, "TORCHELASTIC_TIMER_FILE": ""})
     assert "rank 0 done" in ours.stdout and "rank 1 done" not in ours.stdout and ours.returncode == 1
     assert re.search(r"root cause: rank 1 .* was ended by its watchdog: timer 'stuck_step' expired", ours.stderr)
