@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+from array import array
 from typing import Any
 
 import torch
@@ -16,7 +17,10 @@ State = dict[str, Any]
 
 def get() -> State:
     """This process's random streams now (a copy)."""
-    state: State = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    version, internal, gauss = random.getstate()
+    # Python's stream as bytes, not as its tuple of 625 ints: the state is recorded (walked for tensors,
+    # pickled) several times a step, and that tuple was 90 % of the walk
+    state: State = {"torch": torch.get_rng_state(), "python": (version, array("Q", internal).tobytes(), gauss)}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     numpy = sys.modules.get("numpy")  # only where the script uses it: importing it costs 0.1 s
@@ -28,7 +32,8 @@ def get() -> State:
 def put(state: State) -> None:
     """Set this process's random streams to `state` (from `get`, here or in another rank)."""
     torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(array("Q", internal)), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())
     if "numpy" in state and "numpy" in sys.modules:

@@ -186,8 +186,13 @@ def _touch(t: torch.Tensor) -> None:
         t.reshape(-1).view(torch.uint8)[::PAGE].zero_()
 
 
+_PLAIN = frozenset({int, float, bool, str, bytes, type(None)})  # what holds no tensor, told without an ABC check
+
+
 def strip(value: Any, tensors: list[torch.Tensor]) -> Any:
     """`value` with each tensor replaced by its Slot (the tensor appended to `tensors`)."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, torch.Tensor):
         tensors.append(value.detach())
         return Slot(len(tensors) - 1, tuple(value.shape), value.dtype, str(value.device))
