@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from support import system
 from support.paths import LAUNCHER, ROOT, worker
+from support.ports import free_port
 from support.processes import procs_with_token, wait_gone
 from support.slurm import CLUSTER, Jobs, cluster_skip_reason, step_env
 
@@ -253,8 +254,6 @@ def test_etcd_script(jobs, tmp_path):
     etcd = system.which("etcd")
     if etcd is None:
         pytest.skip(system.missing("etcd", "etcd-server"))
-    from support.ports import free_port
-
     ports = [free_port(), free_port()]
     client, peer = (f"http://127.0.0.1:{p}" for p in ports)
     server = subprocess.Popen(
