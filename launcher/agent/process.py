@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from ..net import lookup_form
 from ..spec import Exit
 
 TYPE_CHECKING = False  # not typing's: typing's import costs a launch's start ~4 ms
@@ -420,7 +421,7 @@ def _send_will(line: bytes) -> None:
     """`will HOST PORT HEX ANSWER`: send the bytes, read the answer (the server has acted on them)."""
     try:
         _, host, port, payload, answer = line.decode().split(" ")
-        with socket.create_connection((host, int(port)), timeout=2.0) as sock:
+        with socket.create_connection((lookup_form(host), int(port)), timeout=2.0) as sock:
             sock.sendall(bytes.fromhex(payload))
             got, want = 0, int(answer)
             while want == 0 or got < want:  # never a half-close: an HTTP server may take it for a cancel

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from ..net import lookup_form
 from .wire import (
     ADD,
     ADD_ONCE,
@@ -174,11 +175,12 @@ class StoreClient:
         deadline, delay, told = start + patience, 0.02, start + TELL_AFTER - TELL_EVERY
         nonce = os.getpid() & 0xFFFFFFFF
         why = ""
+        address = (lookup_form(self.host), self.port)
         while True:
             left = deadline - time.monotonic()
             within = max(0.001, min(self.timeout, left)) if bounded else self.timeout
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=max(0.001, min(self.timeout, left)))
+                sock = socket.create_connection(address, timeout=max(0.001, min(self.timeout, left)))
             except ConnectionRefusedError as e:
                 if bounded:  # nothing listens: the store is gone, and a new one would have lost its keys
                     raise StoreError(f"{_why(e)}: no store listens there any more") from None

@@ -17,6 +17,8 @@ import time
 
 import h11
 
+from ...net import lookup_form
+
 MAX_HEAD = 64 * 1024  # a status line and headers longer than this are no HTTP server's
 MAX_BODY = 64 * 1024 * 1024
 
@@ -32,7 +34,7 @@ class Connection:
     def __init__(self, host: str, port: int, *, context=None, connect_timeout: float):
         self.host = f"[{host}]" if ":" in host else host
         self.port = port
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
+        sock = socket.create_connection((lookup_form(host), port), timeout=connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A watch can wait silently for hours: TCP keep-alives tell a vanished peer (no FIN) in ~11 s.
