@@ -9,15 +9,20 @@ from __future__ import annotations
 import errno
 import random
 import socket
+import threading
+import time
+
+HOLD_S = 60.0  # how long a port `free_port` picked stays held: its server binds it well within this
 
 
 def free_port(host: str = "") -> int:
-    """A port free on `host`, chosen below the kernel's ephemeral range.
+    """A port free on `host`, chosen below the kernel's ephemeral range, and held for `HOLD_S` seconds.
 
-    `host` "" checks every address, as torch's store server binds the wildcard. Outgoing
-    connections only ever get ephemeral ports, so a port below that range can be
-    taken between this check and the worker's bind only by another explicit bind: as
-    race-safe as the OS allows without holding the socket open.
+    `host` "" checks every address, as torch's store server binds the wildcard. Outgoing connections
+    only ever get ephemeral ports, so below that range only an explicit bind can take the port. The hold
+    keeps other pickers off it until its server binds it (`_hold`): worker rank 0 binds MASTER_PORT only
+    after importing torch (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and another job's launcher that picked
+    the same port in those seconds served its store there: each job's workers then met in the other's.
     """
     low = 32768
     try:
@@ -26,17 +31,49 @@ def free_port(host: str = "") -> int:
     except (OSError, ValueError, IndexError):
         pass
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    _release_old_holds()
     candidates = random.sample(range(20000, max(low, 20001)), k=min(64, max(low - 20000, 1)))
     for port in candidates:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
-                s.bind((host, port))
+                s.bind((host, port))  # without SO_REUSEADDR: fails beside any socket bound there, a hold too
             except OSError:
                 continue
+        if _hold(family, host, port):
             return port
     with socket.socket(family, socket.SOCK_STREAM) as s:  # everything below the range is taken
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_holds: dict[int, tuple[socket.socket, float]] = {}  # port -> (its hold, when it ends)
+_holds_lock = threading.Lock()
+
+
+def _hold(family: int, host: str, port: int) -> bool:
+    """Keep `port` from every other `free_port` (of any process) for `HOLD_S`: a socket bound to it with
+    SO_REUSEADDR, never listening. Each server a picked port is for sets SO_REUSEADDR too (the launcher's
+    store, torch's TCPStore, etcd), so it binds and listens beside the hold; `free_port`'s check does not,
+    and so passes the port by. False if the port was taken since the check."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return False
+    with _holds_lock:
+        _holds[port] = (sock, time.monotonic() + HOLD_S)
+    return True
+
+
+def _release_old_holds() -> None:
+    """Close the holds whose `HOLD_S` has passed (a long-lived agent picks a port each round)."""
+    now = time.monotonic()
+    with _holds_lock:
+        ended = [port for port, (_, until) in _holds.items() if until <= now]
+        for port in ended:
+            _holds.pop(port)[0].close()
 
 
 def port_taken(port: int) -> str:
