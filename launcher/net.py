@@ -20,9 +20,10 @@ def free_port(host: str = "") -> int:
 
     `host` "" checks every address, as torch's store server binds the wildcard. Outgoing connections
     only ever get ephemeral ports, so below that range only an explicit bind can take the port. The hold
-    keeps other pickers off it until its server binds it (`_hold`): worker rank 0 binds MASTER_PORT only
-    after importing torch (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and another job's launcher that picked
-    the same port in those seconds served its store there: each job's workers then met in the other's.
+    (`_hold`, until `release_holds`) keeps other pickers off it until its server binds it: worker rank 0
+    binds MASTER_PORT only after importing torch (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and another
+    job's launcher that picked the same port in those seconds served its store there: each job's workers
+    then met in the other's.
     """
     low = 32768
     try:
@@ -67,8 +68,15 @@ def _hold(family: int, host: str, port: int) -> bool:
     return True
 
 
+def release_holds(keep: int | None = None) -> None:
+    """Let go of every port this process holds but `keep`: its server has bound it, or none ever will."""
+    with _holds_lock:
+        for port in [p for p in _holds if p != keep]:
+            _holds.pop(port)[0].close()
+
+
 def _release_old_holds() -> None:
-    """Close the holds whose `HOLD_S` has passed (a long-lived agent picks a port each round)."""
+    """Close the holds whose `HOLD_S` has passed (a pick nobody let go of: a test's, a tool's)."""
     now = time.monotonic()
     with _holds_lock:
         ended = [port for port, (_, until) in _holds.items() if until <= now]

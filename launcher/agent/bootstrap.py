@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..net import release_holds
 from ..spec import Round
 from ..tcpstore.server import StoreServer
 from ..tcpstore.wire import KEY_PREFIX
@@ -66,6 +67,10 @@ class BootstrapStore:
         if self.server is not None and rnd.group_rank == 0 and self.server.port == rnd.master_port:
             return dataclasses.replace(rnd, use_agent_store=True), ""
         self.close()
+        # The ports this node picked (net.free_port holds each) are bound by now or never will be (another
+        # node's won the round), but this round's MASTER_PORT on group rank 0 until its server binds it:
+        # worker rank 0's binds it only after importing torch.
+        release_holds(keep=rnd.master_port if rnd.group_rank == 0 else None)
         if not self.enabled:
             return rnd, ""
         if rnd.group_rank == 0:
@@ -77,6 +82,7 @@ class BootstrapStore:
                     f"cannot serve the bootstrap store on {rnd.master_addr}:{rnd.master_port} "
                     f"({e.strerror or e}); worker rank 0 hosts it this round"
                 )
+            release_holds()
             formed = KEY_PREFIX + FORMED_KEY.encode()  # as a client names it on the wire
             self.server.announce_when_named(GROUP_KEYS, rnd.world_size, formed, lambda: b"1")
             self.server.data.update(self._records)  # before the round's workers exist: nobody reads it yet

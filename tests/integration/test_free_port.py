@@ -51,3 +51,15 @@ def test_a_hold_ends_after_its_time(monkeypatch):
     net.free_port()  # each pick first lets go of the holds whose time has passed
     with socket.socket() as s:
         s.bind(("", first))
+
+
+def test_release_keeps_only_the_port_asked_for():
+    kept, let_go = net.free_port(), net.free_port()
+    net.release_holds(keep=kept)
+    with socket.socket() as s:
+        s.bind(("", let_go))
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("", kept))
+    net.release_holds()
+    with socket.socket() as s:
+        s.bind(("", kept))
