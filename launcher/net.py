@@ -12,15 +12,15 @@ import socket
 import threading
 import time
 
-HOLD_S = 60.0  # how long a port `free_port` picked stays held: its server binds it well within this
+HOLD_S = 60.0  # the longest a port `free_port` picked stays held: a server binds it well within this
 
 
 def free_port(host: str = "") -> int:
-    """A port free on `host`, chosen below the kernel's ephemeral range, and held for `HOLD_S` seconds.
+    """A port free on `host`, chosen below the kernel's ephemeral range, and held until its server binds it.
 
     `host` "" checks every address, as torch's store server binds the wildcard. Outgoing connections
     only ever get ephemeral ports, so below that range only an explicit bind can take the port. The hold
-    (`_hold`, until `release_holds`) keeps other pickers off it until its server binds it: worker rank 0
+    (`_hold`, until `release_holds`, `HOLD_S` at most) keeps other pickers off it meanwhile: worker rank 0
     binds MASTER_PORT only after importing torch (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and another
     job's launcher that picked the same port in those seconds served its store there: each job's workers
     then met in the other's.
@@ -52,7 +52,7 @@ _holds_lock = threading.Lock()
 
 
 def _hold(family: int, host: str, port: int) -> bool:
-    """Keep `port` from every other `free_port` (of any process) for `HOLD_S`: a socket bound to it with
+    """Keep `port` from every other `free_port` (of any process) until released: a socket bound to it with
     SO_REUSEADDR, never listening. Each server a picked port is for sets SO_REUSEADDR too (the launcher's
     store, torch's TCPStore, etcd), so it binds and listens beside the hold; `free_port`'s check does not,
     and so passes the port by. False if the port was taken since the check."""
