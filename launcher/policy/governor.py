@@ -96,6 +96,10 @@ class Governor:
         if self.gate is None:
             return ""
         problem = self.gate.check(previous_pids)
+        if problem and self.gate.cut_short:
+            # The agent is leaving (a SIGTERM, its peers gone) and killed the check: no verdict on the node.
+            # Noted, this healthy node was excluded from the job's requeue beside the one that failed.
+            return "the agent is leaving: its health check was stopped"
         if problem:
             self.quarantine(f"health check failed: {problem}")
             return f"health check failed: {problem}"

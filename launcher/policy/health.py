@@ -60,6 +60,7 @@ class HealthGate:
         self.command = command
         self.env = env  # the command's environment (with the agent's marker: its guard kills it if the agent dies)
         self._running: subprocess.Popen | None = None
+        self.cut_short = False  # `cancel()` killed a check: what it then returns says nothing about the node
         self.timeout = timeout
         self.gpus = tuple(gpus)  # the ids or UUIDs this node's workers use; () = every GPU NVML lists
         self._load_nvml = nvml
@@ -82,6 +83,7 @@ class HealthGate:
         """Kill a check still running (the agent is leaving): no health check outlives its agent."""
         proc = self._running
         if proc is not None and proc.poll() is None:
+            self.cut_short = True
             _kill_session(proc)
 
     def _track(self, proc: subprocess.Popen | None) -> None:
