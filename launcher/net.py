@@ -11,6 +11,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 HOLD_S = 60.0  # the longest a port `free_port` picked stays held: a server binds it well within this
 
@@ -32,7 +33,8 @@ def free_port(host: str = "") -> int:
     except (OSError, ValueError, IndexError):
         pass
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    _release_old_holds()
+    now = time.monotonic()
+    _release(lambda port, until: until <= now)  # a pick nobody let go of (a test's, a tool's) after HOLD_S
     candidates = random.sample(range(20000, max(low, 20001)), k=min(64, max(low - 20000, 1)))
     for port in candidates:
         with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -70,17 +72,13 @@ def _hold(family: int, host: str, port: int) -> bool:
 
 def release_holds(keep: int | None = None) -> None:
     """Let go of every port this process holds but `keep`: its server has bound it, or none ever will."""
-    with _holds_lock:
-        for port in [p for p in _holds if p != keep]:
-            _holds.pop(port)[0].close()
+    _release(lambda port, until: port != keep)
 
 
-def _release_old_holds() -> None:
-    """Close the holds whose `HOLD_S` has passed (a pick nobody let go of: a test's, a tool's)."""
-    now = time.monotonic()
+def _release(which: Callable[[int, float], bool]) -> None:
+    """Close the holds `which(port, until)` picks."""
     with _holds_lock:
-        ended = [port for port, (_, until) in _holds.items() if until <= now]
-        for port in ended:
+        for port in [p for p, (_, until) in _holds.items() if which(p, until)]:
             _holds.pop(port)[0].close()
 
 
