@@ -112,7 +112,11 @@ class StoreClient:
         self.version = 0  # the server's extension; 0: none (torch's server) or no session asked
         self._legacy = False  # the server has no PING (torch 2.4): the handshake checks no keys instead
         connect_timeout = timeout if connect_timeout is None else connect_timeout
-        self._sock = self._connect(connect_timeout)
+        # A sibling's connection (`boot` known): its store was up a moment ago, so a refusal says it is
+        # gone, not that it is not up yet. Waiting out connect_timeout held a node's exit a minute where
+        # the node hosting the store had just left (the watcher's or the leaving session's connection).
+        gone_if_refused = boot is not None
+        self._sock = self._connect(connect_timeout, gone_if_refused=gone_if_refused)
         found = None
         if session is not None:
             # torch's server hangs up on SESSION every time, ours only when the connection is cut at
@@ -128,7 +132,7 @@ class StoreClient:
                 else:
                     if self.version:
                         break
-                self._sock = self._connect(connect_timeout)
+                self._sock = self._connect(connect_timeout, gone_if_refused=gone_if_refused)
         if boot is not None and found != boot:
             close_socket(self._sock)
             raise StoreRestarted(f"{host}:{port} is not the store process this session began on")
@@ -161,13 +165,18 @@ class StoreClient:
         return version, boot
 
     def _connect(
-        self, patience: float, extra: bytes = b"", bounded: bool = False, window: float | None = None
+        self,
+        patience: float,
+        extra: bytes = b"",
+        bounded: bool = False,
+        window: float | None = None,
+        gone_if_refused: bool = False,
     ) -> socket.socket:
         """A connection that passed the handshake (VALIDATE, PING), with `extra` frames sent along;
         a refused or dropped one is retried for `patience` s, and said so (INFO) after TELL_AFTER s
         and every TELL_EVERY s. `bounded` (a reconnect): its answer too, and a refused one ends it.
         `window`: the time the error says was spent retrying (a reconnect's whole window, of which
-        `patience` is what was left of it), else `patience`.
+        `patience` is what was left of it), else `patience`. `gone_if_refused`: a refused one ends it too.
 
         A server that hangs up on the PING (torch 2.4's, which has no such op) is greeted the old
         way from then on: VALIDATE, then a CHECK of no keys, which every server answers READY."""
@@ -182,7 +191,7 @@ class StoreClient:
             try:
                 sock = socket.create_connection(address, timeout=max(0.001, min(self.timeout, left)))
             except ConnectionRefusedError as e:
-                if bounded:  # nothing listens: the store is gone, and a new one would have lost its keys
+                if bounded or gone_if_refused:  # nothing listens: the store is gone, a new one would have lost its keys
                     raise StoreError(f"{_why(e)}: no store listens there any more") from None
                 why = _why(e)  # not up yet, maybe
             except OSError as e:  # unreachable

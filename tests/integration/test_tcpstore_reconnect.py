@@ -281,6 +281,25 @@ def test_a_store_that_is_gone_is_an_error_at_once(server, clients, caplog):
     assert gave_up and all(r.levelno == logging.DEBUG for r in gave_up)
 
 
+def test_a_sibling_connection_to_a_store_that_is_gone_is_an_error_at_once(server):
+    """A node's second connection (its round watcher's, its leaving session's) opened just after the store's
+    host left: the store was up, so the refusal ends it, where a first connection keeps retrying (the store
+    may not be up yet). It waited out the whole connect timeout: a node's exit held a minute."""
+    from launcher.errors import RendezvousError
+    from launcher.rendezvous.c10d import TCPStoreAdapter
+
+    adapter = TCPStoreAdapter("127.0.0.1", server.port, 30)
+    try:
+        adapter.clone().close()  # while the store is up
+        server.close()
+        t = time.monotonic()
+        with pytest.raises(RendezvousError, match="no store listens there any more"):
+            adapter.clone()
+        assert time.monotonic() - t < 5
+    finally:
+        adapter.close()
+
+
 def test_a_store_that_stays_unreachable_is_an_error_after_the_reconnect_time(server, relay, clients):
     c = clients(relay.port, 91, reconnect=1)
     relay.refuse = True  # the relay takes connections and closes them: the store is out of reach
