@@ -61,6 +61,9 @@ p.add_argument(
     help="test hook: --crash-rank SIGKILLs itself halfway through epoch E (first attempt only)",
 )
 p.add_argument("--crash-rank", type=int, default=1, metavar="R", help="the rank --crash-at-epoch kills")
+p.add_argument(
+    "--step-time", type=float, default=0.0, metavar="SEC", help="sleep this long in each step (a bigger model's step)"
+)
 args = p.parse_args()
 if "RANK" not in os.environ:
     p.exit(2, "run me under the launcher: python -m launcher --nproc_per_node 2 examples/train_ddp.py\n")
@@ -184,6 +187,7 @@ for epoch in job.epochs(range(start_epoch, args.epochs + 1)):  # a replacement r
             scaler.scale(loss).backward()  # DDP averages the gradients across ranks here
             scaler.step(optimizer)  # the step's commit point: a peer lost after it does not make it run twice
             scaler.update()
+            time.sleep(args.step_time)
             loss_sum += loss.detach().float() * len(y)
             correct += (out.argmax(1) == y).sum()
             seen += len(y)

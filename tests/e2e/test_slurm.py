@@ -144,7 +144,9 @@ def test_two_node_job_trains_the_example_to_the_end_through_a_usr1_warning(jobs,
         "multi_node.sbatch",
         "examples/train_ddp.py",
         "--epochs",
-        "30",  # ~0.3 s of CPU an epoch per worker: long enough for the warning to land mid-run (~1 s)
+        "8",
+        "--step-time",  # 32 steps an epoch per worker: ~8 s in all, long enough for the warning to land
+        "0.03",  # mid-run (~1 s), where 30 epochs of the bare model cost ~9 s of CPU per worker for it
         "--checkpoint-every",
         "100",
         "--checkpoint-dir",
@@ -159,7 +161,7 @@ def test_two_node_job_trains_the_example_to_the_end_through_a_usr1_warning(jobs,
     log = jobs.log(job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert info["NodeList"] == "node[1-2]"
-    assert "2 workers" in log and "epoch 30/30" in log, log  # one worker per node, one world of two
+    assert "2 workers" in log and "epoch 8/8" in log, log  # one worker per node, one world of two
     assert re.search(r"^0: .*launcher: passing SIGUSR1 to the workers", log, re.M), log  # node1's launcher
     assert re.search(r"^1: .*launcher: passing SIGUSR1 to the workers", log, re.M), log  # node2's launcher
     assert "pre-emption warning (SIGUSR1): checkpointing after epoch" in log, log
