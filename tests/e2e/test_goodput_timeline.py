@@ -211,9 +211,12 @@ def test_the_report_of_a_spare_replacing_a_killed_node(tmp_path):
     green, stopping, forming = (0x2E, 0x9D, 0x58), (0xE0, 0x8A, 0x1E), (0xB8, 0xBE, 0xC6)
     lane = lambda i, xs=after: [pixel(x, y) for y in range(143 + 34 * i, 160 + 34 * i, 4) for x in xs]  # noqa: E731
     # Lane a stops its workers, forms the next round with the spare, and runs to the end: drawn throughout
-    # (how much of it is the restart depends on the host's load), the last of it green.
-    drawn = sum(any(near(p, c) for c in (green, stopping, forming)) for p in lane(0))
-    assert drawn > len(lane(0)) * 0.95, "lane a is drawn to the end"
+    # (how much of it is the restart depends on the host's load), the last of it green. A column is off where
+    # two colours meet, a marker's edge or a grid line crosses the lane (anti-aliased): a few, however short
+    # the stretch (a 2 s job: 3 of its 44 columns, 11 of 220 pixels, failed a share of 5 %).
+    drawn = lambda p: any(near(p, c) for c in (green, stopping, forming))  # noqa: E731
+    off = [x for x in after if not all(drawn(p) for p in lane(0, [x]))]
+    assert len(off) <= 4 + 0.05 * len(after), f"lane a is drawn to the end (off at x={off})"
     assert all(near(p, green) for p in lane(0, range(993, 1005, 4))), "lane a runs to the end"
     assert not any(near(p, green) for p in lane(1)), "lane b does not run past its loss"
     marks = [pixel(x, y) for y in range(165, 181) for x in range(int(x_lost) - 12, int(x_lost) + 30)]
