@@ -222,9 +222,9 @@ def conclude(
         # figure would only hold them in a round they no longer have, for JOB_WAIT.
         job, why = None, f"this node left the job ({leaves}), which may go on without it"
     else:
-        # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one would
-        # wait out the whole connect timeout when the store's host is gone; this one gives up within
-        # the store client's reconnect bound.
+        # Over the rendezvous' own connection, idle by now (its watcher has its own): a new one to torch's
+        # server (no boot id to tell a gone store by) waits out the connect timeout when the store's host
+        # is gone; this one gives up within the store client's reconnect bound.
         job, why = job_breakdown(store, run_id, accountant.round, node)
     emit("goodput", host=host, node=node.to_dict(), job=job.to_dict() if job else None, why=why)
     if accountant.round is None:  # stopped while forming, or a spare that was never needed

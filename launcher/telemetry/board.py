@@ -152,8 +152,8 @@ class Monitor:
         try:
             if final and self._store is not None:
                 # Over a connection already open (the board's, else the rendezvous' own, which this
-                # thread may use now that the rounds are over): with the store's host gone, a new
-                # connection would wait out the whole connect timeout.
+                # thread may use now that the rounds are over): with the store's host gone, a new one
+                # to torch's server (no boot id to tell a gone store by) waits out the connect timeout.
                 self.tick(judge=False, connect=False)
         finally:
             if self.board is not None:
