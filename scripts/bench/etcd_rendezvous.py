@@ -34,10 +34,12 @@ folder, loopback ports) and stops it at the end. Four parts, each printed as a m
   thread serves thousands of nodes; a 2 s lease could lapse behind them, which an agent's own
   refresher never sees). BENCH_ETCD_FLAGS: extra flags for the benchmark's etcd (e.g.
   `--enable-pprof`, with `--host-net`, to read etcd's /debug/pprof while a round forms).
-- death: 3 agents, `--nnodes 2:3` (default settings otherwise: keep_alive_interval 0.5 s x 4
-  attempts, so a 2 s lease), each in its own session. Once the 3 workers of round 0 run, one
-  agent's whole session (agent, guard and worker: a host going away) is SIGKILLed. Metric: kill ->
-  both survivors' round-1 workers running (their first statement's time.time()). Target: <= 3 s.
+- death: 3 agents, `--nnodes 2:3`, each in its own session. Once the 3 workers of round 0 run, one
+  agent is lost, three ways (`DEATHS`): its whole session SIGKILLed (agent, guard and worker: a host
+  going away, seen when its lease lapses: the default keep_alive_interval 0.5 s x 12 attempts, a 6 s
+  lease), the agent alone SIGKILLed (a crash: its guard revokes the lease at once), and the whole
+  session again with `--rdzv_conf keep_alive_max_attempt=4` (a 2 s lease). Metric: kill -> both
+  survivors' round-1 workers running (their first statement's time.time()). Target: <= 3 s.
 - rss: 2 agents (`--nnodes 2`) on etcd, each run through a tiny wrapper whose atexit hook reads the
   agent's VmHWM (peak resident memory, all threads, no children) and CPU time (user + system) from
   /proc/self, as launch_overhead.py does. Largest RSS, smallest CPU over --reps x 2 agents.
@@ -66,7 +68,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Counting, combine, free_port, need, private_network, release_together, revision
+from benchlib import Counting, Etcd, combine, free_port, need, private_network, release_together, revision
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -94,65 +96,6 @@ with open(path + ".tmp", "w") as f:
 os.rename(path + ".tmp", path)  # whole or absent: the bench polls these files
 time.sleep(float(sys.argv[2]))
 """
-
-
-# ---------------------------------------------------------------------------- etcd
-
-
-class Etcd:
-    """One etcd member with etcd's default timings, on loopback, in a throwaway folder."""
-
-    def __init__(self, folder: str):
-        self.folder, self.port, self.peer = folder, free_port(), free_port()
-        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
-        cmd = [
-            "etcd",
-            "--name",
-            "bench",
-            "--data-dir",
-            os.path.join(folder, "data"),
-            "--listen-client-urls",
-            url,
-            "--advertise-client-urls",
-            url,
-            "--listen-peer-urls",
-            peer,
-            "--initial-advertise-peer-urls",
-            peer,
-            "--initial-cluster",
-            f"bench={peer}",
-            "--log-level",
-            "warn",
-            "--logger",
-            "zap",
-            *os.environ.get("BENCH_ETCD_FLAGS", "").split(),
-        ]
-        self.log = open(os.path.join(folder, "etcd.log"), "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                import urllib.request
-
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    if b'"true"' in r.read():
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit("etcd did not become healthy in 30 s")
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 # ---------------------------------------------------------------------------- processes
@@ -191,20 +134,21 @@ def wait_for(cond, timeout: float) -> bool:
 
 
 def agent_cmd(
-    tool: str, k: int, endpoint: str, run_id: str, worker: str, out: str, sleep: float, nnodes: str = ""
+    tool: str, k: int, endpoint: str, run_id: str, worker: str, out: str, sleep: float, nnodes: str = "", conf: str = ""
 ) -> list[str]:
     if tool == "torchrun":
         rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{endpoint}", "--rdzv_id", run_id]
         head = [TORCHRUN]
     else:
-        rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, *engine_conf()]
+        rdzv = ["--rdzv_backend", "etcd", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, *engine_conf(conf)]
         head = [PY, "-m", "launcher"]
     return head + ["--nnodes", nnodes or str(k), "--nproc_per_node", "1", *rdzv, worker, out, str(sleep)]
 
 
-def engine_conf() -> list[str]:
-    """The agents' flag for --engine grpc (the opt-in gRPC engine); nothing for the gateway."""
-    return ["--rdzv_conf", "engine=grpc"] if ENGINE == "grpc" else []
+def engine_conf(conf: str = "") -> list[str]:
+    """The agents' --rdzv_conf: `conf`, and engine=grpc for --engine grpc (the opt-in gRPC engine)."""
+    joined = ",".join(filter(None, ["engine=grpc" if ENGINE == "grpc" else "", conf]))
+    return ["--rdzv_conf", joined] if joined else []
 
 
 def tail(logs: list[str]) -> str:
@@ -437,18 +381,31 @@ def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, c
 # ---------------------------------------------------------------------------- part 3: death
 
 
-def death_run(etcd: Etcd, worker: str, tmp: str) -> float | None:
+# What is lost, SIGKILLed: "host" the agent's whole session (agent, guard and worker: a host going away; its
+# lease lapses), "agent" the agent alone (a crash: its guard revokes its lease and ends its worker).
+DEATHS = (
+    ("a host lost whole", "host", ""),
+    ("the agent alone (its guard revokes the lease)", "agent", ""),
+    ("a host lost whole, keep_alive_max_attempt=4", "host", "keep_alive_max_attempt=4"),
+)
+
+
+def death_run(etcd: Etcd, worker: str, tmp: str, kill: str = "host", conf: str = "") -> float | None:
     out = tempfile.mkdtemp(dir=tmp, prefix="death-")
     run_id = os.path.basename(out)
     logs = [os.path.join(out, f"agent{i}.log") for i in range(3)]
-    procs = [start(agent_cmd("launcher", 3, etcd.endpoint, run_id, worker, out, 30, nnodes="2:3"), log) for log in logs]
+    cmd = agent_cmd("launcher", 3, etcd.endpoint, run_id, worker, out, 30, nnodes="2:3", conf=conf)
+    procs = [start(cmd, log) for log in logs]
     try:
         if not wait_for(lambda: len(starts(out)) >= 3, CAP):
             print(f"  death: round 0 never ran{tail(logs)}", file=sys.stderr)
             return None
         time.sleep(1.0)  # let the round settle: every lease refreshed, every watch open
         t_kill = time.time()
-        os.killpg(procs[0].pid, signal.SIGKILL)  # the agent, its guard and its worker: a host going away
+        if kill == "host":
+            os.killpg(procs[0].pid, signal.SIGKILL)
+        else:
+            os.kill(procs[0].pid, signal.SIGKILL)
         if not wait_for(lambda: sum(1 for _, r in starts(out) if r >= 1) >= 2, CAP):
             print(f"  death: survivors never re-formed{tail(logs)}", file=sys.stderr)
             return None
@@ -458,23 +415,33 @@ def death_run(etcd: Etcd, worker: str, tmp: str) -> float | None:
 
 
 def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
-    times = []
-    for rep in range(reps):
-        s = death_run(etcd, worker, tmp)
-        print(f"  death rep {rep}: {fmt(s)} s", file=sys.stderr)
-        if s is not None:
-            times.append(s)
+    from launcher.rendezvous.etcd.lease import lease_ttl
+    from launcher.rendezvous.settings import RendezvousSettings
+
+    rows = []
+    for what, kill, conf in DEATHS:
+        times = []
+        for rep in range(reps):
+            s = death_run(etcd, worker, tmp, kill, conf)
+            print(f"  death ({what}) rep {rep}: {fmt(s)} s", file=sys.stderr)
+            if s is not None:
+                times.append(s)
+        rows.append((what, times))
+    ttl = lease_ttl(RendezvousSettings())
     print(
-        f"\nA remote node dies -> survivors running again in a new round (3 agents, --nnodes 2:3, default settings: "
-        f"2 s lease; median of {reps}; network: {NET})\n"
+        f"\nA remote node dies -> survivors running again in a new round (3 agents, --nnodes 2:3; the default "
+        f"lease: {ttl} s; median of {reps}; network: {NET})\n"
     )
-    print("| launcher, etcd s | min s | max s | torchrun 2.13 | target |")
-    print("|---|---|---|---|---|")
-    print(
-        f"| {fmt(med(times))} | {fmt(min(times) if times else None)} | {fmt(max(times) if times else None)} "
-        f"| never (the survivors wait for an NCCL/gloo timeout; pytorch#111646) | ≤ 3 s |"
-    )
-    print("\nall runs (s): " + ", ".join(f"{x:.2f}" for x in times))
+    print("| what is SIGKILLed | launcher, etcd s | min s | max s | torchrun 2.13 | target |")
+    print("|---|---|---|---|---|---|")
+    for what, times in rows:
+        low, high = (min(times), max(times)) if times else (None, None)
+        print(
+            f"| {what} | {fmt(med(times))} | {fmt(low)} | {fmt(high)} "
+            f"| never (the survivors wait for an NCCL/gloo timeout; pytorch#111646) | ≤ 3 s |"
+        )
+    for what, times in rows:
+        print(f"\nall runs, {what} (s): " + ", ".join(f"{x:.2f}" for x in times))
 
 
 # ---------------------------------------------------------------------------- part 4: rss

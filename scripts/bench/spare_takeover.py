@@ -39,7 +39,6 @@ Targets (issue 22): c10d with --preload <= 1.0 s; etcd with --preload <= 3 s. Re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -47,10 +46,9 @@ import statistics
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from benchlib import DDP_IMPORTS, DDP_MODEL, TOOLS, cpu_snapshot, free_port, other_load, revision
+from benchlib import DDP_IMPORTS, DDP_MODEL, TOOLS, Etcd, cpu_snapshot, free_port, other_load, revision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,39 +179,6 @@ def listening(port: int) -> bool:
         return False
 
 
-class Etcd:
-    """A one-member etcd on free loopback ports, for the etcd runs."""
-
-    def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="spare-etcd-")
-        client, peer = free_port(), free_port()
-        self.endpoint = f"127.0.0.1:{client}"
-        self.proc = subprocess.Popen(
-            [shutil.which("etcd") or "etcd", "--name", "m0", "--data-dir", f"{self.folder}/data"]
-            + ["--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}"]
-            + ["--listen-peer-urls", f"http://127.0.0.1:{peer}"]
-            + ["--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}"]
-            + ["--initial-cluster", f"m0=http://127.0.0.1:{peer}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as r:
-                    return json.loads(r.read()).get("health") == "true"
-            except (OSError, ValueError):
-                return False
-
-        if not wait_for(healthy, 20):
-            raise SystemExit("etcd did not become healthy")
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def one_job(
     tool: str,
     backend: str,
@@ -338,7 +303,7 @@ def main() -> None:
                         print(f"{backend} {tool} rep {rep}: {r.get('takeover')}", flush=True)
             finally:
                 if etcd is not None:
-                    etcd.close()
+                    etcd.stop()
             load = other_load(before, cpu_snapshot())
             print(f"\n{backend}: member node SIGKILLed -> every rank's first step again (median of {args.reps})")
             for tool in tools:

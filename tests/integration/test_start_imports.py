@@ -9,6 +9,7 @@ import sys
 import uuid
 
 from support.paths import ROOT
+from support.ports import free_port
 
 from launcher import config as cfg
 
@@ -66,3 +67,20 @@ def test_the_local_run_id_is_a_uuid4():
     for text in ids:
         u = uuid.UUID(text)
         assert (str(u), u.version, u.variant) == (text, 4, uuid.RFC_4122)
+
+
+def test_c10d_agent_never_imports_torch():
+    code = f"""
+import sys
+from launcher.config import from_flags
+from launcher.rendezvous import create_rendezvous, Cause
+cfg = from_flags(training_script="x", no_python=True, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{free_port()}",
+                 rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
+r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
+rnd = r.next_round(Cause.START)
+hosted = r.server is not None
+r.shutdown(True)
+print(rnd.world_size, hosted, "torch" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.stdout.split() == ["1", "True", "False"], r.stderr

@@ -15,7 +15,6 @@ import os
 import resource
 import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -23,10 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support.frames import HELLO, keys
 from support.ports import free_port
 from support.processes import wait_for
 
-from launcher.tcpstore import MAGIC, StoreClient, StoreError, StoreServer
+from launcher.tcpstore import StoreClient, StoreError, StoreServer
 from launcher.tcpstore import server as server_mod
 from launcher.tcpstore.wire import PING
 
@@ -36,19 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ATTACKER = Path(__file__).with_name("store_attacker.py")
 FRESH_BOUND = 10.0
 PEAK_RSS = 512 << 20
-VALIDATE = b"\x00" + struct.pack("<I", MAGIC)
 
 
-def u64(n: int) -> bytes:
-    return struct.pack("<Q", n)
-
-
-def s(b: bytes) -> bytes:
-    return u64(len(b)) + b
-
-
-def multi_get(*keys: bytes) -> bytes:
-    return b"\x0a" + u64(len(keys)) + b"".join(s(k) for k in keys)
+def multi_get(*ks: bytes) -> bytes:
+    return b"\x0a" + keys(*ks)
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -92,7 +83,7 @@ def servers():
 
 def test_a_connection_that_never_validates_is_closed_at_the_handshake_deadline(servers, opened):
     srv = servers(handshake=0.3)
-    silent, validated = opened(srv.port), opened(srv.port, VALIDATE)
+    silent, validated = opened(srv.port), opened(srv.port, HELLO)
     wait_for(lambda: closed_by_peer(silent), 10, "the silent connection to be closed")
     assert not closed_by_peer(validated)  # a client that validated may stay idle as long as it likes
 
@@ -133,7 +124,7 @@ def test_a_reply_over_the_frame_limit_is_refused_before_it_is_built(servers, ope
     writer.set("big", b"v" * (8 << 20))
     assert writer.get("nothing", False) == b""  # the set has landed
     srv.peak_held = srv.held
-    greedy = opened(srv.port, VALIDATE + multi_get(*[b"/big"] * 100))
+    greedy = opened(srv.port, HELLO + multi_get(*[b"/big"] * 100))
     wait_for(lambda: closed_by_peer(greedy), 10, "the greedy connection to be closed")
     assert srv.peak_held < 1 << 20  # nothing of the 800 MiB was queued
     assert writer.get("big") == b"v" * (8 << 20)  # everyone else is served as before
@@ -146,7 +137,7 @@ def test_unread_replies_share_one_budget_and_a_reply_that_does_not_fit_waits(ser
     writer = StoreClient("127.0.0.1", srv.port, timeout=10)
     writer.set("big", b"v" * (8 << 20))
     assert writer.get("nothing", False) == b""  # the set has landed
-    ask = VALIDATE + multi_get(*[b"/big"] * 7)  # a 56 MiB reply each
+    ask = HELLO + multi_get(*[b"/big"] * 7)  # a 56 MiB reply each
     readers = [opened(srv.port, ask) for _ in range(5)]  # none reads
     wait_for(lambda: len(srv._starved) == 4, 20, "four replies to wait for the budget")
     assert srv.peak_held <= budget

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 from support import forks, needs
+from support.frames import HELLO, keys, s, u64
 from support.processes import wait_for
 
-from launcher.tcpstore import MAGIC, StoreServer
+from launcher.tcpstore import StoreServer
 from launcher.tcpstore import server as server_mod
 
 pytestmark = [pytest.mark.timeout(120), needs.torch]
@@ -36,20 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST = Path(__file__).with_name("store_host.py")
 BUDGET = 32 << 20  # ours, scaled down from 256 MiB so that a few clients fill it
 STALL_BOUND = 1.0
-VALIDATE = b"\x00" + struct.pack("<I", MAGIC)
 SLACK = 2 << 20  # what the budget lets through beyond itself: replies under 64 KiB, the request being parsed
-
-
-def u64(n: int) -> bytes:
-    return struct.pack("<Q", n)
-
-
-def s(b: bytes) -> bytes:
-    return u64(len(b)) + b
-
-
-def strs(items: list[bytes]) -> bytes:
-    return u64(len(items)) + b"".join(s(x) for x in items)
 
 
 def ping(nonce: int) -> bytes:
@@ -102,7 +90,7 @@ def opened():
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.settimeout(30)
         sock.connect(("127.0.0.1", port))
-        sock.sendall(VALIDATE + first)
+        sock.sendall(HELLO + first)
         return sock
 
     yield open_
@@ -215,16 +203,16 @@ def test_wait_registrations_count_in_the_budget(host, opened):
     keys: 24 of 16,384 keys (~1 MiB each on ours, whose waits may hold half its 32 MiB budget). A
     fresh client is served meanwhile; once the keys exist every wait still open is answered (ours
     closed those it could not hold, at once)."""
-    keys = [b"/w/%05d" % i for i in range(16384)]
+    names = [b"/w/%05d" % i for i in range(16384)]
     before = host.stats()
-    waiters = [opened(host.port, b"\x06" + strs(keys)) for _ in range(24)]
+    waiters = [opened(host.port, b"\x06" + keys(*names)) for _ in range(24)]
     c = torch_client(host.port)
     t = time.monotonic()
     c.set("x", b"1")
     assert c.get("x") == b"1"
     took = time.monotonic() - t
     during = host.stats()
-    c.multi_set([k[1:].decode() for k in keys], [b"1"] * len(keys))
+    c.multi_set([k[1:].decode() for k in names], [b"1"] * len(names))
     for w in waiters:
         w.settimeout(20)
     ends = [closed_or(w, b"\x00") for w in waiters]
@@ -318,8 +306,8 @@ def test_values_as_large_as_libuv_serves():
             for _ in range(12):
                 c.append("grown", b"x" * (1 << 20))
             assert len(c.get("grown")) == 12 << 20
-            keys = [f"k{i:05d}" + "y" * 8184 for i in range(8300)]
-            for k in keys:  # one SET each: libuv parses a MULTI_SET of long keys in quadratic time (13 s per 1,000)
+            names = [f"k{i:05d}" + "y" * 8184 for i in range(8300)]
+            for k in names:  # one SET each: libuv parses a MULTI_SET of long keys in quadratic time (13 s per 1,000)
                 c.set(k, b"")
             listed = c.list_keys()
             assert len(listed) == 8301 and sum(map(len, listed)) > 64 << 20, (kind, len(listed))
@@ -382,9 +370,9 @@ def test_freed_budget_serves_the_starved_request(kind, opened, monkeypatch):
         setter = torch_client(port)
         setter.set("big", big)
         assert setter.get("big") == big  # landed: the others' connections see it
-        hogs = [opened(port, b"\x0a" + strs([b"/big"] * 2), rcvbuf=1 << 16) for _ in range(2)]
+        hogs = [opened(port, b"\x0a" + keys(b"/big", b"/big"), rcvbuf=1 << 16) for _ in range(2)]
         wait_for(lambda: readable(hogs) == 2, 20, "both hogs' answers to begin")
-        asker = opened(port, b"\x0a" + strs([b"/big"] * 3))
+        asker = opened(port, b"\x0a" + keys(b"/big", b"/big", b"/big"))
         if srv:
             wait_for(lambda: len(srv._starved) == 1, 10, "the GET to wait for the budget")
         for x in hogs:

@@ -1,8 +1,7 @@
-"""The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's:
-op by op in each pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's
-client -> our server), frame by frame against torch's server, waits, limits, hostile clients,
-binding, many connections, and the c10d rendezvous that imports no torch (launcher runs on either
-store: tests/e2e/test_c10d_store_agents.py).
+"""The pure-Python TCPStore (launcher/tcpstore/) against itself and against torch's: op by op in each
+pairing (ours <-> ours, our client -> torch's libuv and legacy servers, torch's client -> our server),
+held keys, and frame by frame against torch's server (waits, failures, hostile clients and binding:
+test_tcpstore_edges.py; launcher runs on either store: tests/e2e/test_c10d_store_agents.py).
 
 torch runs only in subprocesses: its client's list_keys/queue_len keep the GIL while they block,
 which would starve a server thread in the same interpreter.
@@ -12,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import socket
 import struct
 import subprocess
 import sys
@@ -23,8 +20,8 @@ import uuid
 
 import pytest
 from support import forks, needs
+from support.frames import Raw, keys, s, u64
 from support.paths import ROOT
-from support.ports import free_port
 from support.processes import wait_for
 from support.tcpstore import torch_store_server, waiting_on
 
@@ -32,7 +29,6 @@ from launcher.tcpstore import (
     CHANGED,
     GONE,
     GRACE,
-    MAGIC,
     MAX_KEY,
     MAX_VALUE,
     StoreClient,
@@ -43,21 +39,6 @@ from launcher.tcpstore import (
 
 pytestmark = pytest.mark.timeout(120)
 QUIET = {**os.environ, "TORCH_CPP_LOG_LEVEL": "FATAL", "PYTHONPATH": str(ROOT)}
-
-
-def u64(n: int) -> bytes:
-    return struct.pack("<Q", n)
-
-
-def s(b: bytes) -> bytes:
-    return u64(len(b)) + b
-
-
-def keys(*ks: bytes) -> bytes:
-    return u64(len(ks)) + b"".join(s(k) for k in ks)
-
-
-HELLO = b"\x00" + struct.pack("<I", MAGIC)
 
 
 @pytest.fixture
@@ -345,35 +326,6 @@ def test_torch_client_gets_from_our_server_what_torch_server_gives(ours):
 # ---------------------------------------------------------------------------------- frame by frame
 
 
-class Raw:
-    """A bare connection that sends frames and reads exactly what the server answers to them."""
-
-    def __init__(self, port: int, hello: bool = True):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.nonce = 0
-        if hello:
-            self.sock.sendall(HELLO)
-
-    def ask(self, frames: bytes) -> bytes | str:
-        """The bytes answered to `frames` (a PING after them marks the end), or "closed"."""
-        self.nonce += 1
-        mark = struct.pack("<I", 0x5EED0000 + self.nonce)
-        self.sock.sendall(frames + b"\x0d" + mark)
-        got = b""
-        while not got.endswith(mark):
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                return "closed"
-            got += chunk
-        return got[:-4]
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def frames(k: bytes) -> dict[str, bytes]:
     def i64(n: int) -> bytes:
         return struct.pack("<q", n)
@@ -452,242 +404,3 @@ def test_a_value_at_the_limit_round_trips(ours, torch_server):
         assert c.get(k + "big") == big
         assert c.multi_get([f"{k}{i}" for i in range(2000)]) == [str(i).encode() * 50 for i in range(2000)]
         c.close()
-
-
-# ---------------------------------------------------------------------------------- waits
-
-
-def test_many_waiters_wake_together_time_out_alone(ours):
-    k = fresh()
-    results: dict[str, list] = {"go": [], "both": [], "never": []}
-
-    def waiter(kind: str, ks: list[str], timeout: float) -> None:
-        c = StoreClient("127.0.0.1", ours.port, timeout=5)
-        t = time.monotonic()
-        ok = c.wait(ks, timeout)
-        results[kind].append((ok, time.monotonic() - t, c.add(k + "after", 1) > 0))  # still in step
-        c.close()
-
-    plan = [("go", [k + "go"], 10)] * 8 + [("both", [k + "a", k + "b"], 10)] * 4 + [("never", [k + "never"], 0.3)] * 4
-    threads = [threading.Thread(target=waiter, args=p, daemon=True) for p in plan]
-    for t in threads:
-        t.start()
-    setter = StoreClient("127.0.0.1", ours.port, timeout=5)
-    wait_for(lambda: len(results["never"]) == 4, timeout=10, what="the 0.3 s waits to time out")
-    assert results["go"] == [] and results["both"] == []  # every waiter is waiting: none woke early
-    assert [r[0] for r in results["never"]] == [False] * 4
-    setter.set(k + "go", b"")
-    setter.compare_set(k + "a", b"", b"1")  # a key made by compare_set wakes waiters too
-    wait_for(lambda: len(results["go"]) == 8, timeout=10, what="the waiters on 'go' to wake")
-    assert results["both"] == []  # "b" is still missing
-    setter.add(k + "b", 1)
-    for t in threads:
-        t.join(10)
-    assert all(ok and after for ok, _, after in results["go"] + results["both"]) and len(results["both"]) == 4
-    assert all(0.2 < secs < 2 for _, secs, _ in results["never"])
-
-
-class FakeStore:
-    """A server that answers the handshake, then only what `script` says: {op byte: reply bytes}."""
-
-    def __init__(self, script: dict[int, bytes]):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port, self.script, self.conns = self.listener.getsockname()[1], script, []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        self.conns.append(conn)
-        hello = b""
-        while len(hello) < 10:
-            chunk = conn.recv(10 - len(hello))
-            if not chunk:  # the client left: a loop on b"" would spin a core for the rest of the session
-                return
-            hello += chunk
-        conn.sendall(hello[6:10])  # the nonce
-        while True:
-            try:
-                data = conn.recv(1 << 16)
-            except OSError:
-                return
-            if not data:
-                return
-            reply = self.script.get(data[0])
-            if reply:
-                conn.sendall(reply)
-
-    def close(self) -> None:
-        self.listener.close()
-        for c in self.conns:
-            c.close()
-
-
-def test_keys_that_arrive_as_the_wait_is_cancelled_count_as_arrived():
-    fake = FakeStore({12: b"\x00\x01", 5: b"\x00"})  # CANCEL_WAIT -> STOP_WAITING then WAIT_CANCELED; CHECK -> READY
-    try:
-        c = StoreClient("127.0.0.1", fake.port, timeout=2)
-        assert c.wait(["k"], 0.1) is True  # torch's client calls this a timeout; the keys are there
-        assert c.check(["k"]) is True  # and the stream is still in step
-    finally:
-        fake.close()
-
-
-def test_a_store_that_stops_answering_is_an_error_within_the_answer_timeout():
-    fake = FakeStore({})  # a frozen store: never answers after the handshake
-    try:
-        c = StoreClient("127.0.0.1", fake.port, timeout=0.5)
-        t = time.monotonic()
-        with pytest.raises(StoreError, match="no answer within 0.5 s"):
-            c.wait(["k"], 0.2)  # the wait runs out, the cancel is never answered
-        assert time.monotonic() - t < 2
-        with pytest.raises(StoreError):
-            c.check(["k"])  # the connection is closed for good
-    finally:
-        fake.close()
-
-
-def test_a_store_that_dies_during_a_wait_is_an_error_not_a_timeout():
-    server = StoreServer("127.0.0.1", 0)
-    c = StoreClient("127.0.0.1", server.port, timeout=5)
-    threading.Timer(0.3, server.close).start()
-    t = time.monotonic()
-    with pytest.raises(StoreError, match="closed the connection"):
-        c.wait(["never"], 10)
-    assert time.monotonic() - t < 3
-
-
-def test_connecting_to_nothing_retries_then_fails(ours):
-    port = ours.port
-    ours.close()
-    t = time.monotonic()
-    with pytest.raises(StoreError, match="Connection refused, retried for 0.6 s"):
-        StoreClient("127.0.0.1", port, timeout=1, connect_timeout=0.6)
-    assert 0.5 < time.monotonic() - t < 3
-    holder: list = []
-    late = threading.Timer(0.5, lambda: holder.append(StoreServer("127.0.0.1", port)))
-    late.start()
-    try:
-        assert StoreClient("127.0.0.1", port, timeout=1, connect_timeout=10).add("x", 1) == 1  # waits for the store
-    finally:
-        late.join()
-        for srv in holder:
-            srv.close()
-
-
-def test_another_program_on_the_port_is_named():
-    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never answers
-    try:
-        t = time.monotonic()
-        with pytest.raises(StoreError, match="never answered within 0.5 s .another program on that port"):
-            StoreClient("127.0.0.1", silent.getsockname()[1], timeout=0.5, connect_timeout=5)
-        assert time.monotonic() - t < 3
-    finally:
-        silent.close()
-
-
-# ---------------------------------------------------------------------------------- hostile clients
-
-
-def test_a_malformed_client_loses_only_its_own_connection(ours):
-    good = StoreClient("127.0.0.1", ours.port, timeout=5)
-    stalled = Raw(ours.port)
-    stalled.sock.sendall(b"\x01" + s(b"half") + u64(1000) + b"x" * 10)  # half a frame, then nothing
-    reader = Raw(ours.port)  # sends many requests and never reads the answers
-    good.set("fat", b"f" * (1 << 20))
-    reader.sock.sendall((b"\x03" + s(b"/fat")) * 200)  # 200 MiB of answers it will never read
-    hostile = {
-        "no-validate": b"\x0d" + b"\0" * 4,
-        "wrong-magic": b"\x00" + b"\xde\xad\xbe\xef",
-        "unknown-op": HELLO + b"\xff",
-        "huge-key": HELLO + b"\x01" + u64(1 << 62),
-        "huge-count": HELLO + b"\x0a" + u64(1 << 40),
-        "huge-value": HELLO + b"\x01" + s(b"k") + u64(MAX_VALUE + 1),
-        "add-on-text": HELLO + b"\x01" + s(b"/t") + s(b"text") + b"\x04" + s(b"/t") + struct.pack("<q", 1),
-        "random": HELLO + os.urandom(4096),
-    }
-    for name, data in hostile.items():
-        bad = Raw(ours.port, hello=False)
-        bad.sock.sendall(data)
-        bad.sock.settimeout(5)
-        try:
-            while bad.sock.recv(1 << 16):  # answers to what was valid, then the end
-                pass
-        except ConnectionResetError:
-            pass
-        except TimeoutError:
-            pytest.fail(f"{name}: the server kept the connection")
-        bad.close()
-        t = time.monotonic()
-        assert good.add("count", 1) >= 1 and good.get("fat") == b"f" * (1 << 20), name
-        assert time.monotonic() - t < 2, name
-    assert good.get("t") == b"text"  # the store itself is fine
-    assert Raw(ours.port).ask(b"\x05" + keys(b"/fat")) == b"\x00"
-    stalled.close()
-    reader.close()
-    good.close()
-
-
-def test_thousands_of_connections(ours):
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    n = 2000
-    if hard < 2 * n + 100:
-        pytest.skip(f"needs {2 * n + 100} file descriptors, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2 * n + 100), hard))
-    clients = []
-    try:
-        clients = [StoreClient("127.0.0.1", ours.port, timeout=20) for _ in range(n)]
-        done: list[int] = []
-        threads = [
-            threading.Thread(target=lambda c=c: done.append(c.add("count", 1)), daemon=True) for c in clients[:200]
-        ]
-        for t in threads:
-            t.start()
-        for c in clients[200:]:
-            c.add("count", 1)
-        for t in threads:
-            t.join(20)
-        assert len(done) == 200 and clients[0].add("count", 0) == n
-    finally:
-        for c in clients:
-            c.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def test_binds_exactly_the_address_given():
-    a = StoreServer("127.0.0.1", 0)
-    b = StoreServer("127.0.0.2", a.port)  # the same port on another address: possible only without the wildcard
-    try:
-        for server, value in ((a, b"A"), (b, b"B")):
-            StoreClient(server.host, server.port, timeout=5).set("who", value)
-        assert StoreClient("127.0.0.1", a.port, timeout=5).get("who") == b"A"
-        assert StoreClient("127.0.0.2", a.port, timeout=5).get("who") == b"B"
-        with pytest.raises(OSError):
-            StoreServer("127.0.0.1", a.port)  # taken is taken
-    finally:
-        a.close()
-        b.close()
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.3", a.port), timeout=2)
-
-
-# ---------------------------------------------------------------------------------- the agent
-
-
-def test_c10d_agent_never_imports_torch():
-    code = f"""
-import sys
-from launcher.config import from_flags
-from launcher.rendezvous import create_rendezvous, Cause
-cfg = from_flags(training_script="x", no_python=True, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{free_port()}",
-                 rdzv_id="imports", rdzv_conf="last_call_timeout=0.1")
-r = create_rendezvous(cfg.rdzv_backend, cfg.rendezvous, cfg.job)
-rnd = r.next_round(Cause.START)
-hosted = r.server is not None
-r.shutdown(True)
-print(rnd.world_size, hosted, "torch" in sys.modules)
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.stdout.split() == ["1", "True", "False"], r.stderr

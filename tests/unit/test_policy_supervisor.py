@@ -1,5 +1,5 @@
 """The restart policy, health gate and quarantine as the supervisor applies them, in-process: the
-fake workers, clock and rendezvous of test_supervisor_loop's `Rig`, a dict for the job's store,
+fake workers, clock and rendezvous of tests/support/supervisor_rig.py's `Rig`, a dict for the job's store,
 and a fake NVML. Nothing sleeps; the backoff is watched on the fake clock."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import signal
 import threading
 from types import SimpleNamespace
 
+from support.supervisor_rig import Rig
 from test_health_gate import FakeGpu, FakeNvml
-from test_supervisor_loop import Rig
 
 from launcher.agent.signals import SignalReceived
 from launcher.errors import RendezvousClosedError

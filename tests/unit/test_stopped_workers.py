@@ -1,12 +1,12 @@
 """A stopped worker (SIGSTOP, a debugger's hold: it acts on no signal but SIGKILL) when its group stops or
 it is found hung: SIGKILLed at once, never waited on for the --shutdown_timeout grace. In-process, on
-test_supervisor_loop's `Rig` (fake workers, clock and rendezvous); the clock never moves past the grace."""
+tests/support/supervisor_rig.py's `Rig` (fake workers, clock and rendezvous); the clock never moves past the grace."""
 
 from __future__ import annotations
 
 import signal
 
-from test_supervisor_loop import Rig, no_process_sweep  # noqa: F401 (the module's autouse fixture here too)
+from support.supervisor_rig import Rig, no_process_sweep  # noqa: F401 (its autouse fixture)
 
 from launcher.rendezvous.api import Cause, MembershipChanged
 from launcher.spec import GroupState

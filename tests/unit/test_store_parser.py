@@ -7,24 +7,11 @@ from __future__ import annotations
 import struct
 
 import pytest
+from support.frames import HELLO, keys, s, u64
 
 from launcher.tcpstore import wire
 from launcher.tcpstore.wire import MAX_FRAME, MAX_KEY, MAX_KEYS, MAX_VALUE, Malformed, RequestParser
 
-
-def u64(n: int) -> bytes:
-    return struct.pack("<Q", n)
-
-
-def s(b: bytes) -> bytes:
-    return u64(len(b)) + b
-
-
-def keys(*ks: bytes) -> bytes:
-    return u64(len(ks)) + b"".join(s(k) for k in ks)
-
-
-VALIDATE = b"\x00" + struct.pack("<I", wire.MAGIC)
 SET = bytes([wire.SET]) + s(b"/k") + s(b"value")
 ADD = bytes([wire.ADD]) + s(b"/n") + struct.pack("<q", -3)
 MULTI_GET = bytes([wire.MULTI_GET]) + keys(b"/a", b"/bb", b"")
@@ -38,7 +25,7 @@ WANT = [
     (wire.MULTI_SET, [[(b"/a", b"1"), (b"/b", b"22")]]),
     (wire.GETNUMKEYS, []),
 ]
-STREAM = VALIDATE + SET + ADD + MULTI_GET + MULTI_SET + GETNUMKEYS
+STREAM = HELLO + SET + ADD + MULTI_GET + MULTI_SET + GETNUMKEYS
 
 
 def drain(p: RequestParser) -> list:
