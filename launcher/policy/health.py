@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -60,7 +61,9 @@ class HealthGate:
         self.command = command
         self.env = env  # the command's environment (with the agent's marker: its guard kills it if the agent dies)
         self._running: subprocess.Popen | None = None
-        self.cut_short = False  # `cancel()` killed a check: what it then returns says nothing about the node
+        self._lock = threading.Lock()  # a check starts, or `cancel()` acts, not both at once
+        self._cancelled = False
+        self.cut_short = False  # `cancel()` killed a check or kept one from starting: its answer says nothing
         self.timeout = timeout
         self.gpus = tuple(gpus)  # the ids or UUIDs this node's workers use; () = every GPU NVML lists
         self._load_nvml = nvml
@@ -77,17 +80,29 @@ class HealthGate:
             problem = gpu_problem(nvml, self.gpus, previous_pids, self.memory_wait, self.clock, self.sleep)
             if problem:
                 return problem
-        return run_command(self.command, self.timeout, self.env, self._track) if self.command else ""
+        return run_command(self.command, self.timeout, self.env, self._start) if self.command else ""
 
     def cancel(self) -> None:
-        """Kill a check still running (the agent is leaving): no health check outlives its agent."""
-        proc = self._running
+        """Kill a check still running and let none start after (the agent is leaving): no health check
+        outlives its agent."""
+        with self._lock:
+            self._cancelled = True
+            proc = self._running
         if proc is not None and proc.poll() is None:
             self.cut_short = True
             _kill_session(proc)
 
-    def _track(self, proc: subprocess.Popen | None) -> None:
-        self._running = proc
+    def _start(self, spawn: Callable[[], subprocess.Popen]) -> subprocess.Popen | None:
+        """`spawn()` unless cancelled (None). Under the lock: a `cancel()` on another thread (the agent's
+        main one; the check runs on the rendezvous thread) comes either first, and nothing starts, or after
+        the check's process exists and is known, and kills it. (Known only once `Popen` returned, a check
+        started in between outlived an agent stopped at once, ~1 suite run in 70.)"""
+        with self._lock:
+            if self._cancelled:
+                self.cut_short = True
+                return None
+            self._running = spawn()
+            return self._running
 
     def nvml(self) -> Any | None:
         if not self._loaded:
@@ -99,12 +114,14 @@ def run_command(
     command: str,
     timeout: float,
     env: Mapping[str, str] | None = None,
-    track: Callable[[subprocess.Popen | None], None] = lambda proc: None,
+    start: Callable[[Callable[[], subprocess.Popen]], subprocess.Popen | None] = lambda spawn: spawn(),
 ) -> str:
     """Run `command` with /bin/sh in its own session; "" on exit 0, else why (its last output line).
-    `track` is told the process while it runs (None after), so that it can be cancelled."""
-    try:
-        proc = subprocess.Popen(
+    `start` makes the process with the function it is given, or returns None where it must not run
+    (a `HealthGate` cancelled: the agent is leaving)."""
+
+    def spawn() -> subprocess.Popen:
+        return subprocess.Popen(
             ["/bin/sh", "-c", command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -112,17 +129,19 @@ def run_command(
             start_new_session=True,
             env=env,
         )
+
+    try:
+        proc = start(spawn)
     except OSError as e:
         return f"--health_check {command!r} cannot start: {e.strerror or e}"
-    track(proc)
+    if proc is None:
+        return f"--health_check {command!r} was not run: the agent is leaving"
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_session(proc)
         proc.communicate()
         return f"--health_check {command!r} did not finish within {timeout:g} s"
-    finally:
-        track(None)
     if proc.returncode == 0:
         return ""
     lines = [line.strip() for line in out.decode(errors="replace").splitlines() if line.strip()]

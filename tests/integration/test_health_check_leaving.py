@@ -33,3 +33,14 @@ def test_a_check_that_fails_notes_the_node(tmp_path):
     said = Governor(RestartPolicy(), "node2", gate=gate, note=(str(noted), "node2")).admit()
     assert said == "health check failed: --health_check 'echo disk full; exit 1' exited 1: disk full"
     assert noted.read_text() == "node2\n"
+
+
+def test_a_check_asked_for_once_the_agent_is_leaving_never_starts(tmp_path):
+    """The agent's close can come between the rendezvous thread's decision to check and the check's process
+    (a SIGTERM right then; the check, in a session of its own, outlived the agent): none starts after it."""
+    ran = tmp_path / "ran"
+    gate = HealthGate(f"touch {ran}", nvml=lambda: None)
+    governor = Governor(RestartPolicy(), "node3", gate=gate, note=(str(tmp_path / "quarantined"), "node3"))
+    governor.close()
+    assert governor.admit() == "the agent is leaving: its health check was stopped"
+    assert not ran.exists() and not (tmp_path / "quarantined").exists()
