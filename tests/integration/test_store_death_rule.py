@@ -22,7 +22,7 @@ from support.paths import ROOT
 from support.processes import wait_for
 from support.relay import Relay
 
-from launcher.tcpstore import GONE, StoreClient, StoreError, StoreServer
+from launcher.tcpstore import GONE, StoreClient, StoreError
 from launcher.tcpstore.ops import GRACE
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,13 +40,6 @@ print(guard.pid, flush=True)
 while True:  # as an agent's watcher: always one request out, so a cut is found at once
     store.client.wait([sys.argv[2] + "/never"], 0.5)
 """
-
-
-@pytest.fixture
-def server():
-    s = StoreServer("127.0.0.1", 0)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ from launcher.tcpstore import (
     MAX_VALUE,
     StoreClient,
     StoreError,
-    StoreServer,
     StoreTimeout,
 )
 
@@ -42,10 +41,9 @@ QUIET = {**os.environ, "TORCH_CPP_LOG_LEVEL": "FATAL", "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture
-def ours():
-    server = StoreServer("127.0.0.1", 0)
-    yield server
-    server.close()
+def ours(server):
+    """Our server (tests/integration/conftest.py), named beside torch's."""
+    return server
 
 
 @pytest.fixture(scope="module", params=["libuv", "legacy"])

@@ -22,10 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def ours():
-    server = StoreServer("127.0.0.1", 0)
-    yield server
-    server.close()
+def ours(server):
+    """Our server (tests/integration/conftest.py), named beside torch's."""
+    return server
 
 
 def fresh() -> str:

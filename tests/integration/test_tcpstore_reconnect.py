@@ -38,13 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def server():
-    s = StoreServer("127.0.0.1", 0)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def relay(server):
     r = Relay(("127.0.0.1", server.port))
     yield r
