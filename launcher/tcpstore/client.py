@@ -191,7 +191,8 @@ class StoreClient:
             try:
                 sock = socket.create_connection(address, timeout=max(0.001, min(self.timeout, left)))
             except ConnectionRefusedError as e:
-                if bounded or gone_if_refused:  # nothing listens: the store is gone, a new one would have lost its keys
+                # A reconnect or a sibling's connection: nothing listens, so the store is gone (a new one lost its keys)
+                if bounded or gone_if_refused:
                     raise StoreError(f"{_why(e)}: no store listens there any more") from None
                 why = _why(e)  # not up yet, maybe
             except OSError as e:  # unreachable

@@ -12,14 +12,17 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from launcher.net import free_port  # noqa: F401  (the scripts take it from here: a port below the ephemeral range)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from support.etcd import Member  # support/ (tests/) is on sys.path only once etcd_member ran
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -76,51 +79,17 @@ def private_network() -> None:
     )
 
 
-class Etcd:
-    """One etcd member (Debian's etcd-server) with etcd's default timings on free loopback ports, its data
-    and log (etcd.log) in `folder`, a throwaway one where None (removed at `stop`); BENCH_ETCD_FLAGS adds
-    flags. Returns once etcd says it is healthy (SystemExit after 30 s)."""
+def etcd_member(folder: str) -> Member:
+    """One etcd member with etcd's default timings on free loopback ports, its data and log in `folder`,
+    once healthy: the tests' `support.etcd.Member` (as scripts/stress/ uses it); BENCH_ETCD_FLAGS adds flags."""
+    tests = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir, "tests"))
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from support.etcd import Member  # here, not at import: it loads pytest, which only the etcd benchmarks need
 
-    def __init__(self, folder: str | None = None, name: str = "bench"):
-        self.own = folder is None
-        self.folder = folder or tempfile.mkdtemp(prefix="bench-etcd-")
-        self.port, peer = free_port(), free_port()
-        url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
-        cmd = [shutil.which("etcd") or "etcd", "--name", name, "--data-dir", os.path.join(self.folder, "data"),
-               "--listen-client-urls", url, "--advertise-client-urls", url, "--listen-peer-urls", peer_url,
-               "--initial-advertise-peer-urls", peer_url, "--initial-cluster", f"{name}={peer_url}",
-               "--log-level", "warn", "--logger", "zap", *os.environ.get("BENCH_ETCD_FLAGS", "").split()]  # fmt: skip
-        self.log = open(os.path.join(self.folder, "etcd.log"), "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not self._healthy(url):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise SystemExit(f"etcd did not become healthy in 30 s (its log: {self.folder}/etcd.log)")
-            time.sleep(0.05)
-
-    @staticmethod
-    def _healthy(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                return b'"true"' in r.read()
-        except OSError:
-            return False
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        if self.own:
-            shutil.rmtree(self.folder, ignore_errors=True)
+    member = Member(Path(folder), "bench", fast=False, extra=tuple(os.environ.get("BENCH_ETCD_FLAGS", "").split()))
+    member.start().wait_ready(30)
+    return member
 
 
 def cpu_snapshot() -> tuple[float, float, float]:

@@ -68,7 +68,11 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Counting, Etcd, combine, free_port, need, private_network, release_together, revision
+from benchlib import Counting, combine, etcd_member, free_port, need, private_network, release_together, revision
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from support.etcd import Member  # support/ (tests/) is on sys.path only once etcd_member ran
 
 HERE = os.path.abspath(__file__)
 ROOT = str(Path(HERE).parents[2])
@@ -158,7 +162,7 @@ def tail(logs: list[str]) -> str:
 # ---------------------------------------------------------------------------- part 1: agents
 
 
-def agents_run(tool: str, k: int, etcd: Etcd, worker: str, tmp: str) -> float | None:
+def agents_run(tool: str, k: int, etcd: Member, worker: str, tmp: str) -> float | None:
     out = tempfile.mkdtemp(dir=tmp, prefix=f"{tool}-")
     endpoint = str(free_port()) if tool == "torchrun" else etcd.endpoint
     run_id = os.path.basename(out)
@@ -199,7 +203,7 @@ def import_floor(k: int) -> float:
     return time.perf_counter() - t
 
 
-def part_agents(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+def part_agents(etcd: Member, reps: int, tmp: str, worker: str) -> None:
     k, tools = 4, ["launcher", "torchrun"]
     for tool in tools:  # warm-up: fills the bytecode cache, untimed
         agents_run(tool, k, etcd, worker, tmp)
@@ -308,7 +312,7 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
+def scale_run(etcd: Member, n: int, procs: int, clients: int, cap: float) -> dict:
     run_id = f"scale-{n}-{os.urandom(3).hex()}"
     runs: list[subprocess.Popen] = []
     killer = threading.Timer(cap + 30, lambda: [p.kill() for p in runs])
@@ -343,7 +347,7 @@ def scale_run(etcd: Etcd, n: int, procs: int, clients: int, cap: float) -> dict:
     return {**combine(outs, n), "rpcs": sum(o["rpcs"] for o in outs), "etcd_cpu_s": etcd_cpu}
 
 
-def part_scale(etcd: Etcd, ns: list[int], reps: int, procs: int, clients: int, cap: float) -> None:
+def part_scale(etcd: Member, ns: list[int], reps: int, procs: int, clients: int, cap: float) -> None:
     rows = []
     for n in ns:
         runs = []
@@ -390,7 +394,7 @@ DEATHS = (
 )
 
 
-def death_run(etcd: Etcd, worker: str, tmp: str, kill: str = "host", conf: str = "") -> float | None:
+def death_run(etcd: Member, worker: str, tmp: str, kill: str = "host", conf: str = "") -> float | None:
     out = tempfile.mkdtemp(dir=tmp, prefix="death-")
     run_id = os.path.basename(out)
     logs = [os.path.join(out, f"agent{i}.log") for i in range(3)]
@@ -414,7 +418,7 @@ def death_run(etcd: Etcd, worker: str, tmp: str, kill: str = "host", conf: str =
         kill_all(procs)
 
 
-def part_death(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+def part_death(etcd: Member, reps: int, tmp: str, worker: str) -> None:
     from launcher.rendezvous.etcd.lease import lease_ttl
     from launcher.rendezvous.settings import RendezvousSettings
 
@@ -463,7 +467,7 @@ atexit.register(dump)  # registered first, so it runs last: at the agent's exit
 )
 
 
-def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
+def rss_run(etcd: Member, worker: str, tmp: str, wrapper: str) -> list[dict] | None:
     out = tempfile.mkdtemp(dir=tmp, prefix="rss-")
     run_id = os.path.basename(out)
     logs = [os.path.join(out, f"agent{i}.log") for i in range(2)]
@@ -498,7 +502,7 @@ def rss_run(etcd: Etcd, worker: str, tmp: str, wrapper: str) -> list[dict] | Non
     return [json.loads(Path(st).read_text()) for st in stats]
 
 
-def part_rss(etcd: Etcd, reps: int, tmp: str, worker: str) -> None:
+def part_rss(etcd: Member, reps: int, tmp: str, worker: str) -> None:
     wrapper = os.path.join(tmp, "rss_wrapper.py")
     Path(wrapper).write_text(RSS_WRAPPER)
     rss_run(etcd, worker, tmp, wrapper)  # warm-up: the bytecode cache
@@ -568,7 +572,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
         worker = os.path.join(tmp, "worker.py")
         Path(worker).write_text(WORKER)
-        etcd = Etcd(tmp)
+        etcd = etcd_member(tmp)
         try:
             if "agents" in parts:
                 part_agents(etcd, args.reps, tmp, worker)

@@ -48,7 +48,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import DDP_IMPORTS, DDP_MODEL, TOOLS, Etcd, cpu_snapshot, free_port, other_load, revision
+from benchlib import DDP_IMPORTS, DDP_MODEL, TOOLS, cpu_snapshot, etcd_member, free_port, other_load, revision
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from support.etcd import Member  # support/ (tests/) is on sys.path only once etcd_member ran
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,7 +189,7 @@ def one_job(
     nproc: int,
     script: str,
     cap: float,
-    etcd: Etcd | None,
+    etcd: Member | None,
     settle: float = 10.0,
     kill: str = "node",
 ) -> dict:
@@ -289,7 +293,7 @@ def main() -> None:
     print(f"# {revision()}; {os.cpu_count()} cores; {args.nproc} workers per node, world size {2 * args.nproc}")
     try:
         for backend in args.backend.split(","):
-            etcd = Etcd() if backend == "etcd" else None
+            etcd = etcd_member(tempfile.mkdtemp(dir=folder)) if backend == "etcd" else None
             tools = [t for t in args.tools.split(",") if backend == "c10d" or t != "torchrun"]
             results: dict[str, list] = {t: [] for t in tools}
             before = cpu_snapshot()

@@ -23,8 +23,10 @@ needs_etcd = pytest.mark.skipif(ETCD is None, reason=system.missing("etcd", "etc
 class Member:
     """One etcd member on loopback, its data in `folder`; started, killed and restarted by the tests."""
 
-    def __init__(self, folder: Path, name: str = "m0", tls: dict | None = None, fast: bool = True):
-        self.folder, self.name, self.tls = folder, name, tls or {}
+    def __init__(
+        self, folder: Path, name: str = "m0", tls: dict | None = None, fast: bool = True, extra: tuple[str, ...] = ()
+    ):
+        self.folder, self.name, self.tls, self.extra = folder, name, tls or {}, extra  # extra: etcd flags of a caller's
         self.client_port, self.peer_port = free_port(), free_port()
         self.cluster = f"{name}=http://127.0.0.1:{self.peer_port}"
         self.fast = fast  # a single member may elect itself quickly; a cluster keeps etcd's timings
@@ -72,6 +74,7 @@ class Member:
                 self.tls["ca.crt"],
                 "--client-cert-auth",
             ]
+        cmd += self.extra
         log = open(self.folder / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         log.close()
